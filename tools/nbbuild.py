@@ -1,0 +1,125 @@
+"""Build the workbook's notebooks from their percent-format sources and store them executed.
+
+    python tools/nbbuild.py                 # every tools/nbsrc/*.py
+    python tools/nbbuild.py 01 03           # by number prefix
+    python tools/nbbuild.py --no-execute 01 # write cells only (tests/test_repo.py will complain)
+
+Source format (a subset of jupytext's "percent" format):
+
+    # %% [markdown]
+    # # Title
+    # Some *markdown*; each line starts with "# " (or is a bare "#").
+    # %%
+    x = 1          # a code cell
+    # %% tags=["raises-exception"]
+
+Cells are written with deterministic ids, executed with nbclient in notebooks/ (the same working
+directory that nbval and JupyterLab use), and saved with outputs and widget state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "tools" / "nbsrc"
+OUT = ROOT / "notebooks"
+HEADER = re.compile(r"^# %%(?:\s+\[(?P<kind>markdown|md)\])?(?:\s+tags=(?P<tags>\[.*\]))?\s*$")
+
+
+def parse(text: str) -> list[nbformat.NotebookNode]:
+    """Split percent-format text into notebook cells."""
+    cells: list[nbformat.NotebookNode] = []
+    kind, tags, lines = None, [], []
+
+    def flush() -> None:
+        if kind is None:
+            return
+        body = lines[:]
+        while body and not body[-1].strip():
+            body.pop()
+        while body and not body[0].strip():
+            body.pop(0)
+        if kind == "markdown":
+            md = []
+            for ln in body:
+                if ln.startswith("# "):
+                    md.append(ln[2:])
+                elif ln.strip() == "#":
+                    md.append("")
+                else:
+                    raise ValueError(f"markdown line does not start with '# ': {ln!r}")
+            cell = nbformat.v4.new_markdown_cell("\n".join(md))
+        else:
+            cell = nbformat.v4.new_code_cell("\n".join(body))
+        if tags:
+            cell.metadata["tags"] = tags
+        cells.append(cell)
+
+    for ln in text.splitlines():
+        m = HEADER.match(ln)
+        if m:
+            flush()
+            kind = "markdown" if m.group("kind") else "code"
+            tags = json.loads(m.group("tags")) if m.group("tags") else []
+            lines = []
+        elif kind is not None:
+            lines.append(ln)
+    flush()
+    for i, c in enumerate(cells):
+        c["id"] = f"c{i:03d}"
+    return cells
+
+
+def new_notebook(cells: list[nbformat.NotebookNode]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    return nb
+
+
+def build(src: Path, execute: bool = True, timeout: int = 600) -> Path:
+    nb = new_notebook(parse(src.read_text()))
+    dest = OUT / (src.stem + ".ipynb")
+    if execute:
+        t0 = time.perf_counter()
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
+                                resources={"metadata": {"path": str(OUT)}})
+        client.execute()
+        print(f"{dest.name}: executed in {time.perf_counter() - t0:.1f} s")
+    nb.metadata.pop("widgets", None) if not execute else None
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.validate(nb)
+    dest.write_text(nbformat.writes(nb) + "\n")
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("which", nargs="*", help="number prefixes such as 01; default: all")
+    ap.add_argument("--no-execute", action="store_true")
+    args = ap.parse_args(argv)
+    srcs = sorted(SRC.glob("[0-9][0-9]_*.py"))
+    if args.which:
+        srcs = [s for s in srcs if any(s.name.startswith(w) for w in args.which)]
+    if not srcs:
+        print("no matching sources in tools/nbsrc", file=sys.stderr)
+        return 2
+    for s in srcs:
+        build(s, execute=not args.no_execute)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
