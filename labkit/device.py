@@ -1,0 +1,274 @@
+"""The one device gate: which device, which dtypes, which fast paths (TF32, fp8) are really available.
+
+Every CUDA-specific query in labkit goes through this module; no other module touches ``torch.cuda``
+or ``torch.backends.cuda``. Results are measured (a tiny op is tried), never assumed from a name.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import asdict, dataclass
+
+import torch
+
+__all__ = [
+    "Capabilities",
+    "autocast_dtype",
+    "capabilities",
+    "cpu_isa_flags",
+    "dist_backend",
+    "is_cuda",
+    "max_memory_allocated",
+    "pick_device",
+    "reset_peak_memory_stats",
+    "set_tf32",
+    "supports",
+    "synchronize",
+    "tier",
+]
+
+_ISA_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni",
+                    "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")
+
+
+def _as_device(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        return pick_device()
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, str):
+        try:
+            return torch.device(device)
+        except RuntimeError as exc:
+            raise ValueError(f"expected a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from exc
+    raise TypeError(f"expected a torch.device, a str or None, got {type(device).__name__}")
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """Return the best available device: CUDA, then MPS, then CPU (``prefer`` or $LABKIT_DEVICE overrides).
+
+    Asking for a device that is not present raises ``ValueError`` rather than silently falling back.
+    Introduced in notebook 00.
+    """
+    want = prefer if prefer is not None else os.environ.get("LABKIT_DEVICE") or None
+    if want is not None:
+        if not isinstance(want, str):
+            raise TypeError(f"prefer must be 'cpu', 'cuda', 'mps' or None, got {type(want).__name__}")
+        dev = _as_device(want)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("a CUDA device was asked for, but torch sees no GPU (torch.cuda.is_available() is False)")
+        if dev.type == "mps" and not _mps_available():
+            raise ValueError("an MPS device was asked for, but this machine has none")
+        if dev.type not in {"cpu", "cuda", "mps"}:
+            raise ValueError(f"labkit supports cpu, cuda and mps devices, not {dev.type!r}")
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if _mps_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def is_cuda(device: torch.device | str | None = None) -> bool:
+    """Say whether ``device`` (default: the picked device) is a CUDA device. Introduced in notebook 00."""
+    return _as_device(device).type == "cuda"
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_isa_flags() -> tuple[str, ...]:
+    """Return the CPU's SIMD/matrix ISA flags of interest (AVX-512 BF16/FP16, AMX …) read from /proc/cpuinfo.
+
+    Empty on platforms without /proc/cpuinfo. Introduced in notebook 00.
+    """
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return tuple(f for f in _ISA_OF_INTEREST if f in have)
+    except OSError:
+        pass
+    return ()
+
+
+@functools.lru_cache(maxsize=None)
+def _try_dtype(device_str: str, dtype_name: str) -> bool:
+    dtype = getattr(torch, dtype_name)
+    dev = torch.device(device_str)
+    try:
+        a = torch.ones(8, 8, device=dev, dtype=dtype)
+        with torch.amp.autocast(device_type=dev.type, dtype=dtype):
+            b = torch.nn.functional.linear(a.float(), a.float())
+        return bool(b.dtype == dtype and torch.isfinite(b.float()).all().item() and float(b[0, 0]) == 8.0)
+    except (RuntimeError, TypeError, NotImplementedError, AssertionError):
+        return False
+
+
+def supports(dtype: torch.dtype, device: torch.device | str | None = None) -> bool:
+    """Say whether autocast to ``dtype`` really computes on ``device`` (tries a tiny matmul, cached).
+
+    Introduced in notebook 00.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, got {type(dtype).__name__}")
+    if dtype == torch.float32:
+        return True
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"autocast dtypes are torch.float16 and torch.bfloat16, got {dtype}")
+    dev = _as_device(device)
+    if dev.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        return False
+    return _try_dtype(str(dev), str(dtype).replace("torch.", ""))
+
+
+def autocast_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """Choose the autocast dtype for ``device``: bf16 where it computes (CPU, Ampere+), else fp16.
+
+    Introduced in notebook 00.
+    """
+    dev = _as_device(device)
+    if supports(torch.bfloat16, dev):
+        return torch.bfloat16
+    if supports(torch.float16, dev):
+        return torch.float16
+    raise ValueError(f"neither bf16 nor fp16 autocast works on {dev}; use fp32")
+
+
+def dist_backend(device: torch.device | str | None = None) -> str:
+    """Return the torch.distributed backend for ``device``: "nccl" on CUDA, "gloo" otherwise.
+
+    Introduced in notebook 08.
+    """
+    return "nccl" if is_cuda(device) else "gloo"
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for queued work on ``device`` to finish (a no-op on CPU). Introduced in notebook 04."""
+    dev = _as_device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps":
+        torch.mps.synchronize()
+
+
+def max_memory_allocated(device: torch.device | str | None = None) -> int | None:
+    """Return the peak bytes allocated by torch on a CUDA device, or ``None`` where torch does not track it.
+
+    Introduced in notebook 04.
+    """
+    dev = _as_device(device)
+    return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
+
+
+def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
+    """Reset the peak-memory counter on a CUDA device (a no-op elsewhere). Introduced in notebook 04."""
+    dev = _as_device(device)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+
+
+def set_tf32(enabled: bool) -> dict[str, object]:
+    """Turn TF32 for fp32 matmuls and convolutions on or off; return the previous settings.
+
+    On a machine without CUDA the flags still exist but change nothing. Introduced in notebook 05.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {type(enabled).__name__}")
+    before = {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32,
+              "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    return before
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the device can do, as measured. ``tier`` is "cuda-fp8", "cuda", "mps" or "cpu".
+
+    Introduced in notebook 00.
+    """
+
+    device: str
+    device_type: str
+    device_name: str
+    tier: str
+    gpu_count: int
+    cuda_capability: tuple[int, int] | None
+    bf16: bool
+    fp16: bool
+    autocast_dtype: str | None
+    tf32_matmul: bool
+    tf32_cudnn: bool
+    float32_matmul_precision: str
+    fp8_dtypes: bool
+    fp8_matmul: bool
+    cpu_isa: tuple[str, ...]
+    cpu_capability: str
+    torch_threads: int
+
+    def as_dict(self) -> dict:
+        """Return the capabilities as a plain dict. Introduced in notebook 00."""
+        return asdict(self)
+
+
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _fp8_matmul(dev: torch.device) -> bool:
+    if dev.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(dev) >= (8, 9) and hasattr(torch, "_scaled_mm")
+
+
+def capabilities(device: torch.device | str | None = None) -> Capabilities:
+    """Report what ``device`` supports: bf16/fp16 autocast, TF32 flags, fp8, CPU ISA flags, counts.
+
+    Introduced in notebook 00.
+    """
+    dev = _as_device(device)
+    cuda = dev.type == "cuda"
+    bf16, fp16 = supports(torch.bfloat16, dev), supports(torch.float16, dev)
+    name = torch.cuda.get_device_name(dev) if cuda else _cpu_model_name()
+    fp8 = _fp8_matmul(dev)
+    return Capabilities(
+        device=str(dev),
+        device_type=dev.type,
+        device_name=name,
+        tier=("cuda-fp8" if fp8 else "cuda") if cuda else dev.type,
+        gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        cuda_capability=tuple(torch.cuda.get_device_capability(dev)) if cuda else None,
+        bf16=bf16,
+        fp16=fp16,
+        autocast_dtype=str(autocast_dtype(dev)).replace("torch.", "") if (bf16 or fp16) else None,
+        tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
+        tf32_cudnn=bool(torch.backends.cudnn.allow_tf32),
+        float32_matmul_precision=torch.get_float32_matmul_precision(),
+        fp8_dtypes=hasattr(torch, "float8_e4m3fn") and hasattr(torch, "float8_e5m2"),
+        fp8_matmul=fp8,
+        cpu_isa=cpu_isa_flags(),
+        cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
+        torch_threads=torch.get_num_threads(),
+    )
+
+
+def tier(device: torch.device | str | None = None) -> str:
+    """Return the device tier the notebooks adapt to: "cuda-fp8", "cuda", "mps" or "cpu".
+
+    Introduced in notebook 00.
+    """
+    return capabilities(device).tier
