@@ -15,10 +15,12 @@ __version__ = "0.1.0"
 __all__ = [
     "catalog",
     "check",
+    "data",
     "device",
     "env",
     "exercises",
     "formats",
+    "models",
     "plots",
     "widgets",
 ]
