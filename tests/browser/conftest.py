@@ -1,0 +1,152 @@
+"""Real-browser fixtures: one private JupyterLab server and one headless Chromium per session.
+
+See labdriver.py for what the server and the browser are set up like. Without Playwright or Chromium
+the tests skip, and in CI (``CI=true``) the top-level conftest turns those skips into failures.
+On a failure, a screenshot of each open page, its browser console and the server log are written to
+``build/browser-artifacts/`` (``LABKIT_BROWSER_ARTIFACTS`` overrides it) and named in the report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from labdriver import (
+    ARTIFACTS,
+    BROWSER_DIR,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    EXPECT_TIMEOUT_MS,
+    NOTEBOOKS,
+    Lab,
+    LabServer,
+)
+
+
+def _require_browser() -> None:
+    """Skip (a failure under CI=true) when Playwright or Chromium is missing."""
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    if not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)):
+        pytest.skip(f"Chromium not found at {CHROMIUM} (apt-get install chromium, or set LABKIT_CHROMIUM)")
+
+
+@pytest.fixture(scope="session")
+def lab_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary HOME for the server, its kernels and every Jupyter/IPython/matplotlib dir."""
+    return tmp_path_factory.mktemp("lab-home")
+
+
+@pytest.fixture(scope="session")
+def lab_server(tmp_path_factory: pytest.TempPathFactory, lab_home: Path) -> Iterator[LabServer]:
+    """JupyterLab on 127.0.0.1:<free port> with a token, serving a temporary copy of notebooks/."""
+    _require_browser()
+    base = tmp_path_factory.mktemp("lab-root")
+    root = base / "notebooks"
+    shutil.copytree(NOTEBOOKS, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "_out"))
+    server = LabServer.start(root=root, home=lab_home, log_path=base / "jupyter-server.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, headless, launched once per session through Playwright."""
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="session")
+def lab(lab_server: LabServer, browser: Any) -> Iterator[Lab]:
+    """The session's JupyterLab + browser pair (see :class:`Lab`)."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+    session = Lab(server=lab_server, browser=browser)
+    try:
+        yield session
+    finally:
+        session.close_pages()
+
+
+# ----------------------------------------------------------------------------------------- ordering
+def _notebook_key(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("notebook")
+    if marker and marker.args:
+        return str(marker.args[0])
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "notebook" in callspec.params:
+        return str(callspec.params["notebook"])
+    return "~"  # tests without a notebook run last
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "notebook(number): the browser test drives notebook NN")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """Order the browser tests by notebook (keeping their slots), so each notebook runs once."""
+    slots = [i for i, item in enumerate(items) if BROWSER_DIR in Path(str(item.fspath)).parents]
+    ordered = sorted((items[i] for i in slots), key=lambda it: re.sub(r"^(\d\d)_.*", r"\1",
+                                                                         _notebook_key(it)))
+    for slot, item in zip(slots, ordered):
+        items[slot] = item
+
+
+# ---------------------------------------------------------------------------------------- artifacts
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")[:150]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """On a failed browser test, save a screenshot, the console and the server log; name them."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or report.when == "teardown":
+        return
+    funcargs = getattr(item, "funcargs", {})
+    session: Lab | None = funcargs.get("lab")
+    server: LabServer | None = session.server if session else funcargs.get("lab_server")
+    if server is None:
+        return
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    stem = _safe(item.nodeid.split("::", 1)[-1])
+    saved = []
+    for i, page in enumerate(session.pages if session else []):
+        try:
+            if page.is_closed():
+                continue
+            shot = ARTIFACTS / f"{stem}-{i}.png"
+            page.screenshot(path=str(shot), full_page=True)
+            saved.append(str(shot))
+            console = ARTIFACTS / f"{stem}-{i}.console.txt"
+            console.write_text("\n".join(getattr(page, "_labkit_console", [])))
+            saved.append(str(console))
+        except Exception as exc:  # noqa: BLE001 - reporting must not mask the real failure
+            saved.append(f"(screenshot of page {i} failed: {exc})")
+    log = ARTIFACTS / f"{stem}-jupyter-server.log"
+    try:
+        shutil.copyfile(server.log_path, log)
+        saved.append(str(log))
+    except OSError as exc:
+        saved.append(f"(server log not copied: {exc})")
+    report.sections.append(("browser artifacts", "\n".join(saved)))
