@@ -22,6 +22,7 @@ __all__ = [
     "formats",
     "models",
     "plots",
+    "scaling",
     "widgets",
 ]
 
