@@ -17,11 +17,13 @@ __all__ = [
     "check",
     "data",
     "device",
+    "dist",
     "env",
     "exercises",
     "formats",
     "models",
     "plots",
+    "recipes",
     "scaling",
     "widgets",
 ]

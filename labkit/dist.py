@@ -1,0 +1,488 @@
+"""Multi-process runs from a notebook: launch torchrun safely, and the rank-side helpers it pairs with.
+
+Notebook side: :func:`launch` runs a module or script under ``torchrun`` as a subprocess in its own
+session, on a free ``MASTER_PORT``, streams the ranks' logs into the cell as they arrive, and returns the
+JSON result that rank 0 printed with :func:`emit_result`. When a rank fails, or the run passes its
+timeout, it kills every process the launch started and raises :class:`LaunchError` carrying the failing
+rank's traceback. It never uses ``!cmd`` (which cannot fail a cell) or ``mp.spawn`` of notebook
+functions (which cannot be pickled from ``__main__``).
+
+Rank side: :func:`rank_env` reads the rank layout from torchrun's or Slurm's environment,
+:func:`init_process_group` joins the group, :func:`emit_result` prints the one result line.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = [
+    "RESULT_PREFIX",
+    "LaunchError",
+    "LaunchTimeout",
+    "RankEnv",
+    "emit_result",
+    "find_free_port",
+    "init_process_group",
+    "launch",
+    "parse_result",
+    "rank_env",
+]
+
+#: Rank 0 prints exactly one line starting with this prefix, followed by a JSON object.
+RESULT_PREFIX = "LABKIT_RESULT "
+
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ROOT_CAUSE_RE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)", re.S)
+_GRACE_S = 3.0
+
+
+class LaunchError(RuntimeError):
+    """A distributed launch failed: a rank exited non-zero, or the run was killed at its timeout.
+
+    Attributes: ``rank`` (the failing rank, or None when unknown), ``returncode`` (torchrun's exit
+    status, None after a timeout), ``rank_traceback`` (the failing rank's Python traceback, "" if it
+    printed none), ``log`` (everything the launch printed), ``leftover`` (pids still alive after the
+    kill; always empty unless something outlived SIGKILL).
+
+    Introduced in notebook 08.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, returncode: int | None = None,
+                 rank_traceback: str = "", log: str = "", leftover: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.returncode = returncode
+        self.rank_traceback = rank_traceback
+        self.log = log
+        self.leftover = list(leftover)
+
+
+class LaunchTimeout(LaunchError):
+    """A distributed launch ran past its timeout and was killed, every process of it.
+
+    Introduced in notebook 08.
+    """
+
+
+# ---------------------------------------------------------------------------------------------------
+# Notebook side
+# ---------------------------------------------------------------------------------------------------
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` right now (the OS picks it; bind to port 0).
+
+    Introduced in notebook 08.
+    """
+    if not isinstance(host, str) or not host:
+        raise TypeError(f"host must be a non-empty str such as '127.0.0.1', got {host!r}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def parse_result(text: str) -> dict[str, Any] | None:
+    """Return the JSON object on the last ``LABKIT_RESULT`` line of ``text``, or None if there is none.
+
+    Introduced in notebook 08.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    found = None
+    for line in text.splitlines():
+        i = line.find(RESULT_PREFIX)
+        if i >= 0:
+            found = line[i + len(RESULT_PREFIX):]
+    if found is None:
+        return None
+    try:
+        obj = json.loads(found)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the result line is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ValueError(f"the result line must hold a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _target_argv(module_or_script: str | os.PathLike, cwd: Path) -> list[str]:
+    """Turn a module name or script path into torchrun's trailing arguments; validate it."""
+    if isinstance(module_or_script, os.PathLike):
+        module_or_script = os.fspath(module_or_script)
+    if not isinstance(module_or_script, str) or not module_or_script:
+        raise TypeError("module_or_script must be a module name such as 'labkit.recipes.ddp' or a path "
+                        f"to a .py script, got {module_or_script!r}")
+    if module_or_script.endswith(".py") or os.sep in module_or_script:
+        path = Path(module_or_script)
+        if not path.is_absolute():
+            path = cwd / path
+        if not path.is_file():
+            raise ValueError(f"script {module_or_script!r} does not exist (looked at {path})")
+        return [str(path)]
+    if not _MODULE_RE.match(module_or_script):
+        raise ValueError(f"{module_or_script!r} is neither a dotted module name nor a .py script path")
+    try:
+        spec = importlib.util.find_spec(module_or_script)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ValueError(f"module {module_or_script!r} cannot be found by this Python ({sys.executable})")
+    return ["-m", module_or_script]
+
+
+def _validate(nproc: Any, args: Any, timeout: Any) -> tuple[int, list[str], float]:
+    if isinstance(nproc, bool) or not isinstance(nproc, int):
+        raise TypeError(f"nproc must be an int, got {type(nproc).__name__}")
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    if isinstance(args, (str, bytes)):
+        raise TypeError("args must be a list of strings such as ['--steps', '8'], not a single string")
+    try:
+        args = list(args)
+    except TypeError:
+        raise TypeError(f"args must be a list of strings, got {type(args).__name__}") from None
+    bad = [a for a in args if not isinstance(a, (str, int, float)) or isinstance(a, bool)]
+    if bad:
+        raise TypeError(f"args must hold strings (or numbers), got {bad[0]!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
+    return nproc, [str(a) for a in args], float(timeout)
+
+
+def _descendants(pid: int) -> list[Any]:
+    """Return psutil handles of every live descendant of ``pid`` (empty if it is gone)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_all(proc: subprocess.Popen, known: dict[int, Any]) -> list[int]:
+    """SIGTERM then SIGKILL torchrun, its process group, and every rank's group; return survivors."""
+    import psutil
+
+    for p in _descendants(proc.pid):
+        known.setdefault(p.pid, p)
+    everyone = [p for p in known.values()]
+    try:
+        everyone.append(psutil.Process(proc.pid))
+    except psutil.Error:
+        pass
+    groups = {proc.pid}
+    for p in everyone:
+        try:
+            groups.add(os.getpgid(p.pid))
+        except OSError:
+            pass
+    groups.discard(os.getpgrp())  # never signal our own (the notebook kernel's) group
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in groups:
+            try:
+                os.killpg(g, sig)
+            except OSError:
+                pass
+        for p in everyone:
+            try:
+                p.send_signal(sig)
+            except psutil.Error:
+                pass
+        try:
+            proc.wait(timeout=_GRACE_S if sig == signal.SIGTERM else 10)
+        except subprocess.TimeoutExpired:
+            pass
+        _, alive = psutil.wait_procs(everyone, timeout=_GRACE_S if sig == signal.SIGTERM else 5)
+        if not alive and proc.poll() is not None:
+            break
+    _, alive = psutil.wait_procs(everyone, timeout=0.1)
+    return [p.pid for p in alive if p.pid != proc.pid or proc.poll() is None]
+
+
+def _rank_files(log_dir: Path, rank: int, name: str) -> list[Path]:
+    return sorted(log_dir.glob(f"*/attempt_*/{rank}/{name}"))
+
+
+def _read(paths: list[Path]) -> str:
+    return "".join(p.read_text(errors="replace") for p in paths if p.is_file())
+
+
+_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]:[ ]?", re.M)
+
+
+def _last_traceback(text: str) -> str:
+    text = _RANK_PREFIX_RE.sub("", text)  # torch prefixes a rank's uncaught traceback with "[rankN]: "
+    i = text.rfind("Traceback (most recent call last)")
+    return text[i:].strip() if i >= 0 else ""
+
+
+def _rank_traceback(log_dir: Path, rank: int) -> str:
+    """The rank's traceback: from its torchelastic error file (``@record``), else its stderr."""
+    for f in _rank_files(log_dir, rank, "error.json"):
+        try:
+            tb = json.loads(f.read_text())["message"]["extraInfo"]["py_callstack"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(tb, str) and tb.strip():
+            return tb.strip()
+    return _last_traceback(_read(_rank_files(log_dir, rank, "stderr.log")))
+
+
+def _failing_rank(torchrun_log: str, log_dir: Path, nproc: int) -> int | None:
+    m = _ROOT_CAUSE_RE.search(torchrun_log)
+    if m:
+        return int(m.group(1))
+    for r in range(nproc):
+        if _rank_traceback(log_dir, r):
+            return r
+    return None
+
+
+def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[str] = (),
+           timeout: float = 120.0, *, stream: bool | Callable[[str], None] = True,
+           env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+           threads_per_rank: int = 1, log_dir: str | os.PathLike | None = None) -> dict[str, Any] | None:
+    """Run a module or script on ``nproc`` local ranks under torchrun and return rank 0's JSON result.
+
+    ``module_or_script`` is a dotted module (run with ``-m``, e.g. ``"labkit.recipes.ddp"``) or a path
+    to a ``.py`` file; ``args`` are passed to it. torchrun runs as a subprocess in a new session on a
+    free ``MASTER_PORT`` of 127.0.0.1, with per-rank logs written to files and echoed, prefixed
+    ``[defaultR]:``, as they arrive (``stream=True`` prints them, a callable receives each line,
+    ``False`` keeps quiet). Each rank gets ``OMP_NUM_THREADS=threads_per_rank`` unless ``env`` says
+    otherwise. Returns the object rank 0 printed with :func:`emit_result`, or None if it printed none.
+
+    Raises :class:`LaunchError` (with ``.rank`` and ``.rank_traceback``) when a rank fails, and
+    :class:`LaunchTimeout` after ``timeout`` seconds; both only after every process of the launch is
+    dead. Bad arguments raise ``TypeError``/``ValueError`` before anything starts.
+
+    Introduced in notebook 08.
+    """
+    work = Path(os.fspath(cwd)) if cwd is not None else Path.cwd()
+    if not work.is_dir():
+        raise ValueError(f"cwd {work} is not a directory")
+    nproc, args, timeout = _validate(nproc, args, timeout)
+    target = _target_argv(module_or_script, work)
+    if isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int) or threads_per_rank < 1:
+        raise ValueError(f"threads_per_rank must be an int >= 1, got {threads_per_rank!r}")
+    if env is not None and (not isinstance(env, dict)
+                            or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise TypeError("env must be a dict of str to str")
+    if not (isinstance(stream, bool) or callable(stream)):
+        raise TypeError("stream must be True, False or a callable taking one line")
+    echo: Callable[[str], None] | None
+    if stream is True:
+        echo = lambda line: print(line, flush=True)  # noqa: E731
+    elif stream is False:
+        echo = None
+    else:
+        echo = stream
+
+    tmp = tempfile.TemporaryDirectory(prefix="labkit-launch-") if log_dir is None else None
+    logs = Path(tmp.name) if tmp is not None else Path(os.fspath(log_dir))
+    logs.mkdir(parents=True, exist_ok=True)
+    port = find_free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node-rank", "0",
+           "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port),
+           "--log-dir", str(logs), "--redirects", "3", "--tee", "3", *target, *args]
+    child_env = dict(os.environ)
+    child_env.update({"OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"})
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
+        child_env.pop(k, None)  # a launch from inside a rank must not inherit that rank's layout
+    child_env.update(env or {})
+
+    lines: list[str] = []
+    q: queue.Queue[str | None] = queue.Queue()
+    proc = subprocess.Popen(cmd, cwd=str(work), env=child_env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", bufsize=1, start_new_session=True)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            q.put(line.rstrip("\n"))
+        q.put(None)
+
+    reader = threading.Thread(target=pump, name="labkit-launch-reader", daemon=True)
+    reader.start()
+    known: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    last_scan = 0.0
+    try:
+        eof = False
+        while True:
+            try:
+                item = q.get(timeout=0.1)
+            except queue.Empty:
+                item = ""
+            if item is None:
+                eof = True
+            elif item:
+                lines.append(item)
+                if echo is not None:
+                    echo(item)
+            now = time.monotonic()
+            if now - last_scan > 0.5:  # remember every process the launch starts, to kill them later
+                for p in _descendants(proc.pid):
+                    known.setdefault(p.pid, p)
+                last_scan = now
+            if eof and proc.poll() is not None:
+                break
+            if now > deadline:
+                timed_out = True
+                break
+    finally:
+        # Runs on success, failure, timeout and KeyboardInterrupt alike.
+        leftover = _kill_all(proc, known)
+        reader.join(timeout=5)
+        while True:
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                break
+            if item:
+                lines.append(item)
+                if echo is not None:
+                    echo(item)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    try:
+        log = "\n".join(lines)
+        if timed_out:
+            tails = []
+            for r in range(nproc):
+                last = _read(_rank_files(logs, r, "stdout.log")).strip().splitlines()[-1:]
+                tails.append(f"  rank {r}: last line {last[0]!r}" if last else f"  rank {r}: no output")
+            raise LaunchTimeout(f"the launch ran past its timeout of {timeout:g} s and was killed "
+                                "(all processes). Last output per rank:\n" + "\n".join(tails),
+                                log=log, leftover=leftover)
+        rc = proc.returncode
+        if rc != 0:
+            rank = _failing_rank(log, logs, nproc)
+            tb = _rank_traceback(logs, rank) if rank is not None else ""
+            where = f"rank {rank}" if rank is not None else "a rank"
+            last = tb.splitlines()[-1] if tb else f"torchrun exit status {rc}"
+            raise LaunchError(f"{where} failed: {last}\n\n{tb}".rstrip(), rank=rank, returncode=rc,
+                              rank_traceback=tb, log=log, leftover=leftover)
+        return parse_result(_read(_rank_files(logs, 0, "stdout.log")))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rank side
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankEnv:
+    """Where this process sits in the job: global rank, world size, local rank, and who launched it.
+
+    ``launcher`` is "torchrun", "slurm" or "single". Introduced in notebook 08.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str
+
+
+def _int_env(env: dict[str, str], key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise ValueError(f"environment variable {key}={env[key]!r} is not an integer") from None
+
+
+def rank_env(environ: dict[str, str] | None = None) -> RankEnv:
+    """Read the rank layout from torchrun's variables, else Slurm's (``srun``), else a single process.
+
+    Under ``srun`` (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), MASTER_ADDR defaults to 127.0.0.1 on one
+    node (a multi-node job must export it, e.g. the first host of ``scontrol show hostnames``) and
+    MASTER_PORT to 20000 + SLURM_JOB_ID % 20000, the same on every task.
+
+    Introduced in notebook 08.
+    """
+    env = dict(os.environ if environ is None else environ)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, world = _int_env(env, "RANK"), _int_env(env, "WORLD_SIZE")
+        local = _int_env(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+        launcher = "torchrun"
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, world = _int_env(env, "SLURM_PROCID"), _int_env(env, "SLURM_NTASKS")
+        local = _int_env(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
+        launcher = "slurm"
+    else:
+        rank, world, local, launcher = 0, 1, 0, "single"
+    if world < 1 or not 0 <= rank < world or local < 0:
+        raise ValueError(f"inconsistent rank layout: rank={rank}, world_size={world}, local_rank={local}")
+    addr = env.get("MASTER_ADDR", "")
+    if not addr:
+        nnodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1")) or 1)
+        if launcher == "slurm" and nnodes > 1:
+            raise ValueError("a multi-node srun needs MASTER_ADDR exported (the first host of "
+                             "`scontrol show hostnames $SLURM_JOB_NODELIST`)")
+        addr = "127.0.0.1"
+    if env.get("MASTER_PORT"):
+        port = _int_env(env, "MASTER_PORT")
+    elif launcher == "slurm":
+        port = 20000 + _int_env(env, "SLURM_JOB_ID") % 20000 if "SLURM_JOB_ID" in env else 29500
+    else:
+        port = 0  # single process: init_process_group picks a free port
+    return RankEnv(rank, world, local, addr, port, launcher)
+
+
+def init_process_group(backend: str, timeout_s: float = 60.0, device: Any = None) -> RankEnv:
+    """Join the default process group with ``backend`` ("gloo" or "nccl") from :func:`rank_env`.
+
+    Works under torchrun, under ``srun`` and as a plain single process (world size 1). ``device``
+    (a CUDA torch.device) is bound to the group for NCCL. Returns the :class:`RankEnv`.
+
+    Introduced in notebook 08.
+    """
+    import torch.distributed as dist
+
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a number > 0, got {timeout_s!r}")
+    renv = rank_env()
+    port = renv.master_port or find_free_port(renv.master_addr)
+    os.environ.update({"MASTER_ADDR": renv.master_addr, "MASTER_PORT": str(port),
+                       "RANK": str(renv.rank), "WORLD_SIZE": str(renv.world_size),
+                       "LOCAL_RANK": str(renv.local_rank)})
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl" and device is not None:
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, init_method="env://", rank=renv.rank, world_size=renv.world_size,
+                            timeout=_dt.timedelta(seconds=timeout_s), **kwargs)
+    return RankEnv(renv.rank, renv.world_size, renv.local_rank, renv.master_addr, port, renv.launcher)
+
+
+def emit_result(result: dict[str, Any]) -> None:
+    """Print ``result`` as the one ``LABKIT_RESULT {json}`` line that :func:`launch` returns (rank 0 only).
+
+    Introduced in notebook 08.
+    """
+    if not isinstance(result, dict):
+        raise TypeError(f"result must be a dict, got {type(result).__name__}")
+    print(RESULT_PREFIX + json.dumps(result, allow_nan=True), flush=True)

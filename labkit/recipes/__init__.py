@@ -1,0 +1,21 @@
+"""Multi-process recipes: modules meant to run under ``torchrun`` or ``srun``, one JSON result line each.
+
+- :mod:`labkit.recipes.ddp` — DistributedDataParallel training (AMP, gradient accumulation with
+  ``no_sync``, checkpoints, resume, fault injection)::
+
+      torchrun --nproc_per_node 2 -m labkit.recipes.ddp --model mlp --steps 20 --batch 32
+
+- :mod:`labkit.recipes.allreduce` — an all-reduce benchmark reporting algbw and busbw as nccl-tests
+  defines them::
+
+      torchrun --nproc_per_node 2 -m labkit.recipes.allreduce --sizes 4K,64K,1M,16M
+
+Both print one ``LABKIT_RESULT {json}`` line on rank 0, which :func:`labkit.dist.launch` returns.
+Importing this package has no side effects; the recipes do their work only when run as ``__main__``.
+
+Introduced in notebook 08.
+"""
+
+from __future__ import annotations
+
+__all__ = ["allreduce", "ddp"]

@@ -1,0 +1,366 @@
+"""DistributedDataParallel training recipe: run it under torchrun or srun; rank 0 prints one JSON result.
+
+Command line (stable; the slurm scripts use it)::
+
+    torchrun --nproc_per_node 2 -m labkit.recipes.ddp --model mlp --steps 20 --batch 32
+    srun -n 2 python -m labkit.recipes.ddp --model gpt --precision bf16 --accum 2 --ckpt-dir ckpt
+    python -m labkit.recipes.ddp --help
+
+Flags: ``--model {mlp,gpt}``, ``--precision {fp32,bf16,fp16}``, ``--steps`` (optimizer steps),
+``--batch`` (per-rank micro-batch), ``--accum`` (micro-batches per step), ``--lr``, ``--seed``,
+``--data-size``, ``--hidden``/``--depth`` (MLP size), ``--ckpt-dir``/``--ckpt-every``/``--resume``,
+``--crash-rank R --crash-step S`` (fault injection: rank R raises at the start of step S),
+``--slow-rank R --slow-ms M`` (rank R sleeps M ms every micro-batch: the slow-rank effect),
+``--sync-every-micro`` (all-reduce on every micro-batch: accumulation without ``no_sync``),
+``--device``, ``--threads``, ``--pg-timeout``, ``--log-every``.
+
+What happens, in order (the order matters):
+
+1. join the process group with the backend the device gate picks (gloo on CPU, NCCL on CUDA);
+2. build the model (same seed on every rank), then the optimizer;
+3. wrap the model in DDP (which broadcasts rank 0's weights), register an all-reduce-counting hook;
+4. create the GradScaler (fp16 only) *after* DDP, so every rank's scaler starts from the same state;
+5. restore model/optimizer/scaler/step from the newest checkpoint if ``--resume``;
+6. each step: ``accum`` micro-batches from a DistributedSampler; all but the last under
+   ``model.no_sync()`` (no all-reduce), autocast around forward+loss, ``scaler.scale(loss).backward()``;
+   then ``scaler.step(opt)``/``scaler.update()``; rank 0 saves a checkpoint every ``--ckpt-every``
+   steps, followed by a barrier.
+
+Rank 0 prints ``LABKIT_RESULT {json}`` with the global mean loss per step, every rank's gradient and
+parameter checksums (sha256 of the raw bytes, so "equal" means bit-identical), all-reduce counts,
+scaler scales, timings and the world size.
+
+Introduced in notebook 08.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import itertools
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+__all__ = ["build_parser", "checksum", "latest_checkpoint", "main", "tensor_sum"]
+
+
+
+def checksum(tensors: Sequence[Any]) -> str:
+    """Return a short sha256 hex digest of the raw bytes of ``tensors`` (equal digests: bit-identical).
+
+    Introduced in notebook 08.
+    """
+    import torch
+
+    h = hashlib.sha256()
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"checksum takes tensors, got {type(t).__name__}")
+        h.update(t.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def tensor_sum(tensors: Sequence[Any]) -> float:
+    """Return the float64 sum of all elements of ``tensors`` (a human-readable companion to checksum).
+
+    Introduced in notebook 08.
+    """
+    return float(sum(float(t.detach().double().sum()) for t in tensors))
+
+
+def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
+    """Return the checkpoint the recipe resumes from (``labkit.train.CHECKPOINT_NAME`` in ``ckpt_dir``), or None.
+
+    Introduced in notebook 08.
+    """
+    from labkit.train import CHECKPOINT_NAME
+
+    path = Path(ckpt_dir) / CHECKPOINT_NAME
+    return path if path.is_file() else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the recipe's command-line parser (see the module docstring). Introduced in notebook 08."""
+    ap = argparse.ArgumentParser(
+        prog="python -m labkit.recipes.ddp",
+        description="DDP training recipe (run under torchrun or srun). Rank 0 prints one "
+                    "LABKIT_RESULT {json} line: losses, per-rank checksums, timings, world size.")
+    ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
+                    help="mlp: regression MLP; gpt: TinyGPT on the 'reverse' token task (default: mlp)")
+    ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                    help="fp32, or autocast to bf16 / fp16 (fp16 adds a GradScaler) (default: fp32)")
+    ap.add_argument("--steps", type=int, default=20, help="optimizer steps in total (default: 20)")
+    ap.add_argument("--batch", type=int, default=32, help="micro-batch per rank (default: 32)")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (default: 1)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
+    ap.add_argument("--seed", type=int, default=0, help="model, data and sampler seed (default: 0)")
+    ap.add_argument("--data-size", type=int, default=4096, help="examples in the data set (default: 4096)")
+    ap.add_argument("--hidden", type=int, default=256, help="MLP width (default: 256)")
+    ap.add_argument("--depth", type=int, default=3, help="MLP hidden layers (default: 3)")
+    ap.add_argument("--ckpt-dir", default=None, help="directory for checkpoints (default: none)")
+    ap.add_argument("--ckpt-every", type=int, default=0,
+                    help="save every K steps (0: only at the end; needs --ckpt-dir) (default: 0)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the newest checkpoint in --ckpt-dir, if there is one")
+    ap.add_argument("--crash-rank", type=int, default=None, help="fault injection: this rank raises ...")
+    ap.add_argument("--crash-step", type=int, default=None, help="... at the start of this step (0-based)")
+    ap.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-ms per micro-batch")
+    ap.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds the slow rank sleeps")
+    ap.add_argument("--sync-every-micro", action="store_true",
+                    help="all-reduce after every micro-batch (accumulation without no_sync, for comparison)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: labkit.device.pick_device())")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads per rank (default: $OMP_NUM_THREADS, else 1)")
+    ap.add_argument("--pg-timeout", type=float, default=60.0,
+                    help="process-group (collective) timeout in seconds (default: 60)")
+    ap.add_argument("--log-every", type=int, default=0, help="rank 0 prints the loss every K steps (0: never)")
+    return ap
+
+
+def _validate(args: argparse.Namespace, world: int) -> None:
+    for name in ("steps", "batch", "accum", "data_size", "hidden"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.depth < 0 or args.ckpt_every < 0 or args.log_every < 0 or args.seed < 0:
+        raise ValueError("--depth, --ckpt-every, --log-every and --seed must be >= 0")
+    if not args.lr > 0:
+        raise ValueError(f"--lr must be > 0, got {args.lr}")
+    if (args.crash_rank is None) != (args.crash_step is None):
+        raise ValueError("--crash-rank and --crash-step go together")
+    if args.crash_rank is not None and not 0 <= args.crash_rank < world:
+        raise ValueError(f"--crash-rank must be in [0, {world}), got {args.crash_rank}")
+    if args.slow_rank is not None and not 0 <= args.slow_rank < world:
+        raise ValueError(f"--slow-rank must be in [0, {world}), got {args.slow_rank}")
+    if (args.ckpt_every or args.resume) and not args.ckpt_dir:
+        raise ValueError("--ckpt-every and --resume need --ckpt-dir")
+    if args.data_size // world < args.batch:
+        raise ValueError(f"--data-size {args.data_size} gives each of {world} ranks fewer than "
+                         f"--batch {args.batch} examples")
+
+
+def _build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """Return (model, dataset, loss_fn) on the CPU, identical on every rank (seeded)."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from labkit import data, models
+
+    if args.model == "mlp":
+        x, y = data.make_regression(n=args.data_size, in_features=16, seed=args.seed)
+        model = models.MLP(16, args.hidden, 1, depth=args.depth, activation="gelu", seed=args.seed)
+        return model, TensorDataset(x, y), torch.nn.functional.mse_loss
+    task = data.make_token_task("reverse", n=args.data_size, n_digits=6, vocab_size=12, seed=args.seed)
+    model = models.TinyGPT(models.GPTConfig(vocab_size=task.vocab_size, seq_len=task.seq_len), seed=args.seed)
+    return model, TensorDataset(task.inputs, task.targets), models.lm_loss
+
+
+def _micro_batches(loader: Any, sampler: Any, start: int) -> Iterator[tuple[Any, ...]]:
+    """Yield micro-batches from global micro-batch index ``start`` on, epoch after epoch (resumable)."""
+    per_epoch = len(loader)
+    epoch, skip = divmod(start, per_epoch)
+    while True:
+        sampler.set_epoch(epoch)
+        yield from itertools.islice(iter(loader), skip, None)
+        epoch, skip = epoch + 1, 0
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any] | None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from labkit import device as dev_gate
+    from labkit import dist as ldist
+    from labkit import train as ltrain
+
+    t_start = time.perf_counter()
+    threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+    torch.set_num_threads(max(1, threads))
+    device = dev_gate.pick_device(args.device)
+    renv = ldist.rank_env()
+    if dev_gate.is_cuda(device):
+        device = torch.device("cuda", renv.local_rank)
+    backend = dev_gate.dist_backend(device)
+    _validate(args, renv.world_size)
+    if args.precision != "fp32":
+        want = torch.bfloat16 if args.precision == "bf16" else torch.float16
+        if not dev_gate.supports(want, device):
+            raise ValueError(f"--precision {args.precision}: autocast to {want} does not work on {device}")
+    renv = ldist.init_process_group(backend, timeout_s=args.pg_timeout,
+                                    device=device if dev_gate.is_cuda(device) else None)
+    rank, world = renv.rank, renv.world_size
+
+    # 2. model (seeded: identical on every rank) and optimizer
+    model, dataset, loss_fn = _build(args)
+    model.to(device)
+    opt = ltrain.make_optimizer(model.parameters(), "adamw", lr=args.lr)
+    # 3. DDP wrap (broadcasts rank 0's parameters) + a hook that counts the all-reduces it issues
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    comm = {"calls": 0, "bytes": 0}
+
+    def counting_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects string annotations
+        state["calls"] += 1
+        state["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
+        return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+    ddp.register_comm_hook(comm, counting_hook)
+    # 4. the GradScaler after DDP (fp16 only; bf16 has fp32's exponent range and needs none)
+    policy = ltrain.get_policy(args.precision)  # labkit.train's policies: fp32 master weights in all three
+    amp_dtype = policy.autocast_dtype
+    scaler = torch.amp.GradScaler(device.type) if policy.scaler else None
+    # 5. resume
+    start, losses, resumed_from = 0, [], None
+    ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
+    if args.resume and ckpt_dir is not None:
+        path = latest_checkpoint(ckpt_dir)
+        if path is not None:
+            state = ltrain.load_checkpoint(path)
+            if state.get("policy") != args.precision:
+                raise ValueError(f"{path} was written with --precision {state.get('policy')}, "
+                                 f"not {args.precision}")
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            if scaler is not None and state.get("scaler"):
+                scaler.load_state_dict(state["scaler"])
+            start, losses = int(state["step"]), list(state["history"]["loss"])
+            resumed_from = start
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed,
+                                 drop_last=True)
+    loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, drop_last=True, num_workers=0)
+    batches = _micro_batches(loader, sampler, start * args.accum)
+    if rank == 0 and ckpt_dir is not None:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    t_ready = time.perf_counter()
+
+    step_times: list[float] = []
+    local_losses: list[float] = []
+    skipped, saved = 0, []
+    for step in range(start, args.steps):
+        if args.crash_rank == rank and args.crash_step == step:
+            raise RuntimeError(f"injected crash: rank {rank} at step {step} (--crash-rank/--crash-step)")
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for micro in range(args.accum):
+            xb, yb = (t.to(device, non_blocking=True) for t in next(batches))
+            if args.slow_rank == rank and args.slow_ms > 0:
+                time.sleep(args.slow_ms / 1000.0)
+            last = micro == args.accum - 1
+            sync = ddp.no_sync() if not (last or args.sync_every_micro) else contextlib.nullcontext()
+            with sync:
+                with torch.amp.autocast(device_type=device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss = loss_fn(ddp(xb), yb) / args.accum
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            step_loss += float(loss.detach())
+        if scaler is not None:
+            before = scaler.get_scale()
+            scaler.step(opt)
+            scaler.update()
+            skipped += int(scaler.get_scale() < before)
+        else:
+            opt.step()
+        dev_gate.synchronize(device)
+        step_times.append(time.perf_counter() - t0)
+        local_losses.append(step_loss)
+        if ckpt_dir is not None and args.ckpt_every and (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
+            saved += _checkpoint(ckpt_dir, step + 1, model, opt, scaler, args.precision, losses,
+                                 local_losses, rank, world)
+        if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
+            print(f"step {step + 1}/{args.steps} local loss {step_loss:.4f} "
+                  f"({step_times[-1] * 1e3:.1f} ms)", flush=True)
+    t_train = time.perf_counter() - t_ready
+
+    # global mean loss per step (one all-reduce at the end, not one per step)
+    lt = torch.tensor(local_losses, dtype=torch.float64, device=device)
+    dist.all_reduce(lt)
+    run_losses = (lt / world).tolist()
+    all_losses = losses + run_losses
+    if ckpt_dir is not None:
+        saved += _checkpoint(ckpt_dir, args.steps, model, opt, scaler, args.precision, losses,
+                             local_losses, rank, world, global_losses=all_losses)
+    params = [p for p in model.parameters()]
+    grads = [p.grad for p in params if p.grad is not None]
+    mine = {"grad_checksum": checksum(grads) if grads else None, "param_checksum": checksum(params),
+            "grad_sum": tensor_sum(grads) if grads else None, "param_sum": tensor_sum(params),
+            "allreduce_calls": comm["calls"], "allreduce_bytes": comm["bytes"],
+            "scaler_scale": scaler.get_scale() if scaler is not None else None, "skipped_steps": skipped,
+            "step_s_median": statistics.median(step_times) if step_times else None,
+            "train_s": t_train}
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    if rank != 0:
+        return None
+    n_steps = args.steps - start
+    per = lambda key: [g[key] for g in gathered]  # noqa: E731
+    return {
+        "recipe": "ddp", "world_size": world, "backend": backend, "device": str(device),
+        "launcher": renv.launcher, "model": args.model,
+        "params": sum(p.numel() for p in params), "precision": args.precision,
+        "steps": args.steps, "start_step": start, "resumed_from": resumed_from,
+        "batch_per_rank": args.batch, "accum": args.accum, "global_batch": args.batch * world * args.accum,
+        "lr": args.lr, "seed": args.seed, "losses": all_losses,
+        "grad_checksums": per("grad_checksum"), "param_checksums": per("param_checksum"),
+        "grad_sums": per("grad_sum"), "param_sums": per("param_sum"),
+        "allreduce_calls": per("allreduce_calls"), "allreduce_bytes": per("allreduce_bytes"),
+        "micro_batches": n_steps * args.accum, "sync_every_micro": args.sync_every_micro,
+        "scaler_scales": per("scaler_scale"), "skipped_steps": per("skipped_steps"),
+        "timings": {"init_s": t_ready - t_start, "train_s": t_train, "train_s_per_rank": per("train_s"),
+                    "step_s_median_per_rank": per("step_s_median")},
+        "samples_per_s": (n_steps * args.batch * world * args.accum / t_train) if t_train > 0 else None,
+        "checkpoint_steps": saved,
+        "checkpoint": str(latest_checkpoint(ckpt_dir)) if ckpt_dir is not None else None,
+        "threads_per_rank": torch.get_num_threads(),
+    }
+
+
+def _checkpoint(ckpt_dir: Path, step: int, model: Any, opt: Any, scaler: Any, policy: str,
+                prior: list[float], local_losses: list[float], rank: int, world: int,
+                global_losses: list[float] | None = None) -> list[int]:
+    """Rank 0 writes a checkpoint atomically; every rank then waits at a barrier (so none races ahead)."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit import train as ltrain
+
+    if global_losses is None:  # the mean over ranks of the losses so far (small: one float per step)
+        lt = torch.tensor(local_losses, dtype=torch.float64, device=next(model.parameters()).device)
+        dist.all_reduce(lt)
+        global_losses = prior + (lt / world).tolist()
+    if rank == 0:  # labkit.train's format: temp file + os.replace, never a torn file
+        ltrain.save_checkpoint(ckpt_dir / ltrain.CHECKPOINT_NAME, step=step, model=model, optimizer=opt,
+                               scaler=scaler, policy=policy, history={"loss": global_losses})
+    dist.barrier()
+    return [step]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the flags, train on this rank, print the result on rank 0; return the exit status.
+
+    Introduced in notebook 08.
+    """
+    import torch.distributed as dist
+
+    from labkit import dist as ldist
+
+    args = build_parser().parse_args(argv)
+    try:
+        result = _run(args)
+        if result is not None:
+            ldist.emit_result(result)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    raise SystemExit(record(main)())
