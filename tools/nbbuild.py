@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if not srcs:
         print("no matching sources in tools/nbsrc", file=sys.stderr)
         return 2
+    for s in srcs:  # new notebooks exist (unexecuted) before any runs: 00 checks the map's files
+        if not (OUT / (s.stem + ".ipynb")).exists():
+            build(s, execute=False)
     for s in srcs:
         build(s, execute=not args.no_execute)
     return 0

@@ -1,0 +1,121 @@
+"""The map of the workbook: every notebook with what it teaches and how it behaves on CPU vs GPU.
+
+The README's notebook map and notebook 00's table are both generated from ``NOTEBOOKS``;
+``tests/test_repo.py`` checks that they, and the files in notebooks/, agree.
+Regenerate the README block with ``python -m labkit.catalog --readme``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["NOTEBOOKS", "Notebook", "available", "markdown_table", "update_readme"]
+
+
+@dataclass(frozen=True)
+class Notebook:
+    """One notebook: number, file stem, title, what it teaches, CPU and GPU behaviour, bottleneck.
+
+    Introduced in notebook 00.
+    """
+
+    number: str
+    stem: str
+    title: str
+    teaches: str
+    cpu: str
+    gpu: str
+    bottleneck: str
+    available: bool = False
+
+    @property
+    def filename(self) -> str:
+        """The notebook's file name in notebooks/."""
+        return f"{self.stem}.ipynb"
+
+
+NOTEBOOKS: list[Notebook] = [
+    Notebook("00", "00_environment", "Environment check",
+             "how to use the workbook, the doctor report, your device tier, the three HPC bottlenecks",
+             "full", "reports GPU, CUDA, NCCL, TF32 and fp8 support", "all three", True),
+    Notebook("01", "01_float_bit_layouts", "Float bit layouts",
+             "FP64/FP32/TF32/FP16/BF16/FP8 bits, range vs precision, an interactive bit explorer",
+             "full (pure Python + torch/ml_dtypes casts)", "same", "compute", True),
+    Notebook("02", "02_underflow_overflow_rounding", "Underflow, overflow, rounding",
+             "subnormals, flush to zero, overflow to inf, ties to even, swamping, why FP32 master weights",
+             "full", "same", "compute"),
+    Notebook("03", "03_loss_scaling", "Loss scaling",
+             "real gradients underflowing in fp16, static and dynamic loss scaling, GradScaler step order",
+             "full (fp16 autocast + GradScaler('cpu'))", "same with CUDA autocast", "compute"),
+    Notebook("04", "04_amp_training", "AMP training",
+             "the torch.amp recipe, which ops run in which dtype, fp16/bf16/pure-half training compared",
+             "full (CPU autocast)", "CUDA autocast op table and timings", "compute"),
+    Notebook("05", "05_bf16_tf32_fp8", "BF16, TF32, FP8",
+             "bf16 vs fp16 training, TF32 emulated and measured, FP8 scaling with amax history",
+             "TF32 emulated, fp8 casts + _scaled_mm", "real TF32 timing, fp8 matmul on cc >= 8.9", "compute"),
+    Notebook("06", "06_memory", "Where memory goes",
+             "params, grads, master weights, optimizer states, activations; ZeRO memory model",
+             "exact tensor bytes", "torch.cuda peak memory", "memory"),
+    Notebook("07", "07_profiling_and_fusion", "Profiling and fusion",
+             "torch.profiler, launch overhead, fusion and torch.compile, roofline",
+             "CPU profiler and roofline", "CUDA time columns, GPU roofline", "memory bandwidth"),
+    Notebook("08", "08_ddp", "DDP and communication",
+             "data parallelism, all-reduce, gradient accumulation, torchrun from a notebook",
+             "2 ranks on gloo", "NCCL", "communication"),
+    Notebook("09", "09_deepspeed_zero", "DeepSpeed and ZeRO",
+             "ZeRO stages 0-3 in bf16/fp16, per-rank memory vs the model, offload",
+             "DeepSpeed CPU accelerator, gloo", "CUDA + NCCL", "memory + communication"),
+    Notebook("10", "10_cluster", "Working on a cluster",
+             "Slurm, JupyterLab on a compute node, multi-node DDP and DeepSpeed jobs",
+             "explains and checks scripts", "the same scripts on GPU nodes", "communication"),
+]
+
+
+def available() -> list[Notebook]:
+    """Return the notebooks that exist in this version of the workbook. Introduced in notebook 00."""
+    return [n for n in NOTEBOOKS if n.available]
+
+
+def markdown_table(notebooks: list[Notebook] | None = None) -> str:
+    """Return the notebook map as a Markdown table (number, title, teaches, CPU, GPU).
+
+    Introduced in notebook 00.
+    """
+    rows = ["| # | Notebook | What it teaches | On CPU | On a GPU |", "|---|---|---|---|---|"]
+    for n in notebooks if notebooks is not None else available():
+        rows.append(f"| {n.number} | [{n.title}](notebooks/{n.filename}) | {n.teaches} | {n.cpu} | {n.gpu} |")
+    return "\n".join(rows)
+
+
+_START, _END = "<!-- notebook-map:start -->", "<!-- notebook-map:end -->"
+
+
+def update_readme(path: str | Path = "README.md") -> bool:
+    """Rewrite the README's notebook map between its markers; return True if the file changed.
+
+    Introduced in notebook 00.
+    """
+    p = Path(path)
+    text = p.read_text()
+    if _START not in text or _END not in text:
+        raise ValueError(f"{p} has no {_START} ... {_END} block")
+    new = re.sub(re.escape(_START) + ".*?" + re.escape(_END), _START + "\n" + markdown_table() + "\n" + _END,
+                 text, flags=re.S)
+    if new != text:
+        p.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="print or update the notebook map")
+    ap.add_argument("--readme", nargs="?", const="README.md", help="rewrite the map in this README")
+    a = ap.parse_args()
+    if a.readme:
+        print("updated" if update_readme(a.readme) else "already current")
+    else:
+        print(markdown_table())
+    sys.exit(0)

@@ -1,0 +1,127 @@
+"""The environment report behind ``python -m labkit doctor`` and notebook 00.
+
+``report()`` gathers versions, device capabilities, thread counts, the environment variables that
+matter for distributed and cluster work, and the seeds in use; ``format_report()`` prints it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import sys
+from typing import Any
+
+__all__ = ["ENV_PREFIXES", "ENV_VARS", "format_report", "report", "seed_everything"]
+
+#: Variables reported when set: exact names, and prefixes (NCCL_*, SLURM_* …).
+ENV_VARS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "LABKIT_DEVICE", "LABKIT_SEED",
+            "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "DS_ACCELERATOR",
+            "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_COMPILE_THREADS", "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")
+ENV_PREFIXES = ("NCCL_", "SLURM_", "TORCH_DISTRIBUTED_", "JUPYTER_")
+
+_PACKAGES = ("torch", "numpy", "ml_dtypes", "matplotlib", "ipywidgets", "jupyterlab", "tqdm", "deepspeed",
+             "nbval", "labkit")
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return md.version(pkg.replace("_", "-"))
+    except md.PackageNotFoundError:
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return None
+
+
+def seed_everything(seed: int = 0) -> int:
+    """Seed Python's, numpy's and torch's generators (all devices) and return the seed.
+
+    Introduced in notebook 00.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be in [0, 2**32), got {seed}")
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds CUDA generators too
+    return seed
+
+
+def report() -> dict[str, Any]:
+    """Gather versions, device capabilities, threads, relevant env vars and seeds into a dict.
+
+    Works on a CPU-only machine; DeepSpeed is reported as None when absent (it is an optional extra).
+    Introduced in notebook 00.
+    """
+    import torch
+
+    from labkit import device
+
+    caps = device.capabilities()
+    cuda = torch.version.cuda
+    nccl = None
+    if device.is_cuda(caps.device):
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except (AttributeError, RuntimeError):
+            nccl = None
+    env = {k: os.environ[k] for k in ENV_VARS if k in os.environ}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and "TOKEN" not in k})
+    return {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "versions": {p: _version(p) for p in _PACKAGES},
+        "torch_cuda": cuda,
+        "nccl": nccl,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device": caps.as_dict(),
+        "threads": {"torch_intraop": torch.get_num_threads(), "torch_interop": torch.get_num_interop_threads(),
+                    "os_cpu_count": os.cpu_count(),
+                    "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None},
+        "env": dict(sorted(env.items())),
+        "seeds": {"torch_initial_seed": torch.initial_seed(), "LABKIT_SEED": os.environ.get("LABKIT_SEED"),
+                  "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED")},
+    }
+
+
+def format_report(r: dict[str, Any] | None = None) -> str:
+    """Return the report as aligned text (the same text ``python -m labkit doctor`` prints).
+
+    Introduced in notebook 00.
+    """
+    r = report() if r is None else r
+    if not isinstance(r, dict):
+        raise TypeError(f"expected the dict from report(), got {type(r).__name__}")
+    d = r["device"]
+    lines = ["labkit doctor", "=" * 13, f"python        {r['python']}  ({r['executable']})",
+             f"platform      {r['platform']}"]
+    lines.append("packages      " + ", ".join(f"{k} {v}" for k, v in r["versions"].items() if v))
+    missing = [k for k, v in r["versions"].items() if not v]
+    if missing:
+        lines.append("not installed " + ", ".join(missing))
+    lines += [f"torch CUDA    {r['torch_cuda'] or 'none (CPU build)'}   NCCL {r['nccl'] or '-'}   "
+              f"cuDNN {r['cudnn'] or '-'}",
+              f"device        {d['device']} ({d['device_name']}), tier {d['tier']}, GPUs {d['gpu_count']}",
+              f"autocast      bf16 {'yes' if d['bf16'] else 'no'}, fp16 {'yes' if d['fp16'] else 'no'}, "
+              f"default {d['autocast_dtype']}",
+              f"TF32          matmul {d['tf32_matmul']}, cudnn {d['tf32_cudnn']}, "
+              f"float32_matmul_precision {d['float32_matmul_precision']!r}",
+              f"fp8           dtypes {'yes' if d['fp8_dtypes'] else 'no'}, "
+              f"matmul {'yes' if d['fp8_matmul'] else 'no (needs CUDA capability >= 8.9)'}",
+              f"CPU ISA       {' '.join(d['cpu_isa']) or '-'} (torch kernels: {d['cpu_capability']})",
+              "threads       " + ", ".join(f"{k} {v}" for k, v in r["threads"].items()),
+              "seeds         " + ", ".join(f"{k} {v}" for k, v in r["seeds"].items())]
+    if r["env"]:
+        lines.append("environment")
+        lines += [f"  {k}={v}" for k, v in r["env"].items()]
+    else:
+        lines.append("environment   (no NCCL_*/SLURM_*/CUDA_VISIBLE_DEVICES/OMP_NUM_THREADS set)")
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""Plots shared by the notebooks: format ranges, relative spacing, value grids (and later more).
+
+Each function draws on a given matplotlib Axes (or a new one) and returns the Axes, so notebooks stay
+one line per figure. matplotlib is imported inside the functions: importing labkit.plots is cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from labkit import formats as F
+
+__all__ = ["FORMAT_COLORS", "format_ranges", "grad_histogram", "relative_spacing", "scale_history", "value_grid"]
+
+FORMAT_COLORS = {"fp64": "#6d6d6d", "fp32": "#1f77b4", "tf32": "#17becf", "fp16": "#d62728",
+                 "bf16": "#2ca02c", "e4m3fn": "#9467bd", "e5m2": "#ff7f0e"}
+
+
+def _axes(ax: Any, figsize: tuple[float, float]) -> Any:
+    if ax is not None:
+        return ax
+    import matplotlib.pyplot as plt
+
+    _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def format_ranges(names: Sequence[str] = ("fp32", "tf32", "bf16", "fp16", "e5m2", "e4m3fn"), ax: Any = None) -> Any:
+    """Draw each format's range on a log2 axis: subnormals pale, normals solid, eps written beside it.
+
+    Introduced in notebook 01.
+    """
+    ax = _axes(ax, (9, 0.55 * len(names) + 1.2))
+    for i, name in enumerate(names):
+        f = F.get_format(name)
+        lo, mid, hi = math.log2(f.smallest_subnormal), math.log2(f.smallest_normal), math.log2(f.max)
+        c = FORMAT_COLORS.get(f.name, "k")
+        ax.barh(i, mid - lo, left=lo, color=c, alpha=0.3, height=0.6)
+        ax.barh(i, hi - mid, left=mid, color=c, alpha=0.9, height=0.6)
+        ax.text(hi + 2, i, f"max {f.max:.3g}, eps 2^{int(math.log2(f.eps))}", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), [F.get_format(n).name for n in names])
+    ax.invert_yaxis()
+    ax.axvline(0, color="k", lw=0.5)
+    ax.set_xlabel("log2 |x|   (pale: subnormals, solid: normals)")
+    ax.set_title("Range of each format")
+    ax.set_xlim(-160, 200)
+    return ax
+
+
+def relative_spacing(names: Sequence[str] = ("fp32", "bf16", "fp16"), lo: float = -30.0, hi: float = 20.0,
+                     ax: Any = None) -> Any:
+    """Plot ulp(x)/x against x for each format: the sawtooth of relative precision, and where it breaks.
+
+    Introduced in notebook 01.
+    """
+    if not lo < hi:
+        raise ValueError(f"need lo < hi (log2 bounds), got {lo} and {hi}")
+    ax = _axes(ax, (8, 3.5))
+    x = np.exp2(np.linspace(lo, hi, 1500))
+    for name in names:
+        f = F.get_format(name)
+        xs = x[x <= f.max]
+        r = F.round_array(xs, f)
+        up = F.decode_array(F.encode_array(r, f).astype(np.int64) + 1, f)
+        ax.loglog(xs, (up - r) / np.where(r > 0, r, np.nan), label=f.name, color=FORMAT_COLORS.get(f.name))
+    ax.set_xlabel("x")
+    ax.set_ylabel("ulp(x) / x")
+    ax.set_title("Relative spacing: precision is the same in every binade, until the subnormals")
+    ax.legend()
+    return ax
+
+
+def value_grid(name: str = "e4m3fn", ax: Any = None) -> Any:
+    """Mark every positive finite value of a small format on a log axis, normals and subnormals apart.
+
+    Introduced in notebook 01.
+    """
+    f = F.get_format(name)
+    if f.total_bits > 16:
+        raise ValueError(f"value_grid draws formats of at most 16 bits; {f.name} has {f.total_bits}")
+    ax = _axes(ax, (9, 1.6))
+    v = F.decode_array(np.arange(1, 1 << (f.total_bits - 1)), f)
+    v = v[np.isfinite(v)]
+    sub = v < f.smallest_normal
+    ax.vlines(v[sub], 0, 0.6, color="0.6", lw=0.8, label=f"subnormals ({int(sub.sum())})")
+    ax.vlines(v[~sub], 0, 1, color=FORMAT_COLORS.get(f.name, "k"), lw=0.8, label=f"normals ({int((~sub).sum())})")
+    ax.set_xscale("log", base=2)
+    ax.set_yticks([])
+    ax.set_title(f"Every positive {f.name} value")
+    ax.legend(loc="upper left", fontsize=8)
+    return ax
+
+
+def grad_histogram(values: Any, names: Sequence[str] = ("fp16", "bf16", "e5m2"), scale: float = 1.0,
+                   bins: int = 80, ax: Any = None) -> Any:
+    """Histogram log2|g| of nonzero gradients (times ``scale``) over each format's shaded range.
+
+    Each format gets a horizontal band: pale where it has only subnormals, solid where it has normals,
+    with a dashed line where values flush to zero (half the smallest subnormal). Zeros and
+    non-finite values are left out of the histogram. Introduced in notebook 03.
+    """
+    if not (isinstance(scale, (int, float)) and 0 < scale < math.inf):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"bins must be a positive int, got {bins!r}")
+    g = np.asarray(values.detach().cpu().double() if hasattr(values, "detach") else values, dtype=np.float64)
+    g = np.abs(g.reshape(-1)) * scale
+    g = g[np.isfinite(g) & (g > 0)]
+    if g.size == 0:
+        raise ValueError("no nonzero finite values to plot")
+    fmts = [F.get_format(n) for n in names]
+    ax = _axes(ax, (9, 3.8))
+    lg = np.log2(g)
+    ax.hist(lg, bins=bins, color="0.35", alpha=0.85, zorder=3, label=f"log2|g × {scale:g}|")
+    k = len(fmts)
+    for i, f in enumerate(fmts):
+        c = FORMAT_COLORS.get(f.name, "k")
+        lo, mid, hi = math.log2(f.smallest_subnormal), math.log2(f.smallest_normal), math.log2(f.max)
+        band = dict(ymin=i / k, ymax=(i + 1) / k, zorder=1)
+        ax.axvspan(lo, mid, color=c, alpha=0.12, **band)
+        ax.axvspan(mid, hi, color=c, alpha=0.28, label=f"{f.name}: subnormals {lo:.0f}..{mid:.0f}, normals ..{hi:.0f}",
+                   **band)
+        ax.axvline(lo - 1, ymin=i / k, ymax=(i + 1) / k, color=c, ls="--", lw=1.2, zorder=2)
+    left = min(lg.min(), min(math.log2(f.smallest_subnormal) for f in fmts if f.smallest_subnormal > 2.0**-60) - 2)
+    right = max(lg.max(), max(math.log2(f.max) for f in fmts if f.max < 2.0**64) + 2)
+    ax.set_xlim(max(left - 1, -160), min(right + 1, 140))
+    ax.set_xlabel("log2 |g|   (dashed: flush to zero below this; pale: subnormals; solid: normals)")
+    ax.set_ylabel("count")
+    ax.set_title("Gradient magnitudes against each format's range")
+    ax.legend(loc="upper right", fontsize=7)
+    return ax
+
+
+def scale_history(scales: Sequence[float], skipped: Sequence[bool], ax: Any = None, title: str | None = None) -> Any:
+    """Plot a loss scale over the steps on a log2 axis, with the skipped (inf/NaN) steps marked.
+
+    ``scales[i]`` is the scale step ``i`` used and ``skipped[i]`` whether its optimizer step was skipped.
+    Introduced in notebook 03.
+    """
+    s = np.asarray(scales, dtype=np.float64)
+    k = np.asarray(skipped, dtype=bool)
+    if s.ndim != 1 or s.size == 0 or s.shape != k.shape:
+        raise ValueError(f"scales and skipped must be 1-D and of the same nonzero length, got {s.shape} and {k.shape}")
+    if np.any(s < 0) or not np.all(np.isfinite(s)):
+        raise ValueError("scales must be finite and >= 0")
+    ax = _axes(ax, (9, 3.2))
+    steps = np.arange(s.size)
+    shown = np.where(s > 0, s, np.nan)  # a collapsed scale (0) has no log: the line stops there
+    ax.step(steps, shown, where="post", color="#1f77b4", label="loss scale")
+    ax.plot(steps[k], shown[k], "x", color="#d62728", ms=6, label=f"skipped step ({int(k.sum())})")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("scale")
+    ax.set_title(title or "Dynamic loss scale: back off on inf/NaN, grow after clean steps")
+    ax.legend(loc="best", fontsize=8)
+    return ax

@@ -1,0 +1,184 @@
+# %% [markdown]
+# # 00 · Environment check
+#
+# **Objectives**
+# - know how to work through this workbook, in JupyterLab on a laptop or on a cluster's compute node;
+# - read the `labkit doctor` report: versions, device, what your hardware can compute;
+# - know your **device tier** and what each later notebook does on a CPU and on a GPU;
+# - name the three bottlenecks of HPC (compute, memory bandwidth, communication) and where the workbook visits each.
+#
+# **Prerequisites:** Python and a little PyTorch. Nothing else.
+#
+# **Estimated time:** 10 min
+
+# %%
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from IPython.display import Markdown, display
+
+import labkit
+from labkit import catalog, device, env
+from labkit.check import check
+
+# %% [markdown]
+# ## 1. How to use this workbook
+#
+# - **On a laptop:** `make lab` in the repository creates `.venv`, installs everything (a CPU build of
+#   PyTorch unless you ask for CUDA) and opens JupyterLab on `notebooks/`.
+# - **On a cluster:** never run notebooks on the login node. Submit `slurm/jupyter.sbatch`; it starts
+#   JupyterLab on a compute node and writes the `ssh -N -L ...` tunnel command to your job output
+#   (see `slurm/README.md` and notebook 10).
+# - Run a notebook top to bottom with *Run → Run All Cells*. Cells `assert` what they teach: if one fails,
+#   the notebook is telling you something about your machine.
+# - Exercises have a `...` for you to fill. `check(...)` then prints ✓, a hint, or "not attempted yet".
+# - Everything runs on 2 CPU cores. Where a GPU changes the story, the notebook shows the real GPU numbers
+#   when one is present and says plainly what would differ when not.
+
+# %% [markdown]
+# ## 2. The doctor report
+#
+# The same report is printed by `python -m labkit doctor` in a terminal; paste it into a question when you ask
+# for help. Its content depends on your machine, so its stored output is not compared by the tests.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+report = env.report()
+print(env.format_report(report))
+
+# %% [markdown]
+# Whatever the machine, a few things must hold for the workbook to work:
+
+# %%
+major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+assert (major, minor) >= (2, 4), "labkit needs torch >= 2.4 (torch.amp.GradScaler(device))"
+assert report["versions"]["ml_dtypes"] and report["versions"]["labkit"] == labkit.__version__
+assert hasattr(torch, "float8_e4m3fn") and hasattr(torch, "float8_e5m2")
+print("torch", ".".join(map(str, (major, minor))), "ok; fp8 dtypes present; labkit", labkit.__version__)
+
+# %% [markdown]
+# ## 3. Your device tier
+#
+# `labkit.device` is the one place that decides which device, which autocast dtype and which fast paths a
+# notebook uses. It *tries* a tiny computation instead of trusting a name: some CPUs reject fp16 compute,
+# some GPUs lack bf16.
+#
+# | tier | what it is | what changes in later notebooks |
+# |---|---|---|
+# | `cpu` | no GPU (this is what CI runs) | bf16/fp16 autocast on CPU, DDP on gloo, DeepSpeed's CPU accelerator; TF32 and fp8 matmul explained and emulated |
+# | `mps` | Apple GPU | autocast on MPS; no NCCL, no TF32, no fp8 |
+# | `cuda` | NVIDIA GPU | CUDA autocast (softmax & co upcast to fp32), TF32, NCCL, real timings |
+# | `cuda-fp8` | NVIDIA GPU with compute capability ≥ 8.9 (Ada, Hopper) | as `cuda`, plus real fp8 matmuls |
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+caps = device.capabilities()
+print(f"tier {caps.tier}: {caps.device} ({caps.device_name}); autocast dtype {caps.autocast_dtype}")
+print(f"bf16 {caps.bf16}, fp16 {caps.fp16}, fp8 matmul {caps.fp8_matmul}, CPU ISA {' '.join(caps.cpu_isa) or '-'}")
+
+# %% [markdown]
+# The tier is consistent with what was measured:
+
+# %%
+assert caps.tier in {"cpu", "mps", "cuda", "cuda-fp8"}
+assert caps.fp8_matmul == (caps.tier == "cuda-fp8")
+assert device.dist_backend() == ("nccl" if caps.tier.startswith("cuda") else "gloo")
+assert caps.bf16 or caps.fp16 or caps.autocast_dtype is None
+print("device gate consistent; distributed backend:", "nccl on CUDA, gloo elsewhere")
+
+# %% [markdown]
+# ## 4. The notebooks, on CPU and on a GPU
+
+# %%
+display(Markdown(catalog.markdown_table()))
+missing = [n.filename for n in catalog.available() if not Path(n.filename).exists()]
+assert not missing, f"notebooks listed but not found next to this one: {missing}"
+
+# %% [markdown]
+# ## 5. The three bottlenecks
+#
+# Every step of training waits on one of three things:
+#
+# 1. **Compute**: the arithmetic units (tensor cores, AVX-512/AMX units). A big matmul does about
+#    $2n^3$ FLOPs on $3n^2$ numbers, so it reuses each byte many times and is limited by FLOP/s.
+#    Notebooks 01-05 make compute cheaper with narrower formats.
+# 2. **Memory bandwidth**: moving bytes between memory and the arithmetic units. An elementwise op does one
+#    FLOP per element loaded and stored, so it waits on GB/s however fast the units are. Notebook 06 counts the
+#    bytes, notebook 07 profiles and fuses ops to move fewer of them.
+# 3. **Communication**: moving bytes between devices and machines. Data parallelism all-reduces every
+#    gradient every step; ZeRO trades memory for more communication. Notebooks 08-10.
+#
+# *Arithmetic intensity* (FLOPs per byte moved) tells which of the first two limits an op:
+
+# %%
+def intensity_matmul(n: int, bytes_per: int = 4) -> float:
+    return 2 * n**3 / (3 * n * n * bytes_per)
+
+print(f"matmul 512x512 fp32: {intensity_matmul(512):.1f} FLOP/byte;  elementwise add fp32: {1 / 12:.3f} FLOP/byte")
+assert intensity_matmul(512) > 80 > 1 / 12
+
+# %% [markdown]
+# Measured on this machine (median of a few repeats; your figures will differ):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+def median_time(fn, repeats: int = 7) -> float:
+    fn()  # warm-up
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+a = torch.randn(512, 512); big = torch.randn(16 * 2**20 // 4)
+t_mm, t_copy = median_time(lambda: a @ a), median_time(lambda: big.clone())
+print(f"matmul: {2 * 512**3 / t_mm / 1e9:.1f} GFLOP/s   copy: {2 * big.numel() * 4 / t_copy / 1e9:.1f} GB/s")
+
+# %% [markdown]
+# ## Exercises
+#
+# **1.** Which device type did `pick_device()` choose (`"cpu"`, `"cuda"` or `"mps"`)?
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = device.pick_device().type
+### END SOLUTION
+check("00.device", answer)
+
+# %% [markdown]
+# **2.** Which dtype does autocast use by default on this machine? (A `torch.dtype` or its name.)
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = device.autocast_dtype()
+### END SOLUTION
+check("00.autocast-dtype", answer)
+
+# %% [markdown]
+# **3.** Name the bottleneck (`"compute"`, `"memory bandwidth"` or `"communication"`) of each scenario.
+
+# %%
+answer = {
+    "a 8192x8192 bf16 matmul": ...,
+    "adding a bias to a 1 GB activation tensor": ...,
+    "all-reducing 1 GB of gradients between two nodes": ...,
+}
+### BEGIN SOLUTION
+answer = {
+    "a 8192x8192 bf16 matmul": "compute",
+    "adding a bias to a 1 GB activation tensor": "memory bandwidth",
+    "all-reducing 1 GB of gradients between two nodes": "communication",
+}
+### END SOLUTION
+check("00.bottlenecks", answer)
+
+# %% [markdown]
+# ## Summary
+#
+# - `python -m labkit doctor` (section 2) is the first thing to run on a new machine or cluster node.
+# - `labkit.device` decides device, dtype and backend by measuring; later notebooks adapt to your tier.
+# - Compute, memory bandwidth and communication are the three limits; arithmetic intensity tells compute
+#   from bandwidth. The rest of the workbook visits each, starting with the bits of a float in notebook 01.

@@ -1,0 +1,257 @@
+# %% [markdown]
+# # 01 · Float bit layouts: FP32, TF32, FP16, BF16, FP8
+#
+# **Objectives**
+# - take any floating-point number apart into sign, exponent and mantissa, and put it back together;
+# - read off a format's range (max, smallest normal, smallest subnormal) and precision (eps) from its bit widths;
+# - see why BF16 keeps FP32's range, why FP16 "hears badly", what TF32 is, and how the two FP8 formats differ;
+# - know where torch and ml_dtypes disagree (E4M3FN overflow).
+#
+# **Prerequisites:** notebook 00; binary numbers.
+#
+# **Estimated time:** 25 min
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import ml_dtypes
+import numpy as np
+import torch
+
+from labkit import device, plots, widgets
+from labkit import formats as F
+from labkit.check import check
+
+# %% [markdown]
+# ## 1. Three fields
+#
+# A binary float with $e$ exponent bits and $m$ mantissa bits stores
+#
+# $$x = (-1)^{s} \times 2^{E - \text{bias}} \times 1.M_2, \qquad \text{bias} = 2^{e-1}-1$$
+#
+# for a *normal* number (exponent field $E$ neither all zeros nor all ones). With $E = 0$ the leading 1
+# becomes a 0 and the exponent stays at its minimum: these are the **subnormals**, which fill the gap
+# down to zero. An all-ones exponent holds ±inf and NaN (except in E4M3FN, below).
+#
+# `labkit.formats` is a small hand-written codec for all of this, tested bit for bit against torch and ml_dtypes.
+
+# %%
+fl = F.fields(-1.5, "fp16")
+print(fl.bitstring, "  kind:", fl.kind)
+print(fl.meaning)
+assert (fl.sign, fl.exponent, fl.mantissa) == (1, 15, 0b1000000000)
+assert torch.tensor(-1.5, dtype=torch.float16).view(torch.int16).item() & 0xFFFF == fl.bits == 0xBE00
+
+# %% [markdown]
+# The same value in each format: the exponent field grows with the bias, the mantissa is cut to its width.
+
+# %%
+for name in ["fp32", "tf32", "fp16", "bf16", "e4m3fn", "e5m2"]:
+    f = F.fields(0.1, name)
+    print(f"{name:>7}: {f.bitstring:<36} = {f.value!r}")
+assert F.round_to(0.1, "fp32") == float(np.float32(0.1)) and F.round_to(0.1, "bf16") == 0.10009765625
+
+# %% [markdown]
+# ## 2. Range and precision from the bit widths
+#
+# - **max** = $(2 - 2^{-m}) \times 2^{2^e - 2 - \text{bias}}$ for IEEE-style formats;
+# - **smallest normal** = $2^{1-\text{bias}}$; **smallest subnormal** = $2^{1-\text{bias}-m}$;
+# - **eps** (the gap after 1.0) = $2^{-m}$: about $\log_{10} 2^{m+1}$ significant decimal digits.
+
+# %%
+print(F.table())
+
+# %% [markdown]
+# The facts below are the ones that matter in the rest of the workbook. Each is checked against torch and ml_dtypes.
+
+# %%
+fp16, bf16, fp32 = F.get_format("fp16"), F.get_format("bf16"), F.get_format("fp32")
+assert fp16.max == 65504 == torch.finfo(torch.float16).max
+assert fp16.smallest_subnormal == 2**-24 == float(ml_dtypes.finfo(np.float16).smallest_subnormal)
+assert fp16.smallest_normal == 2**-14 and fp16.eps == 2**-10
+assert bf16.smallest_normal == fp32.smallest_normal == torch.finfo(torch.bfloat16).tiny
+assert bf16.eps == 2**-7 == torch.finfo(torch.bfloat16).eps
+print(f"FP16 covers 2^-24 .. 65504 (~{math.log2(fp16.max / fp16.smallest_subnormal):.0f} binades); "
+      f"BF16 covers 2^-133 .. {bf16.max:.3e} (~{math.log2(bf16.max / bf16.smallest_subnormal):.0f} binades)")
+
+# %%
+plots.format_ranges()
+plt.show()
+
+# %% [markdown]
+# Precision is *relative*: between two powers of two the values are evenly spaced, so `ulp(x)/x` is a sawtooth
+# between $2^{-m-1}$ and $2^{-m}$. In the subnormals the spacing stays fixed, so relative precision collapses
+# on the way to zero.
+
+# %%
+plots.relative_spacing(lo=-30, hi=17)
+plt.show()
+
+# %% [markdown]
+# ## 3. The bit explorer
+#
+# Pick a format, click bits, or type a number (`0.1`, `65504`, `2^-24`, `inf`) and press Enter. Sign bits are red,
+# exponent bits green, mantissa bits blue. The panel shows the exact value, its neighbours and its ulp.
+
+# %%
+explorer = widgets.bit_explorer("fp16", 1.0)
+explorer
+
+# %% [markdown]
+# The explorer can be driven from code as well. Clicking the top exponent bit of 1.0 in FP16 gives the all-ones
+# exponent, which is infinity; typing 65519 rounds to the largest finite value, and 65520 overflows.
+
+# %%
+explorer.set_value(1.0)
+explorer.toggle_bit(14)
+print(explorer.value_label.value)
+assert explorer.value == math.inf
+explorer.set_value(65519); print(explorer.value_label.value)
+explorer.set_value(65520); print(explorer.value_label.value)
+assert F.round_to(65519, "fp16") == 65504 and F.round_to(65520, "fp16") == math.inf
+explorer.set_value(1.0)
+
+# %% [markdown]
+# ## 4. BF16 keeps FP32's range; FP16 "hears badly"
+#
+# BF16 is simply the top 16 bits of an FP32 (rounded): the same 8-bit exponent, so the same range, and only
+# 7 mantissa bits. Converting FP32 → BF16 can never overflow or underflow more than FP32 itself does.
+
+# %%
+x = 1 / 3
+b32, b16 = F.encode(x, "fp32"), F.encode(x, "bf16")
+print(f"fp32 {b32:032b}\nbf16 {b16:016b}  (top 16 bits of fp32, rounded)")
+assert b16 == (b32 + 0x7FFF + ((b32 >> 16) & 1)) >> 16  # round-to-nearest-even on the low 16 bits
+
+# %% [markdown]
+# FP16 spends its bits the other way: 10 mantissa bits (finer than BF16) but only 5 exponent bits. Like an ear with a
+# narrow dynamic range, it **doesn't hear quiet sounds** (small gradients flush to zero) and **clips loud ones**
+# (activations above 65504 become inf). BF16 hears everything FP32 hears, just less precisely.
+
+# %%
+for v in [1e-8, 3e-5, 70000.0, 1 + 2**-9]:
+    print(f"{v!r:>22}  fp16 -> {F.round_to(v, 'fp16')!r:<24} bf16 -> {F.round_to(v, 'bf16')!r}")
+assert F.round_to(1e-8, "fp16") == 0 and F.round_to(1e-8, "bf16") != 0
+assert F.round_to(70000, "fp16") == math.inf and F.round_to(70000, "bf16") == 70144
+assert F.round_to(1 + 2**-9, "fp16") == 1 + 2**-9 and F.round_to(1 + 2**-9, "bf16") == 1.0
+
+# %% [markdown]
+# ## 5. TF32: FP32's range with a 10-bit mantissa, inside the tensor cores
+#
+# TF32 is not a storage format: tensors stay FP32 in memory. On NVIDIA GPUs from Ampere on, a matmul with
+# `torch.backends.cuda.matmul.allow_tf32 = True` (or `torch.set_float32_matmul_precision("high")`) rounds its
+# FP32 *inputs* to 1+8+10 bits inside the tensor cores and accumulates in FP32. PyTorch's default is off; NVIDIA's
+# NGC containers turn it on. Notebook 05 measures what that costs in accuracy.
+
+# %%
+tf32 = F.get_format("tf32")
+assert (tf32.emin, tf32.emax) == (fp32.emin, fp32.emax) and tf32.eps == fp16.eps  # FP32 range, FP16 precision
+print(f"1/3: fp32 {F.round_to(1/3, 'fp32')!r}, tf32 {F.round_to(1/3, 'tf32')!r}, fp16 {F.round_to(1/3, 'fp16')!r}")
+assert F.round_to(1 / 3, "tf32") == F.round_to(1 / 3, "fp16")  # same mantissa, and 1/3 is in both ranges
+
+# %% [markdown]
+# What your device does with TF32 (the flags exist everywhere; only NVIDIA tensor cores act on them):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+caps = device.capabilities()
+print(f"tier {caps.tier}: allow_tf32 (matmul) = {caps.tf32_matmul}, float32_matmul_precision = "
+      f"{caps.float32_matmul_precision!r}")
+print("TF32 is used by matmuls on this device" if caps.tier.startswith("cuda") and caps.tf32_matmul else
+      "No TF32 here: fp32 matmuls run in full fp32. The workbook emulates TF32 by rounding inputs (notebook 05).")
+
+# %% [markdown]
+# ## 6. FP8: E4M3FN for the forward pass, E5M2 for gradients
+#
+# With 8 bits, every pattern can be listed. **E4M3FN** ("finite, NaN only at S.1111.111") trades infinity away to
+# keep one more binade of normals: max 448, 3 mantissa bits. **E5M2** is IEEE-like: max 57344, inf, only 2 mantissa
+# bits, and the wider range gradients need.
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(9, 3.2), sharex=True)
+plots.value_grid("e4m3fn", ax=axes[0]); plots.value_grid("e5m2", ax=axes[1])
+fig.tight_layout(); plt.show()
+pos = lambda name: F.decode_array(np.arange(1, 128), name)
+print("finite positive values:", int(np.isfinite(pos("e4m3fn")).sum()), "in E4M3FN,",
+      int(np.isfinite(pos("e5m2")).sum()), "in E5M2")
+
+# %% [markdown]
+# **Where libraries disagree.** E4M3FN has no infinity, so what should an overflow become? ml_dtypes (and the OCP
+# spec's non-saturating mode) makes it NaN. torch's cast **saturates** to ±448, even for inf. E5M2 has inf, and
+# both libraries agree. labkit exposes both rules by name.
+
+# %%
+vals = np.array([300.0, 464.0, 500.0, np.inf], dtype=np.float32)
+t = torch.from_numpy(vals).to(torch.float8_e4m3fn).float().tolist()
+m = vals.astype(ml_dtypes.float8_e4m3fn).astype(np.float32).tolist()
+print("input         ", vals.tolist(), "\ntorch         ", t, "\nml_dtypes     ", m)
+assert t == [288.0, 448.0, 448.0, 448.0] and m[:2] == [288.0, 448.0] and all(map(math.isnan, m[2:]))
+assert [F.round_to(v, "e4m3fn", overflow="saturate") for v in vals] == t
+assert all(map(math.isnan, [F.round_to(v, "e4m3fn", overflow="nan") for v in vals[2:]]))
+
+# %% [markdown]
+# 464 sits exactly halfway between 448 and the next would-be value 480, and rounds to even (448) in both. A value
+# that silently becomes 448 hides an overflow; a NaN shouts. That is why FP8 training scales tensors so that
+# their `amax` lands below the max (notebook 05).
+#
+# ## Exercises
+#
+# **1.** The largest finite FP16 value, as a number.
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = (2 - 2**-10) * 2**15
+### END SOLUTION
+check("01.fp16-max", answer)
+
+# %% [markdown]
+# **2.** Decode the BF16 pattern `0x4049` by hand (sign, exponent, mantissa) and give its value.
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = (1 + 0b1001001 / 128) * 2 ** (0b10000000 - 127)
+### END SOLUTION
+check("01.decode-bf16", answer)
+
+# %% [markdown]
+# **3.** Give the fields `(sign, exponent field, mantissa field)` of -2.5 in FP16, as integers.
+
+# %%
+answer = (..., ..., ...)
+### BEGIN SOLUTION
+answer = (1, 1 + 15, int(0.25 * 1024))
+### END SOLUTION
+check("01.fp16-fields", answer)
+
+# %% [markdown]
+# **4.** The largest finite E4M3FN value: pattern `0 1111 110` (why not `0 1111 111`?).
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = 2 ** (15 - 7) * (1 + 6 / 8)
+### END SOLUTION
+check("01.e4m3-max", answer)
+
+# %% [markdown]
+# **5.** BF16's machine epsilon (the gap between 1.0 and the next BF16 value).
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = 2.0**-7
+### END SOLUTION
+check("01.bf16-eps", answer)
+
+# %% [markdown]
+# ## Summary
+#
+# - A float is sign × 2^(exponent − bias) × 1.mantissa; subnormals drop the leading 1 near zero.
+# - Exponent bits buy **range**, mantissa bits buy **precision**: FP16 has precision but little range, BF16 has
+#   FP32's range and little precision, TF32 is FP32's range with FP16's mantissa inside tensor cores.
+# - FP8 E4M3FN (max 448, no inf) is for forward tensors, E5M2 (max 57344) for gradients; torch saturates E4M3FN on
+#   overflow where ml_dtypes gives NaN.
+# - Next: notebook 02 shows what these limits do to real arithmetic: underflow, overflow, rounding and swamping.
