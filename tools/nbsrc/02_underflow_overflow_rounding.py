@@ -1,0 +1,325 @@
+# %% [markdown]
+# # 02 · Underflow, overflow, rounding
+#
+# **Objectives**
+# - read a format's number line: normals, the subnormal ramp, flush to zero, overflow to inf (and FP8
+#   E4M3FN's saturation or NaN, where torch and ml_dtypes disagree);
+# - predict round-to-nearest-even, including ties;
+# - see *swamping*: why 1000 × 0.01 is not 10 in FP16, and why an update of 1e-5 to a weight of 1.0 vanishes
+#   in FP16. That is the argument for **FP32 master weights**;
+# - see an FP16 softmax overflow to inf/NaN, and fix it with an FP32 island (`autocast(enabled=False)`).
+#
+# **Prerequisites:** notebook 01 (sign, exponent, mantissa; what an ulp is).
+#
+# **Estimated time:** 30 min
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import ml_dtypes
+import numpy as np
+import torch
+
+from labkit import formats as F, models, plots
+from labkit.check import check
+from labkit.exercises.nb02 import UNDERFLOW_VALUES
+
+# %% [markdown]
+# ## 1. The number line of a format
+#
+# A format with `e` exponent bits and `m` mantissa bits has three regions on the positive axis:
+#
+# - **normals**, from `smallest_normal` = 2^(1-bias) up to `max`: every binade [2^k, 2^(k+1)) holds 2^m values,
+#   so the *relative* spacing is the same everywhere (2^-m);
+# - **subnormals**, below `smallest_normal`: the hidden bit is 0 and the spacing stays fixed at the smallest
+#   subnormal, so each step down the ramp loses one bit of precision;
+# - below half the smallest subnormal, a value **flushes to zero**; above `max` (plus half an ulp), it
+#   **overflows** to inf (or, in E4M3FN, which has no inf, to NaN or a saturated ±448).
+#
+# Pale bars are subnormals, solid bars normals:
+
+# %%
+ax = plots.format_ranges(("fp32", "bf16", "fp16", "e5m2", "e4m3fn"))
+ax.set_xlim(-160, 140)
+plt.show()
+
+# %% [markdown]
+# The landmarks of FP16, exact:
+
+# %%
+fp16 = F.get_format("fp16")
+for what in ("smallest_subnormal", "smallest_normal", "max", "eps"):
+    v = getattr(fp16, what)
+    print(f"{what:>18} = 2^{math.log2(v):g} = {v!r}" if what != "max" else f"{what:>18} = {v!r}")
+assert fp16.smallest_subnormal == 2.0**-24 and fp16.smallest_normal == 2.0**-14 and fp16.max == 65504.0
+
+# %% [markdown]
+# Now cast a ladder of values to FP16 with torch and watch each region. `2^-25` is exactly half the smallest
+# subnormal: a tie between 0 and 2^-24, and ties go to the *even* neighbour, 0. Just above the tie it rounds up.
+# At the top, 65504 + 15 still rounds down to 65504; from 65520 (half an ulp above `max`) it is inf.
+
+# %%
+ladder = [2.0**-26, 2.0**-25, 1.01 * 2.0**-25, 2.0**-24, 1e-7, 2.0**-14, 65504.0, 65519.0, 65520.0, 1e5]
+cast = torch.tensor(ladder, dtype=torch.float64).to(torch.float16).double().tolist()
+for x, y in zip(ladder, cast):
+    print(f"{x:>14.6g} -> {y:<14.6g} {'(lost: 0)' if y == 0 else '(overflow)' if math.isinf(y) else ''}")
+assert cast[:4] == [0.0, 0.0, 2.0**-24, 2.0**-24] and cast[6:8] == [65504.0, 65504.0]
+assert math.isinf(cast[8]) and math.isinf(cast[9])
+
+# %% [markdown]
+# **The subnormal ramp.** 1e-7 survives, but as 2 × 2^-24 = 1.19e-7: a 19 % error. Relative precision is
+# 2^-11 for normals, and it degrades one bit per binade below 2^-14:
+
+# %%
+for x in (1e-4, 1e-5, 1e-6, 1e-7):
+    y = F.round_to(x, "fp16")
+    print(f"{x:g} -> {y:.6g}   relative error {abs(y - x) / x:.2%}")
+assert F.round_to(1e-7, "fp16") == 2 * 2.0**-24
+
+# %% [markdown]
+# **Flush to zero (FTZ).** Subnormal arithmetic is slow on some hardware, so CPUs and GPUs have a mode that
+# treats subnormals as 0. PyTorch exposes it on CPU as `torch.set_flush_denormal`. With it on, FP32's
+# subnormals (below 2^-126 ≈ 1.2e-38) vanish too. Always switch it back off.
+
+# %%
+if torch.set_flush_denormal(True):  # returns False on CPUs without FTZ/DAZ support
+    try:
+        assert torch.tensor([1e-40]).item() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
+assert torch.tensor([1e-40]).item() != 0.0  # FTZ off: an FP32 subnormal
+print("FP32 1e-40 is a subnormal:", torch.tensor([1e-40]).item() < torch.finfo(torch.float32).smallest_normal)
+
+# %% [markdown]
+# ## 2. FP8 at the top of its range: saturate, NaN or inf
+#
+# E5M2 follows IEEE: its all-ones exponent means inf/NaN, and overflow gives inf (max 57344). E4M3FN ("FN":
+# finite, NaN only) spends that exponent on more normals, so its max is 448 and it *has no inf*. What an
+# overflow becomes then is a choice, and the libraries choose differently: **torch saturates** to ±448,
+# **ml_dtypes** returns NaN (the OCP FP8 spec's non-saturating mode).
+
+# %%
+vals = np.array([448.0, 464.0, 465.0, 500.0, 1e4, 1e5, np.inf], dtype=np.float32)
+t_e4 = torch.from_numpy(vals).to(torch.float8_e4m3fn).float().numpy()
+m_e4 = vals.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+t_e5 = torch.from_numpy(vals).to(torch.float8_e5m2).float().numpy()
+m_e5 = vals.astype(ml_dtypes.float8_e5m2).astype(np.float32)
+print(f"{'x':>8} {'torch e4m3fn':>13} {'ml_dtypes e4m3fn':>17} {'torch e5m2':>11} {'ml_dtypes e5m2':>15}")
+for row in zip(vals, t_e4, m_e4, t_e5, m_e5):
+    print("".join(f"{v:>{w}g}" for v, w in zip(row, (8, 14, 18, 12, 16))))
+
+# %% [markdown]
+# 464 is halfway between 448 and 480 (which is not an E4M3FN value), and the tie rounds to 448, whose mantissa
+# 110 is even. Anything above overflows: torch gives 448, ml_dtypes gives NaN. E5M2 agrees in both libraries:
+# up to 1e4 it rounds (coarsely: 3 bits of precision), and 1e5, beyond its max of 57344, is inf.
+# In FP8 training a silent 448 hides an overflow that a NaN would have reported, which is why FP8 recipes keep
+# per-tensor scales (notebook 05).
+
+# %%
+assert list(t_e4) == [448.0] * 7
+assert list(m_e4[:2]) == [448.0, 448.0] and np.isnan(m_e4[2:]).all()
+assert t_e5.tolist() == m_e5.tolist() and np.isinf(t_e5[5:]).all() and np.isfinite(t_e5[:5]).all()
+
+# %% [markdown]
+# ## 3. Round to nearest, ties to even
+#
+# Every cast and every arithmetic result rounds to the nearest representable value. When a value sits exactly
+# halfway, IEEE 754 picks the neighbour whose last mantissa bit is 0 (the "even" one), so ties do not all
+# round the same way and no bias builds up. In BF16 (8 bits of precision) the integers above 256 are 2 apart:
+
+# %%
+for x in (256.0, 257.0, 258.0, 259.0, 260.0, 261.0):
+    print(f"{x:g} -> bf16 {torch.tensor(x).to(torch.bfloat16).item():g}   (labkit: {F.round_to(x, 'bf16'):g})")
+assert torch.tensor([257.0, 259.0, 261.0]).to(torch.bfloat16).tolist() == [256.0, 260.0, 260.0]
+assert [F.round_to(x, "bf16") for x in (257.0, 259.0, 261.0)] == [256.0, 260.0, 260.0]
+
+# %% [markdown]
+# 257 and 259 are both ties, yet one rounds down and the other up: 256 = 1.0000000 × 2^8 and
+# 260 = 1.0000010 × 2^8 end in 0. Python's own `round()` does the same with decimals: `round(2.5) == 2`.
+
+# %%
+assert round(2.5) == 2 and round(3.5) == 4
+print([round(x) for x in (0.5, 1.5, 2.5, 3.5)])
+
+# %% [markdown]
+# ## 4. Swamping: small numbers added to big ones
+#
+# Adding `b` to `a` rounds the exact sum to `a`'s format. If `|b|` is below half of `ulp(a)`, the sum rounds
+# back to `a`: `b` is *swamped*. Summing 1000 copies of 0.01 makes this visible, first with both accumulator and
+# increments in FP32, then both in FP16, then an FP32 accumulator with FP16 increments:
+
+# %%
+def accumulate(acc_dtype, inc_dtype, n=1000, x=0.01):
+    acc, inc = acc_dtype(0), acc_dtype(inc_dtype(x))
+    for _ in range(n):
+        acc = acc_dtype(acc + inc)
+    return float(acc)
+
+sums = {"fp32 / fp32": accumulate(np.float32, np.float32), "fp16 / fp16": accumulate(np.float16, np.float16),
+        "fp32 acc / fp16 inc": accumulate(np.float32, np.float16)}
+for k, v in sums.items():
+    print(f"{k:>20}: {v!r}")
+
+# %% [markdown]
+# All three results are exact and the same on every machine (IEEE arithmetic is deterministic):
+#
+# - **FP32/FP32: 10.000133514404297.** 0.01 is not a binary number; FP32 stores 0.0099999998, and 1000 roundings
+#   of the running sum add a small error.
+# - **FP16/FP16: 9.953125.** Above 8 the FP16 spacing is 2^-7 = 0.0078125, so each `+ 0.01` rounds to one spacing:
+#   the sum grows by 0.0078 instead of 0.01. At 32 the spacing would be 0.03125 and `+ 0.01` would vanish
+#   entirely.
+# - **FP32 accumulator, FP16 increments: 10.00213623046875.** The accumulator keeps every addition; what is left is
+#   FP16's representation error of 0.01 (0.01000213623046875), times 1000.
+
+# %%
+assert sums == {"fp32 / fp32": 10.000133514404297, "fp16 / fp16": 9.953125, "fp32 acc / fp16 inc": 10.00213623046875}
+assert accumulate(np.float16, np.float16, n=4000) == 32.0  # at 32 every further + 0.01 is lost
+assert float(np.float16(0.01)) == 0.01000213623046875
+
+# %% [markdown]
+# This is why reductions in mixed precision accumulate in FP32. `torch.sum` of an FP16 tensor does so
+# internally and only rounds the final result to FP16:
+
+# %%
+s = torch.full((1000,), 0.01, dtype=torch.float16).sum()
+print(s.dtype, s.item())
+assert s.dtype == torch.float16 and s.item() == 10.0
+
+# %% [markdown]
+# ### The FP32 master-weights argument
+#
+# An optimizer step is `w = w - lr * g`: a small number added to a big one. Take a weight of 1.0 and an update of
+# 1e-5 (a learning rate of 1e-3 times a gradient of 0.01). In FP16, `ulp(1.0)` = 2^-10 ≈ 0.00098, so anything
+# below 0.00049 is swamped:
+
+# %%
+w16, w32 = torch.tensor(1.0, dtype=torch.float16), torch.tensor(1.0, dtype=torch.float32)
+dw = 1e-5
+for _ in range(1000):
+    w16, w32 = w16 + dw, w32 + dw
+print(f"ulp(1.0): fp16 {F.ulp(1.0, 'fp16')!r}, fp32 {F.ulp(1.0, 'fp32')!r}")
+print(f"after 1000 updates of {dw}: fp16 weight {w16.item()!r}, fp32 weight {w32.item()!r}")
+
+# %%
+assert w16.item() == 1.0                          # every single update was lost
+assert w32.item() == 1.0100135803222656            # FP32 kept them all (each rounded to 2^-23)
+assert dw < F.ulp(1.0, "fp16") / 2 and dw > F.ulp(1.0, "fp32") / 2
+
+# %% [markdown]
+# Training a model whose weights live in FP16 would simply stop learning once updates fall below half an ulp of
+# the weights. Mixed-precision training therefore keeps an **FP32 master copy** of the weights: forward and
+# backward run in FP16/BF16 (fast, half the bytes), and the optimizer adds the update to the FP32 copy. BF16 has
+# even fewer mantissa bits (`ulp(1.0)` = 2^-7), so it needs the FP32 master weights just as much.
+
+# %% [markdown]
+# ## 5. Overflow: activations above 65504
+#
+# FP16's range ends at 65504, and values far from rare in a network go beyond it: a squared activation of 300,
+# a sum over many large terms, `exp(12)`. Once one value is inf, it spreads: `inf - inf` and `0 × inf` are NaN.
+
+# %%
+a = torch.tensor([300.0, 60000.0], dtype=torch.float16)
+sq, doubled = a[0] * a[0], a[1] * 2
+print(sq.item(), doubled.item(), (doubled - doubled).item())
+assert math.isinf(sq.item()) and math.isinf(doubled.item()) and math.isnan((doubled - doubled).item())
+
+# %% [markdown]
+# ### The softmax that blew up
+#
+# A custom attention softmax written as `exp(x) / exp(x).sum()` works in FP32 and fails in FP16: `exp(x)`
+# overflows as soon as `x > ln(65504) ≈ 11.09`, and `inf / inf` is NaN. Attention scores of 12 are ordinary.
+
+# %%
+def naive_softmax(x):
+    e = torch.exp(x)
+    return e / e.sum(dim=-1, keepdim=True)
+
+scores = torch.tensor([[10.0, 11.0, 12.0]])
+print("fp32:", naive_softmax(scores).numpy().round(4), "  fp16:", naive_softmax(scores.half()).float().numpy())
+assert torch.isnan(naive_softmax(scores.half())).any() and math.log(65504) < 12
+
+# %% [markdown]
+# Under autocast the same thing happens: **CPU autocast does not upcast `exp` or `softmax` to FP32** (CUDA
+# autocast upcasts softmax, but not a hand-written `exp`). The fix is an **FP32 island**: turn autocast off
+# for the region, upcast, compute, cast back. Subtracting the row maximum first (the "stable" softmax) also
+# helps, but the island is the general tool for any numerically delicate op.
+
+# %%
+with torch.autocast("cpu", dtype=torch.float16):
+    h = torch.nn.functional.linear(scores, torch.eye(3))       # fp16 under autocast
+    broken = naive_softmax(h)
+    with torch.autocast("cpu", enabled=False):                  # the FP32 island
+        fixed = naive_softmax(h.float()).to(h.dtype)
+print(h.dtype, broken.float().numpy(), fixed.float().numpy().round(4))
+
+# %%
+assert h.dtype == torch.float16 and torch.isnan(broken).any()
+assert torch.allclose(fixed.float(), torch.softmax(scores, -1), atol=1e-3)
+assert torch.allclose(models.softmax(h, "fp32").float(), fixed.float())  # labkit's island, used by TinyGPT
+
+# %% [markdown]
+# `labkit.models.softmax(x, "fp32")` is this island, and `TinyGPT`'s attention uses it by default; notebook 04
+# swaps in the naive version and watches a real model produce NaN.
+
+# %% [markdown]
+# ## 6. Exercises
+#
+# Fill in each `...`, run the cell, and `check` tells you whether you are right.
+#
+# **6.1** For each value in `UNDERFLOW_VALUES`, does it become exactly 0 when cast to FP16? Answer with a list of
+# booleans (True = it becomes 0). Predict first, then check with a cast if you like.
+
+# %%
+print(UNDERFLOW_VALUES)
+answer = ...  # e.g. [True, False, ...]
+### BEGIN SOLUTION
+answer = [v < 2.0**-25 for v in UNDERFLOW_VALUES]
+### END SOLUTION
+check("02.underflows", answer)
+
+# %% [markdown]
+# **6.2** What is the gap between 1000 and the next larger FP16 value? Work it out from the format, without
+# `labkit.formats.ulp`.
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = 2.0 ** (math.floor(math.log2(1000)) - 10)
+### END SOLUTION
+check("02.ulp-1000", answer)
+
+# %% [markdown]
+# **6.3** What is the smallest positive integer that FP16 cannot represent exactly?
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = next(n for n in range(1, 100_000) if float(np.float16(n)) != n)
+### END SOLUTION
+check("02.first-int", answer)
+
+# %% [markdown]
+# **6.4** What is the smallest power of two `dw` such that `1.0 + dw`, rounded to FP16, is not 1.0? (Careful with
+# the tie.)
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = next(2.0**-k for k in range(30, -1, -1) if float(np.float16(1.0 + 2.0**-k)) != 1.0)
+### END SOLUTION
+check("02.lost-update", answer)
+
+# %% [markdown]
+# ## Summary
+#
+# - Below the normals, FP16 loses a bit of precision per binade and flushes to zero under 2^-25 ≈ 3e-8; above
+#   65504 it overflows to inf. BF16 has FP32's range (no such trouble) but only 8 bits of precision.
+# - E4M3FN has no inf: torch saturates an overflow to 448, ml_dtypes makes it NaN; E5M2 gives inf in both.
+# - Rounding is to nearest, ties to even, in every cast and every operation.
+# - Small numbers added to large ones are swamped: accumulate in FP32, and keep FP32 master weights, or small
+#   updates vanish.
+# - `exp` overflows FP16 above 11.09; compute such ops in an FP32 island (`autocast(enabled=False)` + upcast).
+#
+# Next, notebook 03 measures how many *real* gradients fall below FP16's range, and brings them back with loss
+# scaling.
