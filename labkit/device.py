@@ -19,10 +19,13 @@ __all__ = [
     "capabilities",
     "cpu_isa_flags",
     "dist_backend",
+    "get_rng_state",
     "is_cuda",
     "max_memory_allocated",
+    "nccl_version",
     "pick_device",
     "reset_peak_memory_stats",
+    "set_rng_state",
     "set_tf32",
     "supports",
     "synchronize",
@@ -167,11 +170,41 @@ def max_memory_allocated(device: torch.device | str | None = None) -> int | None
     return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
 
 
+def nccl_version() -> str | None:
+    """Return the NCCL version torch was built with ("2.21.5"), or None without CUDA. Introduced in notebook 00."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        v = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
 def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
     """Reset the peak-memory counter on a CUDA device (a no-op elsewhere). Introduced in notebook 04."""
     dev = _as_device(device)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+
+
+def get_rng_state(device: torch.device | str | None = None) -> torch.Tensor | None:
+    """Return the RNG state of a CUDA device (``None`` elsewhere; the CPU's is ``torch.random.get_rng_state()``).
+
+    Introduced in notebook 04.
+    """
+    dev = _as_device(device)
+    return torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
+
+
+def set_rng_state(state: torch.Tensor | None, device: torch.device | str | None = None) -> None:
+    """Restore a CUDA device's RNG state saved by :func:`get_rng_state` (a no-op elsewhere or for ``None``).
+
+    Introduced in notebook 04.
+    """
+    dev = _as_device(device)
+    if state is not None and dev.type == "cuda":
+        torch.cuda.set_rng_state(state.cpu(), dev)
 
 
 def set_tf32(enabled: bool) -> dict[str, object]:

@@ -66,12 +66,7 @@ def report() -> dict[str, Any]:
 
     caps = device.capabilities()
     cuda = torch.version.cuda
-    nccl = None
-    if device.is_cuda(caps.device):
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except (AttributeError, RuntimeError):
-            nccl = None
+    nccl = device.nccl_version()
     env = {k: os.environ[k] for k in ENV_VARS if k in os.environ}
     env.update({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and "TOKEN" not in k})
     return {

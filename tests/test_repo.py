@@ -1,0 +1,121 @@
+"""Repository rules: notebooks stored executed and in step with their sources, no torch.cuda.amp, README map."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit import catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+sys.path.insert(0, str(ROOT / "tools"))
+import nbbuild  # noqa: E402
+
+
+def code_cells(path: Path) -> list[dict]:
+    return [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def test_there_are_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS][:2] == ["00", "01"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_stored_executed(path):
+    cells = [c for c in code_cells(path) if "".join(c["source"]).strip()]
+    unrun = [i for i, c in enumerate(cells) if c.get("execution_count") is None]
+    assert not unrun, f"{path.name}: code cells {unrun} are stored without being executed"
+    counts = [c["execution_count"] for c in cells]
+    assert counts == list(range(1, len(cells) + 1)), f"{path.name}: not executed top to bottom in one run"
+    errors = [o for c in cells for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert not errors, f"{path.name}: stored with an error output"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_matches_its_source(path):
+    src = ROOT / "tools" / "nbsrc" / (path.stem + ".py")
+    assert src.exists(), f"{path.name} has no source {src.relative_to(ROOT)}"
+    want = [(c["cell_type"], c["source"]) for c in nbbuild.parse(src.read_text())]
+    have = [(c["cell_type"], "".join(c["source"])) for c in json.loads(path.read_text())["cells"]]
+    assert have == want, f"{path.name} differs from {src.name}: edit the source and run tools/nbbuild.py"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_skeleton(path):
+    cells = json.loads(path.read_text())["cells"]
+    md = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith("# ")
+    for needle in ("**Objectives**", "**Prerequisites:**", "**Estimated time:**", "## Summary"):
+        assert needle in md, f"{path.name}: missing {needle}"
+    assert re.search(r"\*\*Estimated time:\*\* \d+ min", md)
+    assert len(code_cells(path)) <= 45, f"{path.name}: too many code cells; move logic into labkit"
+    ignore = [c for c in code_cells(path) if "NBVAL_IGNORE_OUTPUT" in "".join(c["source"])]
+    for c in ignore:
+        first = "".join(c["source"]).splitlines()[0].strip()
+        assert first == "# NBVAL_IGNORE_OUTPUT", f"{path.name}: the marker must be alone on the first line"
+
+
+def test_no_torch_cuda_amp_anywhere():
+    files = [p for p in ROOT.rglob("*") if p.suffix in {".py", ".ipynb"} and ".venv" not in p.parts
+             and "dist" not in p.parts and p.name != "test_repo.py"]
+    offenders = [str(p.relative_to(ROOT)) for p in files if "torch.cuda" + ".amp" in p.read_text(errors="ignore")]
+    assert not offenders, f"deprecated torch.cuda.amp used in {offenders}; use torch.amp with device_type"
+
+
+def test_no_bang_commands_in_notebooks():
+    for path in NOTEBOOKS:
+        for c in code_cells(path):
+            assert not any(ln.lstrip().startswith("!") for ln in "".join(c["source"]).splitlines()), path.name
+
+
+def test_catalog_matches_notebooks_dir():
+    assert sorted(n.filename for n in catalog.available()) == [p.name for p in NOTEBOOKS]
+    numbers = [n.number for n in catalog.NOTEBOOKS]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+    for n in catalog.NOTEBOOKS:
+        assert n.stem.startswith(n.number + "_")
+
+
+def test_readme_map_is_current():
+    text = (ROOT / "README.md").read_text()
+    assert catalog.markdown_table() in text, "README notebook map is stale: run python -m labkit.catalog --readme"
+    first = text.split("## ")[0]
+    assert "make lab" in first and "make test" in first, "the two commands come first"
+
+
+def test_estimated_minutes_parse():
+    for path in NOTEBOOKS:
+        md = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"][:3])
+        assert int(re.search(r"\*\*Estimated time:\*\* (\d+) min", md).group(1)) > 0
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci and "CI=true" in ci and "set -euo pipefail" in ci
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--nbval" in makefile and "tests notebooks" in makefile
+
+
+def test_nbbuild_parse_roundtrip():
+    text = '# %% [markdown]\n# # T\n#\n# x\n# %%\na = 1\n\n# %% tags=["x"]\nb = 2\n'
+    cells = nbbuild.parse(text)
+    assert [(c["cell_type"], c["source"]) for c in cells] == [("markdown", "# T\n\nx"), ("code", "a = 1"),
+                                                              ("code", "b = 2")]
+    assert cells[2].metadata["tags"] == ["x"]
+    with pytest.raises(ValueError):
+        nbbuild.parse("# %% [markdown]\nnot a comment\n")
+
+
+def test_python_m_labkit_doctor_runs():
+    out = subprocess.run([sys.executable, "-m", "labkit", "doctor"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "labkit doctor" in out.stdout and "device" in out.stdout and "tier" in out.stdout
+    js = subprocess.run([sys.executable, "-m", "labkit", "doctor", "--json"], capture_output=True, text=True,
+                        timeout=120)
+    assert json.loads(js.stdout)["device"]["device_type"] in {"cpu", "cuda", "mps"}
