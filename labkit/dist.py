@@ -204,11 +204,12 @@ def _kill_all(proc: subprocess.Popen, known: dict[int, Any]) -> list[int]:
                 p.send_signal(sig)
             except psutil.Error:
                 pass
+        deadline = time.monotonic() + (_GRACE_S if sig == signal.SIGTERM else 10.0)
         try:
-            proc.wait(timeout=_GRACE_S if sig == signal.SIGTERM else 10)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-        _, alive = psutil.wait_procs(everyone, timeout=_GRACE_S if sig == signal.SIGTERM else 5)
+        _, alive = psutil.wait_procs(everyone, timeout=max(0.0, deadline - time.monotonic()))
         if not alive and proc.poll() is not None:
             break
     _, alive = psutil.wait_procs(everyone, timeout=0.1)

@@ -1,0 +1,299 @@
+"""labkit.dist: the notebook-side torchrun launcher (results, failures, timeouts, no orphans), rank_env,
+and the all-reduce bandwidth formulas of labkit.recipes.allreduce."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from labkit import dist
+from labkit.dist import LaunchError, LaunchTimeout, launch
+from labkit.recipes import allreduce as ar
+
+class ProcessWatcher:
+    """Poll this process's descendants while the block runs; afterwards report leftovers.
+
+    ``leftovers()`` returns the recorded processes that still run (same pid and start time, not a zombie)
+    plus any process on the machine that sits in one of their process groups or sessions.
+    """
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.seen: dict[tuple[int, float], tuple[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            for p in me.children(recursive=True):
+                try:
+                    key = (p.pid, p.create_time())
+                    if key not in self.seen:
+                        self.seen[key] = (os.getpgid(p.pid), os.getsid(p.pid))
+                except (psutil.Error, OSError):
+                    pass
+            time.sleep(self.interval)
+
+    def __enter__(self) -> "ProcessWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def groups(self) -> set[int]:
+        mine = {os.getpgrp(), os.getsid(0)}
+        return {g for pair in self.seen.values() for g in pair} - mine
+
+    def leftovers(self, wait: float = 2.0) -> list[str]:
+        deadline = time.monotonic() + wait
+        while True:
+            alive = []
+            for (pid, ctime), _ in self.seen.items():
+                try:
+                    p = psutil.Process(pid)
+                    if p.create_time() == ctime and p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(f"{pid} {' '.join(p.cmdline())[:80]}")
+                except psutil.Error:
+                    pass
+            groups = self.groups
+            for p in psutil.process_iter(["pid", "cmdline"]):
+                try:
+                    if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and (
+                            os.getpgid(p.pid) in groups or os.getsid(p.pid) in groups):
+                        alive.append(f"{p.pid} (in a launch group) {' '.join(p.cmdline())[:80]}")
+                except (psutil.Error, OSError):
+                    pass
+            if not alive or time.monotonic() > deadline:
+                return sorted(set(alive))
+            time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ small scripts the launches run
+# They import no torch, so a launch costs only torchrun's own start-up (~2-3 s).
+
+OK_SCRIPT = """
+import json, os, sys
+rank = int(os.environ["RANK"])
+print(f"hello from rank {rank} of {os.environ['WORLD_SIZE']}", flush=True)
+if rank == 0:
+    print("LABKIT_RESULT " + json.dumps({"world": int(os.environ["WORLD_SIZE"]), "args": sys.argv[1:],
+                                          "port": os.environ["MASTER_PORT"],
+                                          "omp": os.environ.get("OMP_NUM_THREADS")}), flush=True)
+"""
+
+# Every rank starts a grandchild (same process group) and records pids; rank 1 then fails.
+CRASH_SCRIPT = """
+import os, subprocess, sys, time
+rank = int(os.environ["RANK"])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+print(f"rank {rank} pid {os.getpid()} child {child.pid}", flush=True)
+time.sleep(1.0)
+if rank == 1:
+    def deep_failure():
+        raise ValueError("rank one cannot go on")
+    deep_failure()
+time.sleep(300)
+"""
+
+# Every rank hangs; rank 1 even ignores SIGTERM (so only SIGKILL ends it) and has a grandchild.
+HANG_SCRIPT = """
+import os, signal, subprocess, sys, time
+rank = int(os.environ["RANK"])
+if rank == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+print(f"rank {rank} waiting forever", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def _write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_launch_returns_rank0_result_and_streams_every_rank(tmp_path):
+    script = _write(tmp_path, "ok.py", OK_SCRIPT)
+    lines: list[str] = []
+    with ProcessWatcher() as w:
+        res = launch(script, nproc=2, args=["--flag", 7], timeout=60, stream=lines.append)
+    assert res["world"] == 2 and res["args"] == ["--flag", "7"] and res["omp"] == "1"
+    assert 1024 <= int(res["port"]) <= 65535
+    assert any(ln.startswith("[default0]:hello from rank 0 of 2") for ln in lines)
+    assert any(ln.startswith("[default1]:hello from rank 1 of 2") for ln in lines)
+    assert w.seen, "the watcher saw no process: the test would prove nothing"
+    assert w.leftovers() == []
+
+
+def test_launch_without_result_line_returns_none(tmp_path):
+    script = _write(tmp_path, "quiet.py", "print('no result here')\n")
+    assert launch(script, nproc=1, timeout=60, stream=False) is None
+
+
+def test_rank_failure_raises_with_that_ranks_traceback_and_leaves_no_process(tmp_path):
+    script = _write(tmp_path, "crash.py", CRASH_SCRIPT)
+    t0 = time.monotonic()
+    with ProcessWatcher() as w, pytest.raises(LaunchError) as info:
+        launch(script, nproc=2, timeout=60, stream=False)
+    elapsed = time.monotonic() - t0
+    err = info.value
+    assert not isinstance(err, LaunchTimeout)
+    assert err.rank == 1
+    assert err.returncode not in (0, None)
+    assert "ValueError: rank one cannot go on" in err.rank_traceback
+    assert "deep_failure" in err.rank_traceback  # the whole traceback, not just the last line
+    assert "rank 1 failed" in str(err) and "rank one cannot go on" in str(err)
+    assert "rank 0 pid" in err.log and "rank 1 pid" in err.log
+    assert elapsed < 30
+    # torchrun, 2 ranks and 2 grandchildren: all recorded, all gone, nothing left in their groups
+    assert len(w.seen) >= 5, w.seen
+    assert w.leftovers() == [] and err.leftover == []
+
+
+def test_hanging_launch_is_killed_at_its_timeout(tmp_path):
+    script = _write(tmp_path, "hang.py", HANG_SCRIPT)
+    t0 = time.monotonic()
+    with ProcessWatcher() as w, pytest.raises(LaunchTimeout) as info:
+        launch(script, nproc=2, timeout=6, stream=False)
+    elapsed = time.monotonic() - t0
+    assert 6 <= elapsed < 6 + 15  # SIGTERM, a grace period, then SIGKILL for the rank that ignores it
+    assert "timeout of 6 s" in str(info.value)
+    assert "rank 1: last line 'rank 1 waiting forever'" in str(info.value)
+    assert len(w.seen) >= 4, w.seen
+    assert w.leftovers() == [] and info.value.leftover == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc",
+    [
+        ({"nproc": "2"}, TypeError),
+        ({"nproc": True}, TypeError),
+        ({"nproc": 0}, ValueError),
+        ({"args": "--steps 3"}, TypeError),
+        ({"args": 5}, TypeError),
+        ({"args": [None]}, TypeError),
+        ({"timeout": 0}, ValueError),
+        ({"timeout": -1.0}, ValueError),
+        ({"timeout": float("nan")}, ValueError),
+        ({"timeout": "10"}, TypeError),
+        ({"module_or_script": "no_such_module_xyz.sub"}, ValueError),
+        ({"module_or_script": "not a module"}, ValueError),
+        ({"module_or_script": "missing_script.py"}, ValueError),
+        ({"module_or_script": 42}, TypeError),
+        ({"module_or_script": ""}, TypeError),
+        ({"threads_per_rank": 0}, ValueError),
+        ({"env": {"A": 1}}, TypeError),
+        ({"stream": "yes"}, TypeError),
+        ({"cwd": "/no/such/dir"}, ValueError),
+    ],
+)
+def test_launch_rejects_bad_input_before_starting_anything(kwargs, exc):
+    call = {"module_or_script": "labkit.recipes.ddp", "nproc": 2, "args": [], "timeout": 10.0, **kwargs}
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(exc):
+        launch(**call)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_find_free_port_is_bindable():
+    port = dist.find_free_port()
+    assert 1024 <= port <= 65535
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+    with pytest.raises(TypeError):
+        dist.find_free_port("")
+
+
+def test_parse_result_takes_the_last_result_line():
+    text = "noise\n[default0]:LABKIT_RESULT {\"a\": 1}\nmore\n[default0]:LABKIT_RESULT {\"a\": 2}\n"
+    assert dist.parse_result(text) == {"a": 2}
+    assert dist.parse_result("nothing") is None
+    with pytest.raises(ValueError):
+        dist.parse_result("LABKIT_RESULT {not json")
+    with pytest.raises(ValueError):
+        dist.parse_result("LABKIT_RESULT [1, 2]")
+    with pytest.raises(TypeError):
+        dist.parse_result(b"LABKIT_RESULT {}")
+
+
+def test_emit_result_round_trips(capsys):
+    dist.emit_result({"losses": [0.5, 0.25], "world_size": 2})
+    assert dist.parse_result(capsys.readouterr().out) == {"losses": [0.5, 0.25], "world_size": 2}
+    with pytest.raises(TypeError):
+        dist.emit_result([1, 2])
+
+
+def test_rank_env_reads_torchrun_then_slurm_then_single():
+    tr = dist.rank_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+                        "MASTER_PORT": "29400"})
+    assert (tr.rank, tr.world_size, tr.local_rank, tr.master_addr, tr.master_port, tr.launcher) == \
+        (3, 4, 1, "10.0.0.1", 29400, "torchrun")
+    sl = dist.rank_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1",
+                        "SLURM_JOB_ID": "123456", "SLURM_NNODES": "1"})
+    assert (sl.rank, sl.world_size, sl.local_rank, sl.launcher) == (1, 2, 1, "slurm")
+    assert sl.master_addr == "127.0.0.1" and sl.master_port == 20000 + 123456 % 20000
+    single = dist.rank_env({})
+    assert (single.rank, single.world_size, single.launcher, single.master_port) == (0, 1, "single", 0)
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"RANK": "2", "WORLD_SIZE": "2"},
+        {"RANK": "x", "WORLD_SIZE": "2"},
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NNODES": "2"},  # multi-node needs MASTER_ADDR
+    ],
+)
+def test_rank_env_rejects_inconsistent_layouts(environ):
+    with pytest.raises(ValueError):
+        dist.rank_env(environ)
+
+
+def test_init_process_group_rejects_bad_backend():
+    with pytest.raises(ValueError):
+        dist.init_process_group("mpi")
+    with pytest.raises(ValueError):
+        dist.init_process_group("gloo", timeout_s=0)
+
+
+# ------------------------------------------------------------------ all-reduce bandwidth formulas
+
+def test_busbw_is_algbw_times_2_n_minus_1_over_n_as_in_nccl_tests():
+    # nccl-tests doc/PERFORMANCE.md: allreduce busbw = algbw * 2(n-1)/n
+    assert ar.busbw_factor(1) == 0.0
+    assert ar.busbw_factor(2) == 1.0
+    assert ar.busbw_factor(8) == 1.75
+    assert math.isclose(ar.busbw(100.0, 4), 150.0)
+    assert math.isclose(ar.algbw(1 << 30, 0.5), 2 * (1 << 30) / 1e9)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises((TypeError, ValueError)):
+            ar.busbw_factor(bad)
+    with pytest.raises(ValueError):
+        ar.algbw(1024, 0.0)
+    with pytest.raises(ValueError):
+        ar.busbw(-1.0, 2)
+
+
+def test_parse_and_format_sizes():
+    assert ar.parse_size("64K") == 65536 and ar.parse_size("4MiB") == 4 << 20 and ar.parse_size(1024) == 1024
+    assert ar.parse_size(" 1G ") == 1 << 30
+    assert [ar.format_size(n) for n in (512, 65536, 4 << 20, 1 << 30, 1500)] == ["512B", "64K", "4M", "1G",
+                                                                                "1500B"]
+    for s in ar.DEFAULT_SIZES:
+        assert ar.parse_size(ar.format_size(s)) == s
+    for bad, exc in (("12Q", ValueError), ("", ValueError), (0, ValueError), (True, TypeError), (1.5, TypeError)):
+        with pytest.raises(exc):
+            ar.parse_size(bad)

@@ -1,0 +1,160 @@
+"""labkit.recipes.ddp and .allreduce under torchrun (gloo, 2 CPU ranks) and under a simulated srun.
+
+Each torchrun launch costs ~6-10 s on 2 cores, so the launches are shared through module fixtures.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from labkit import device as dev_gate
+from labkit import dist, train
+from labkit.dist import LaunchError, launch
+from labkit.recipes import ddp
+from test_dist import ProcessWatcher
+
+pytestmark = pytest.mark.slow
+
+COMMON = ["--model", "mlp", "--hidden", "64", "--depth", "2", "--steps", "6", "--data-size", "512",
+          "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """2 ranks, batch 16, fp32, checkpoint every 2 steps: the uninterrupted run."""
+    ckpt = tmp_path_factory.mktemp("ref")
+    res = launch("labkit.recipes.ddp", 2, [*COMMON, "--batch", "16", "--ckpt-dir", str(ckpt),
+                                           "--ckpt-every", "2"], timeout=120, stream=False)
+    return res, ckpt
+
+
+def test_two_gloo_ranks_have_bit_identical_gradients_and_parameters(reference):
+    res, _ = reference
+    assert res["world_size"] == 2 and res["backend"] == "gloo" and res["launcher"] == "torchrun"
+    assert res["global_batch"] == 32 and len(res["losses"]) == 6
+    assert len(set(res["grad_checksums"])) == 1 and len(set(res["param_checksums"])) == 1
+    assert res["grad_sums"][0] == res["grad_sums"][1] and res["param_sums"][0] == res["param_sums"][1]
+    assert all(math.isfinite(x) for x in res["losses"]) and res["losses"][-1] < res["losses"][0]
+    assert res["allreduce_calls"] == [6, 6]  # one bucket, one all-reduce per step
+    assert res["checkpoint_steps"] == [2, 4, 6]
+
+
+def test_one_rank_with_batch_2b_equals_two_ranks_with_batch_b(reference):
+    res2, _ = reference
+    res1 = launch("labkit.recipes.ddp", 1, [*COMMON, "--batch", "32"], timeout=120, stream=False)
+    assert res1["world_size"] == 1 and res1["global_batch"] == res2["global_batch"]
+    for a, b in zip(res1["losses"], res2["losses"]):
+        assert math.isclose(a, b, rel_tol=1e-5), (res1["losses"], res2["losses"])
+    assert math.isclose(res1["param_sums"][0], res2["param_sums"][0], rel_tol=1e-5)
+    assert res1["allreduce_calls"] == [6]
+
+
+def test_crash_raises_fast_with_the_ranks_traceback_then_resume_is_bitwise_equal(reference, tmp_path):
+    ref, ref_ckpt = reference
+    args = [*COMMON, "--batch", "16", "--ckpt-dir", str(tmp_path), "--ckpt-every", "2"]
+    t0 = time.monotonic()
+    with ProcessWatcher() as w, pytest.raises(LaunchError) as info:
+        launch("labkit.recipes.ddp", 2, [*args, "--crash-rank", "1", "--crash-step", "3"], timeout=120,
+               stream=False)
+    assert time.monotonic() - t0 < 30
+    assert info.value.rank == 1
+    assert "RuntimeError: injected crash: rank 1 at step 3" in info.value.rank_traceback
+    assert "Traceback (most recent call last)" in info.value.rank_traceback
+    assert len(w.seen) >= 3 and w.leftovers() == []
+    assert train.load_checkpoint(tmp_path / train.CHECKPOINT_NAME)["step"] == 2
+
+    res = launch("labkit.recipes.ddp", 2, [*args, "--resume"], timeout=120, stream=False)
+    assert res["resumed_from"] == 2 and res["start_step"] == 2
+    assert res["param_checksums"] == ref["param_checksums"]
+    assert res["losses"] == ref["losses"]
+    a = train.load_checkpoint(ref_ckpt / train.CHECKPOINT_NAME)["model"]
+    b = train.load_checkpoint(tmp_path / train.CHECKPOINT_NAME)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fp16_with_accumulation_keeps_scalers_in_step_and_all_reduces_once_per_step():
+    if not dev_gate.supports(torch.float16, "cpu"):
+        pytest.skip("this CPU cannot compute fp16 autocast")
+    res = launch("labkit.recipes.ddp", 2, [*COMMON, "--batch", "8", "--accum", "3", "--precision", "fp16"],
+                 timeout=120, stream=False)
+    assert res["precision"] == "fp16" and res["global_batch"] == 8 * 2 * 3
+    assert res["micro_batches"] == 18
+    assert res["allreduce_calls"] == [6, 6]  # no_sync: 6 all-reduces for 18 micro-batches
+    s0, s1 = res["scaler_scales"]
+    assert s0 == s1 and s0 > 0
+    assert res["skipped_steps"][0] == res["skipped_steps"][1]
+    assert len(set(res["param_checksums"])) == 1 and len(set(res["grad_checksums"])) == 1
+
+
+def test_recipe_runs_under_srun_style_environment(tmp_path):
+    """Two plain processes with SLURM_* variables, as srun starts them: no torchrun involved."""
+    port = dist.find_free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update({"SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242", "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1"})
+    procs = []
+    try:
+        for r in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "labkit.recipes.ddp", "--steps", "2", "--hidden", "32", "--depth", "1",
+                 "--batch", "8", "--data-size", "64"],
+                env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    res = dist.parse_result(outs[0])
+    assert res is not None and dist.parse_result(outs[1]) is None  # only rank 0 reports
+    assert res["launcher"] == "slurm" and res["world_size"] == 2
+    assert len(set(res["param_checksums"])) == 1
+
+
+def test_allreduce_benchmark_reports_busbw_as_nccl_tests_does():
+    res = launch("labkit.recipes.allreduce", 2, ["--sizes", "1K,64K", "--iters", "3", "--repeats", "1",
+                                                 "--warmup", "1"], timeout=120, stream=False)
+    assert res["backend"] == "gloo" and res["world_size"] == 2 and res["busbw_factor"] == 1.0
+    assert [r["bytes"] for r in res["rows"]] == [1024, 65536]
+    for row in res["rows"]:
+        assert row["correct"] is True
+        assert math.isclose(row["algbw_GBps"], row["bytes"] / (row["time_us"] * 1e-6) / 1e9, rel_tol=1e-9)
+        assert math.isclose(row["busbw_GBps"], row["algbw_GBps"] * 2 * (2 - 1) / 2, rel_tol=1e-12)
+
+
+def test_cli_help_and_bad_flags_fail_cleanly():
+    out = subprocess.run([sys.executable, "-m", "labkit.recipes.ddp", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0
+    for flag in ("--crash-rank", "--crash-step", "--accum", "--precision", "--ckpt-dir", "--resume"):
+        assert flag in out.stdout
+    parser = ddp.build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--precision", "fp8"])
+    args = parser.parse_args(["--crash-rank", "1"])
+    with pytest.raises(ValueError, match="go together"):
+        ddp._validate(args, world=2)
+    with pytest.raises(ValueError, match="crash-rank"):
+        ddp._validate(parser.parse_args(["--crash-rank", "5", "--crash-step", "1"]), world=2)
+    with pytest.raises(ValueError, match="ckpt-dir"):
+        ddp._validate(parser.parse_args(["--resume"]), world=2)
+
+
+def test_checksum_detects_a_single_bit_flip():
+    t = torch.linspace(-1, 1, 100)
+    u = t.clone()
+    u.view(torch.int32)[17] ^= 1
+    assert ddp.checksum([t]) == ddp.checksum([t.clone()])
+    assert ddp.checksum([t]) != ddp.checksum([u])
+    assert ddp.tensor_sum([t, u]) == pytest.approx(0.0, abs=1e-5)
+    with pytest.raises(TypeError):
+        ddp.checksum([[1.0]])
