@@ -21,6 +21,7 @@ __all__ = [
     "env",
     "exercises",
     "formats",
+    "memory",
     "models",
     "plots",
     "recipes",

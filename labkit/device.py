@@ -22,6 +22,7 @@ __all__ = [
     "get_rng_state",
     "is_cuda",
     "max_memory_allocated",
+    "memory_summary",
     "nccl_version",
     "pick_device",
     "reset_peak_memory_stats",
@@ -179,6 +180,15 @@ def nccl_version() -> str | None:
     except (AttributeError, RuntimeError):
         return None
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def memory_summary(device: torch.device | str | None = None) -> str | None:
+    """Return torch's CUDA allocator report (``torch.cuda.memory_summary``), or ``None`` off CUDA.
+
+    Introduced in notebook 06.
+    """
+    dev = _as_device(device)
+    return torch.cuda.memory_summary(dev, abbreviated=True) if dev.type == "cuda" else None
 
 
 def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:

@@ -66,6 +66,8 @@ __all__ = [
     "mlp_activation_bytes",
     "model_state_bytes",
     "predict_torch_state",
+    "process_rss",
+    "setup_training",
     "smallest_fitting_stage",
     "tensor_bytes",
     "zero_table",
@@ -591,6 +593,51 @@ class MasterWeightOptimizer:
         """Drop every gradient (16-bit and fp32), like ``zero_grad(set_to_none=True)``."""
         for t in (*self.params, *self.masters):
             t.grad = None
+
+
+def setup_training(model: nn.Module, policy: str = "fp32", optimizer: str = "adamw",
+                   lr: float = 1e-3) -> tuple[nn.Module, Any]:
+    """Prepare ``model`` and an optimizer for a precision policy; return ``(model, optimizer)``.
+
+    ``"fp32"``/``"amp"``: the model stays fp32 (for ``"amp"`` run the forward under ``torch.autocast``).
+    ``"bf16-pure"``: the model is cast to bf16 and a torch optimizer updates it directly. ``"mixed*"``:
+    the model is cast to bf16 and a :class:`MasterWeightOptimizer` keeps the fp32 masters. Optimizers:
+    ``sgd``, ``sgd-momentum`` (0.9), ``adam``, ``adamw``, ``adafactor``. Introduced in notebook 06.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    pol, opt = get_policy(policy), get_optimizer(optimizer)
+    if pol.name.startswith("mixed"):
+        model = model.to(torch.bfloat16)
+        return model, MasterWeightOptimizer(model.parameters(), opt.name, pol.name, lr=lr)
+    if pol.name == "bf16-pure":
+        model = model.to(torch.bfloat16)
+    makers: dict[str, Callable[..., torch.optim.Optimizer]] = {
+        "sgd": lambda ps: torch.optim.SGD(ps, lr=lr),
+        "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=lr, momentum=0.9),
+        "adam": lambda ps: torch.optim.Adam(ps, lr=lr),
+        "adamw": lambda ps: torch.optim.AdamW(ps, lr=lr),
+        "adafactor": lambda ps: torch.optim.Adafactor(ps, lr=lr),
+    }
+    if opt.name not in makers:
+        raise ValueError(f"no torch optimizer for {opt.name!r}; choose one of {sorted(makers)}")
+    return model, makers[opt.name](model.parameters())
+
+
+def process_rss() -> int | None:
+    """Return this process's resident set size in bytes (Linux ``/proc``), or ``None`` where unknown.
+
+    A rough cross-check only: the allocator keeps freed memory and shares pages. Introduced in notebook 06.
+    """
+    import os
+
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 # ----------------------------------------------------------------------------------------------------

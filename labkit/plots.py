@@ -13,7 +13,8 @@ import numpy as np
 
 from labkit import formats as F
 
-__all__ = ["FORMAT_COLORS", "format_ranges", "grad_histogram", "relative_spacing", "scale_history", "value_grid"]
+__all__ = ["FORMAT_COLORS", "format_ranges", "grad_histogram", "memory_bars", "relative_spacing", "scale_history",
+           "value_grid"]
 
 FORMAT_COLORS = {"fp64": "#6d6d6d", "fp32": "#1f77b4", "tf32": "#17becf", "fp16": "#d62728",
                  "bf16": "#2ca02c", "e4m3fn": "#9467bd", "e5m2": "#ff7f0e"}
@@ -156,4 +157,40 @@ def scale_history(scales: Sequence[float], skipped: Sequence[bool], ax: Any = No
     ax.set_ylabel("scale")
     ax.set_title(title or "Dynamic loss scale: back off on inf/NaN, grow after clean steps")
     ax.legend(loc="best", fontsize=8)
+    return ax
+
+
+MEMORY_COLORS = {"params": "#1f77b4", "grads": "#ff7f0e", "fp32_grads": "#ffbb78", "master": "#2ca02c",
+                 "optimizer": "#d62728", "weight_copies": "#9467bd", "gathered": "#8c564b",
+                 "activations": "#7f7f7f"}
+
+
+def memory_bars(breakdowns: dict[str, dict[str, float]], unit: float = 1.0, ylabel: str = "bytes per parameter",
+                ax: Any = None, title: str | None = None) -> Any:
+    """Draw one stacked bar per setup: ``breakdowns[label][category]`` bytes, divided by ``unit``.
+
+    Categories are those of :mod:`labkit.memory` (params, grads, fp32_grads, master, optimizer, ...), each
+    with a fixed colour; the total is written on top of each bar. Introduced in notebook 06.
+    """
+    if not breakdowns:
+        raise ValueError("memory_bars needs at least one setup")
+    ax = _axes(ax, (9, 4))
+    cats = [c for c in MEMORY_COLORS if any(c in d for d in breakdowns.values())]
+    unknown = {c for d in breakdowns.values() for c in d} - set(MEMORY_COLORS)
+    if unknown:
+        raise ValueError(f"unknown memory categories {sorted(unknown)}; expected some of {list(MEMORY_COLORS)}")
+    labels = list(breakdowns)
+    bottom = np.zeros(len(labels))
+    for c in cats:
+        vals = np.array([breakdowns[k].get(c, 0) / unit for k in labels], dtype=float)
+        ax.bar(labels, vals, bottom=bottom, color=MEMORY_COLORS[c], label=c)
+        bottom += vals
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:g}", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, bottom.max() * 1.15)
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.legend(fontsize=8, ncol=2)
+    if title:
+        ax.set_title(title)
     return ax

@@ -573,3 +573,43 @@ def test_module_contract():
             assert "Introduced in notebook 06." in obj.__doc__, name
     assert math.isclose(M.GB, 1e9) and M.GiB == 1024**3
     assert list(itertools.islice(M.MODEL_PRESETS, 4)) == ["1B", "7B", "13B", "70B"]
+
+
+@pytest.mark.parametrize("policy, opt", [("fp32", "sgd-momentum"), ("bf16-pure", "adamw"), ("mixed", "adam"),
+                                         ("mixed-fp32-grads", "adafactor")])
+def test_setup_training_matches_prediction(policy, opt):
+    model, o = M.setup_training(models.MLP(8, 16, 2, depth=2, seed=0), policy, opt, lr=1e-2)
+    want = torch.float32 if policy == "fp32" else torch.bfloat16
+    assert all(p.dtype == want for p in model.parameters())
+    model(torch.randn(4, 8).to(want)).float().sum().backward()
+    o.step()
+    assert M.measure_model_state(model, o) == M.predict_torch_state(model, policy, opt)
+    with pytest.raises(ValueError):
+        M.setup_training(models.MLP(), "fp32", "adam-8bit")
+    with pytest.raises(ValueError):
+        M.setup_training(models.MLP(), "fp32", "adam", lr=0)
+
+
+def test_process_rss_sees_a_large_allocation():
+    before = M.process_rss()
+    if before is None:
+        pytest.skip("no /proc/self/statm on this platform")
+    x = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    grew = M.process_rss() - before
+    assert 0.5 * x.nbytes < grew < 2 * x.nbytes
+
+
+def test_memory_bars_plot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from labkit import plots
+
+    ax = plots.memory_bars({"fp32": {"params": 4, "grads": 4, "optimizer": 8},
+                            "mixed": {"params": 2, "grads": 2, "master": 4, "optimizer": 8}})
+    assert [t.get_text() for t in ax.texts] == ["16", "16"]
+    assert len(ax.patches) == 2 * 4  # 4 categories x 2 setups (a missing category is a 0-height bar)
+    assert sorted(p.get_height() for p in ax.patches) == [0, 2, 2, 4, 4, 4, 8, 8]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["params", "grads", "master", "optimizer"]
+    with pytest.raises(ValueError, match="unknown memory categories"):
+        plots.memory_bars({"x": {"weights": 1}})
