@@ -501,11 +501,13 @@ def decode_array(bits: np.ndarray, fmt: FloatFormat | str) -> np.ndarray:
     Introduced in notebook 01.
     """
     f = get_format(fmt)
-    if f.name == "fp64":
-        return np.asarray(bits, dtype=np.uint64).view(np.float64).copy()
     b = np.asarray(bits)
     if b.dtype.kind not in "ui":
         raise TypeError(f"bits must be an integer array, got dtype {b.dtype}")
+    if f.name == "fp64":
+        if b.dtype.kind == "i" and b.size and b.min() < 0:
+            raise ValueError("fp64 bit patterns must be non-negative")
+        return b.astype(np.uint64).view(np.float64).copy()
     b = b.astype(np.int64)
     if b.size and (b.min() < 0 or b.max() >= (1 << f.total_bits)):
         raise ValueError(f"bit patterns must lie in [0, {(1 << f.total_bits) - 1:#x}] for {f.name}")

@@ -328,7 +328,8 @@ fmt_names = st.one_of(st.sampled_from([*F.FORMATS, "FP16", "half", "fp12", ""]),
 def test_only_value_and_type_errors_escape(x, fmt, overflow):
     for call in (lambda: F.decode(x, fmt), lambda: F.encode(x, fmt, overflow), lambda: F.fields(x, fmt),
                  lambda: F.ulp(x, fmt), lambda: F.neighbours(x, fmt), lambda: F.fields_from_bits(x, fmt),
-                 lambda: F.round_to(x, fmt, overflow)):
+                 lambda: F.round_to(x, fmt, overflow), lambda: F.decode_array(x, fmt),
+                 lambda: F.round_array(x, fmt, overflow), lambda: F.encode_array(x, fmt, overflow)):
         try:
             call()
         except (ValueError, TypeError):
