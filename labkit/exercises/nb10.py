@@ -1,0 +1,323 @@
+"""Exercises of notebook 10 (working on a cluster), and the parsers that grade them.
+
+``parse_sbatch_header`` reads a batch script's ``#SBATCH`` lines the way sbatch does, and
+``parse_tunnel`` reads an ``ssh -L`` command. Both are used by the notebook to read the workbook's
+own slurm/ scripts as well.
+
+Introduced in notebook 10.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from labkit.check import Exercise
+
+__all__ = [
+    "EXERCISES",
+    "JOB",
+    "LAUNCH",
+    "PROBLEMS",
+    "TRANSCRIPT",
+    "CONNECTION",
+    "gpus_per_node",
+    "parse_sbatch_header",
+    "parse_tunnel",
+    "time_minutes",
+]
+
+_SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-t": "time", "-p": "partition",
+          "-A": "account", "-J": "job-name", "-o": "output", "-e": "error", "-G": "gpus", "-q": "qos",
+          "-w": "nodelist", "-C": "constraint", "-D": "chdir", "-a": "array"}
+_FLAGS = {"exclusive", "requeue", "no-requeue", "wait", "overcommit", "test-only", "parsable"}
+
+
+def parse_sbatch_header(text: str) -> dict[str, str]:
+    """Return the options of a batch script's ``#SBATCH`` lines as {long option name: value}.
+
+    Like sbatch, it reads ``#SBATCH`` lines only until the first line that is neither blank nor a
+    comment; later ones are ignored. Short options become long ones (``-N 2`` -> ``nodes: "2"``),
+    ``# ...`` after an option is a comment, and flags get ``""``. A later repeat overrides an earlier
+    one. Raises ValueError for a line it cannot read and TypeError if ``text`` is not a str.
+    Introduced in notebook 10.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"expected the script as a str, got {type(text).__name__}")
+    opts: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or (line.startswith("#") and not line.startswith("#SBATCH")):
+            continue
+        if not line.startswith("#SBATCH"):
+            break  # the first command ends the header: sbatch ignores any #SBATCH line after it
+        body = re.sub(r"\s+#.*$", "", line[len("#SBATCH"):]).strip()
+        try:
+            words = shlex.split(body)
+        except ValueError as exc:
+            raise ValueError(f"line {lineno}: cannot read {raw!r}: {exc}") from None
+        i = 0
+        while i < len(words):
+            w = words[i]
+            if w.startswith("--"):
+                name, eq, value = w[2:].partition("=")
+                if not eq and name not in _FLAGS and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                    value, i = words[i + 1], i + 1
+            elif w[:2] in _SHORT:
+                name, value = _SHORT[w[:2]], w[2:].lstrip("=")
+                if not value:
+                    if i + 1 >= len(words):
+                        raise ValueError(f"line {lineno}: option {w} needs a value")
+                    value, i = words[i + 1], i + 1
+            else:
+                raise ValueError(f"line {lineno}: {w!r} is not an sbatch option")
+            if not name:
+                raise ValueError(f"line {lineno}: empty option in {raw!r}")
+            opts[name] = value
+            i += 1
+    return opts
+
+
+def time_minutes(value: str) -> float:
+    """Convert a Slurm time limit (``60``, ``1:00:00``, ``1-12``, ``2-00:30:00`` ...) to minutes.
+
+    Introduced in notebook 10.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"expected a time string such as '01:30:00', got {type(value).__name__}")
+    v = value.strip()
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", v)
+    if not m:
+        raise ValueError(f"{value!r} is not a Slurm time: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        return int(days) * 1440 + int(a) * 60 + int(b or 0) + int(c or 0) / 60
+    if c is not None:  # HH:MM:SS
+        return int(a) * 60 + int(b) + int(c) / 60
+    if b is not None:  # MM:SS
+        return int(a) + int(b) / 60
+    return float(int(a))
+
+
+def gpus_per_node(opts: dict[str, str]) -> int | None:
+    """GPUs per node that parsed options ask for (``--gpus-per-node`` or ``--gres=gpu[:type]:N``).
+
+    Returns None when neither is given. Introduced in notebook 10.
+    """
+    if "gpus-per-node" in opts:
+        return int(opts["gpus-per-node"].split(":")[-1])
+    for item in opts.get("gres", "").split(","):
+        parts = item.split(":")
+        if parts[0] == "gpu":
+            return int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
+    return None
+
+
+def parse_tunnel(command: str) -> dict[str, object]:
+    """Read an ``ssh ... -L [bind:]lport:host:port ... dest`` command into its parts.
+
+    Returns {"local_port", "host", "port", "dest_user", "dest_host", "jump", "no_shell"}.
+    Raises ValueError if it is not an ssh command with exactly one -L forward.
+    Introduced in notebook 10.
+    """
+    if not isinstance(command, str):
+        raise TypeError(f"expected the command as a str, got {type(command).__name__}")
+    words = shlex.split(command)
+    if not words or words[0] != "ssh":
+        raise ValueError("the command must start with ssh")
+    forwards, jump, dest, no_shell = [], None, None, False
+    i = 1
+    while i < len(words):
+        w = words[i]
+        if w in ("-L", "-J", "-p", "-i", "-l", "-o"):
+            if i + 1 >= len(words):
+                raise ValueError(f"{w} needs a value")
+            if w == "-L":
+                forwards.append(words[i + 1])
+            elif w == "-J":
+                jump = words[i + 1]
+            i += 2
+            continue
+        if w.startswith("-L") and len(w) > 2:
+            forwards.append(w[2:])
+        elif w.startswith("-J") and len(w) > 2:
+            jump = w[2:]
+        elif w.startswith("-") and not w.startswith("--"):
+            no_shell = no_shell or "N" in w[1:]
+        elif dest is None:
+            dest = w
+        i += 1
+    if len(forwards) != 1:
+        raise ValueError(f"expected one -L forward, found {len(forwards)}")
+    parts = forwards[0].split(":")
+    if len(parts) == 4:
+        parts = parts[1:]
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit():
+        raise ValueError(f"-L {forwards[0]} is not local_port:host:port")
+    if dest is None:
+        raise ValueError("no destination (user@host) in the command")
+    user, _, host = dest.rpartition("@")
+    return {"local_port": int(parts[0]), "host": parts[1], "port": int(parts[2]), "dest_user": user or None,
+            "dest_host": host, "jump": jump, "no_shell": no_shell}
+
+
+# ---- 10.sbatch-header ------------------------------------------------------------------------------
+#: The job the learner writes a header for.
+JOB = {"job-name": "gpt-ddp", "partition": "gpu", "account": "proj123", "nodes": 2, "gpus-per-node": 4,
+       "ntasks-per-node": 4, "cpus-per-task": 8, "minutes": 90}
+
+
+def _grade_header(answer: object) -> tuple[bool, str]:
+    if not isinstance(answer, str):
+        return False, "Give the header as one string of #SBATCH lines."
+    try:
+        o = parse_sbatch_header(answer)
+    except ValueError as exc:
+        return False, f"sbatch could not read it: {exc}."
+    if not o:
+        return False, "No #SBATCH line found before the first command (each line starts with '#SBATCH')."
+    problems = []
+    for key in ("job-name", "partition", "account"):
+        if o.get(key) != JOB[key]:
+            problems.append(f"--{key} should be {JOB[key]} (got {o.get(key)!r})")
+    if o.get("nodes") != str(JOB["nodes"]):
+        problems.append(f"--nodes should be {JOB['nodes']}")
+    try:
+        gpn = gpus_per_node(o)
+    except ValueError:
+        gpn = None
+    if gpn != JOB["gpus-per-node"]:
+        extra = " (--gpus counts GPUs for the whole job, not per node)" if "gpus" in o else ""
+        problems.append(f"ask for {JOB['gpus-per-node']} GPUs on each node with --gpus-per-node or --gres{extra}")
+    if o.get("ntasks-per-node") != str(JOB["ntasks-per-node"]):
+        problems.append("one task per GPU: --ntasks-per-node=4")
+    if o.get("cpus-per-task") != str(JOB["cpus-per-task"]):
+        problems.append("--cpus-per-task should be 8")
+    try:
+        minutes = time_minutes(o.get("time", ""))
+    except ValueError:
+        minutes = None
+    if minutes != JOB["minutes"]:
+        problems.append("--time should be 1 hour 30 minutes (1:30:00 or 90)")
+    return (not problems), "; ".join(problems)
+
+
+# ---- 10.global-batch -------------------------------------------------------------------------------
+#: The launch whose global batch the learner computes.
+LAUNCH = ("sbatch -N 3 --ntasks-per-node=4 --gpus-per-node=4 slurm/ddp.sbatch "
+          "--model gpt --batch 32 --accum 2")
+_GLOBAL = 3 * 4 * 32 * 2
+
+
+def _grade_global(answer: object) -> tuple[bool, str]:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return False, "Give the number of examples per optimizer step."
+    if answer == _GLOBAL:
+        return True, ""
+    hints = {4 * 32 * 2: "that is one node: ddp.sbatch starts one torchrun per node, so count all 3 nodes",
+             3 * 4 * 32: "each rank accumulates --accum micro-batches before every optimizer step",
+             3 * 32 * 2: "each node runs one rank per GPU, 4 per node",
+             32 * 2: "--batch is per rank, not for the whole job"}
+    return False, hints.get(int(answer), "") if float(answer).is_integer() else ""
+
+
+# ---- 10.tunnel -------------------------------------------------------------------------------------
+#: What a connection file written by slurm/jupyter.sbatch says (the token left out).
+CONNECTION = {"node": "gpu017", "port": 24817, "user": "alice", "login": "login.hpc.example"}
+
+
+def _grade_tunnel(answer: object) -> tuple[bool, str]:
+    if not isinstance(answer, str):
+        return False, "Give the ssh command as a string."
+    try:
+        t = parse_tunnel(answer)
+    except ValueError as exc:
+        return False, f"{exc}."
+    c = CONNECTION
+    if t["port"] != c["port"]:
+        return False, f"the far end of -L must be JupyterLab's port, {c['port']}"
+    if t["host"] in ("localhost", "127.0.0.1"):
+        return False, ("'localhost' in -L is resolved on the far side of the tunnel, and JupyterLab listens on "
+                       "the node's name, not on localhost there")
+    if t["host"] != c["node"]:
+        return False, f"the -L target must be the compute node, {c['node']}"
+    if t["dest_user"] not in (None, c["user"]):
+        return False, f"log in as yourself, {c['user']}"
+    if t["dest_host"] == c["login"] and t["jump"] is None:
+        note = "" if t["no_shell"] else " (add -N: no remote shell, just the tunnel)"
+        return True, f"open http://localhost:{t['local_port']}/lab?token=... in your browser{note}."
+    if t["dest_host"] == c["node"] and t["jump"] and t["jump"].rpartition("@")[2] == c["login"]:
+        return True, "the jump-host variant: it works where you may ssh to a node that runs your job."
+    if t["dest_host"] == c["node"]:
+        return False, f"a compute node is not reachable from outside: go through {c['login']} (or -J {c['login']})"
+    return False, f"the ssh destination is the login node, {c['user']}@{c['login']}"
+
+
+# ---- 10.whats-wrong --------------------------------------------------------------------------------
+#: A learner's session; the exercise asks what is wrong with it.
+TRANSCRIPT = """\
+[alice@login1 ~]$ python train.py --epochs 3          # "just a quick test"
+[alice@login1 ~]$ cat lab.sbatch
+#!/bin/bash
+#SBATCH --job-name=lab
+#SBATCH --partition=gpu
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=8
+#SBATCH --time=02:00:00
+source "$HOME/venvs/labkit/bin/activate"
+python -c 'import torch; assert torch.cuda.is_available(), "no GPU"'
+jupyter lab --no-browser --ip="$(hostname)" --port=8888
+[alice@login1 ~]$ sbatch lab.sbatch"""
+
+#: The choices: label -> what it claims.
+PROBLEMS = {
+    "login-node": "work runs on the login node",
+    "missing-gpus": "the job asks for no GPU, so it gets none, even on the gpu partition",
+    "fixed-port": "a fixed port collides when two jobs share a node",
+    "hostname-bind": "JupyterLab should listen on 0.0.0.0 instead of the node's hostname",
+    "time-too-long": "two hours is more than a JupyterLab job may ask for",
+    "venv-in-home": "a virtual environment must not live in $HOME",
+}
+_WRONG = {"login-node", "missing-gpus", "fixed-port"}
+
+
+def _grade_problems(answer: object) -> tuple[bool, str]:
+    if isinstance(answer, str):
+        answer = {answer}
+    if not isinstance(answer, (set, frozenset, list, tuple)):
+        return False, "Give a set of labels from PROBLEMS."
+    got = {str(a) for a in answer}
+    unknown = got - set(PROBLEMS)
+    if unknown:
+        return False, f"unknown labels {sorted(unknown)}; choose from {sorted(PROBLEMS)}"
+    missed, extra = _WRONG - got, got - _WRONG
+    msg = []
+    if missed:
+        msg.append(f"{len(missed)} real problem(s) missed")
+    if extra:
+        msg.append(f"not a problem: {', '.join(sorted(extra))}")
+    return (not missed and not extra), "; ".join(msg)
+
+
+EXERCISES = [
+    Exercise("10.sbatch-header",
+             "Write the #SBATCH header for the job described in JOB.",
+             _grade_header,
+             "One option per '#SBATCH' line, before the first command: --job-name, --partition, --account, "
+             "--nodes, --gpus-per-node (or --gres=gpu:N), --ntasks-per-node, --cpus-per-task, --time.",
+             success="sbatch would read exactly that; labkit checked it with the same rules."),
+    Exercise("10.global-batch",
+             f"The global batch (examples per optimizer step) of: {LAUNCH}",
+             _grade_global,
+             "ranks = nodes × ranks per node; global batch = --batch × ranks × --accum.",
+             success=f"3 nodes × 4 ranks × 32 × 2 = {_GLOBAL}."),
+    Exercise("10.tunnel",
+             "Write the ssh command, run on your laptop, that makes JupyterLab of CONNECTION reachable.",
+             _grade_tunnel,
+             "ssh -N -L <local port>:<compute node>:<jupyter port> <you>@<login node>"),
+    Exercise("10.whats-wrong",
+             "Which PROBLEMS labels describe real mistakes in TRANSCRIPT?",
+             _grade_problems,
+             "Look at where each command runs, what the job asks Slurm for, and what happens when a second "
+             "person's job lands on the same node."),
+]

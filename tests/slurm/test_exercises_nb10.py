@@ -1,0 +1,155 @@
+"""Notebook 10's exercises and parsers; the header parser is checked against the real sbatch."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from local_cluster import LocalCluster
+
+from labkit.check import evaluate
+from labkit.exercises import nb10
+
+
+def test_parse_sbatch_header_forms():
+    text = """#!/bin/bash
+# a comment
+#SBATCH -N 2 --ntasks-per-node=4
+#SBATCH --job-name "my job"   # trailing comment
+#SBATCH -t1:30:00
+#SBATCH --exclusive
+#SBATCH --gres=gpu:a100:4
+
+echo start
+#SBATCH --job-name=ignored
+"""
+    o = nb10.parse_sbatch_header(text)
+    assert o == {"nodes": "2", "ntasks-per-node": "4", "job-name": "my job", "time": "1:30:00",
+                 "exclusive": "", "gres": "gpu:a100:4"}
+    assert nb10.gpus_per_node(o) == 4
+    assert nb10.gpus_per_node({"gpus-per-node": "h100:8"}) == 8
+    assert nb10.gpus_per_node({"gres": "gpu"}) == 1 and nb10.gpus_per_node({}) is None
+    with pytest.raises(TypeError):
+        nb10.parse_sbatch_header(None)
+    with pytest.raises(ValueError, match="not an sbatch option"):
+        nb10.parse_sbatch_header("#SBATCH nodes=2\n")
+    with pytest.raises(ValueError, match="needs a value"):
+        nb10.parse_sbatch_header("#SBATCH -N\n")
+
+
+@pytest.mark.parametrize("value,minutes", [("90", 90), ("1:30:00", 90), ("05:30", 5.5), ("1-12", 2160),
+                                           ("2-00:30", 2910), ("0-01:00:30", 60.5)])
+def test_time_minutes(value, minutes):
+    assert nb10.time_minutes(value) == minutes
+
+
+def test_time_minutes_rejects_bad_input():
+    with pytest.raises(ValueError, match="not a Slurm time"):
+        nb10.time_minutes("1h30")
+    with pytest.raises(TypeError):
+        nb10.time_minutes(90)
+
+
+def test_parse_tunnel():
+    t = nb10.parse_tunnel("ssh -N -L 8899:gpu017:24817 alice@login.hpc.example")
+    assert t == {"local_port": 8899, "host": "gpu017", "port": 24817, "dest_user": "alice",
+                 "dest_host": "login.hpc.example", "jump": None, "no_shell": True}
+    t = nb10.parse_tunnel("ssh -J alice@login -L 127.0.0.1:1:gpu017:2 alice@gpu017")
+    assert (t["jump"], t["dest_host"], t["local_port"], t["no_shell"]) == ("alice@login", "gpu017", 1, False)
+    for bad in ("scp a b", "ssh alice@login", "ssh -L 1:a:2 -L 3:b:4 x", "ssh -L a:b:c x", "ssh -L 1:a:2"):
+        with pytest.raises(ValueError):
+            nb10.parse_tunnel(bad)
+
+
+def _status(ex: str, answer) -> str:
+    return evaluate(ex, answer).status
+
+
+def test_header_exercise():
+    good = """#SBATCH --job-name=gpt-ddp
+#SBATCH -p gpu -A proj123
+#SBATCH --nodes=2 --gpus-per-node=4 --ntasks-per-node=4
+#SBATCH --cpus-per-task=8
+#SBATCH --time=1:30:00
+"""
+    assert _status("10.sbatch-header", good) == "correct"
+    assert _status("10.sbatch-header", good.replace("--gpus-per-node=4", "--gres=gpu:4")) == "correct"
+    assert _status("10.sbatch-header", good.replace("1:30:00", "90")) == "correct"
+    v = evaluate("10.sbatch-header", good.replace("--gpus-per-node=4", "--gpus=4"))
+    assert v.status == "wrong" and "whole job" in v.message
+    assert _status("10.sbatch-header", "echo hi\n" + good) == "wrong"  # after a command: ignored
+    assert _status("10.sbatch-header", good.replace("1:30:00", "1:30")) == "wrong"  # 1 min 30 s
+    assert _status("10.sbatch-header", ...) == "not attempted"
+
+
+def test_global_batch_exercise():
+    assert _status("10.global-batch", 768) == "correct"
+    v = evaluate("10.global-batch", 256)
+    assert v.status == "wrong" and "one node" in v.message
+    assert _status("10.global-batch", True) == "wrong"
+
+
+def test_tunnel_exercise():
+    ok = ["ssh -N -L 24817:gpu017:24817 alice@login.hpc.example",
+          "ssh -N -L 9000:gpu017:24817 login.hpc.example",
+          "ssh -N -J alice@login.hpc.example -L 24817:gpu017:24817 alice@gpu017"]
+    for cmd in ok:
+        assert _status("10.tunnel", cmd) == "correct", cmd
+    wrong = {"ssh -N -L 24817:localhost:24817 alice@login.hpc.example": "localhost",
+             "ssh -N -L 24817:gpu017:8888 alice@login.hpc.example": "24817",
+             "ssh -N -L 24817:gpu017:24817 alice@gpu017": "not reachable",
+             "ssh -N -L 24817:gpu017:24817 bob@login.hpc.example": "yourself",
+             "ssh -N alice@login.hpc.example": "-L"}
+    for cmd, why in wrong.items():
+        v = evaluate("10.tunnel", cmd)
+        assert v.status == "wrong" and why in v.message, (cmd, v.message)
+
+
+def test_problems_exercise():
+    assert _status("10.whats-wrong", {"login-node", "missing-gpus", "fixed-port"}) == "correct"
+    v = evaluate("10.whats-wrong", {"login-node", "fixed-port", "hostname-bind"})
+    assert v.status == "wrong" and "1 real problem" in v.message and "hostname-bind" in v.message
+    assert "unknown" in evaluate("10.whats-wrong", {"nope"}).message
+    # the transcript really contains what the labels claim
+    t = nb10.TRANSCRIPT
+    assert "login1 ~]$ python train.py" in t and "--port=8888" in t
+    assert nb10.gpus_per_node(nb10.parse_sbatch_header(t.split("cat lab.sbatch\n")[1])) is None
+
+
+def test_the_workbook_scripts_parse():
+    for name in ("jupyter.sbatch", "ddp.sbatch", "deepspeed.sbatch"):
+        o = nb10.parse_sbatch_header((ROOT / "slurm" / name).read_text())
+        assert o["signal"].startswith("B:TERM@") and nb10.time_minutes(o["time"]) > 0
+        assert "account" not in o and "partition" not in o  # site specific: on the command line
+
+
+def test_header_parser_agrees_with_sbatch(slurm_cluster: LocalCluster, tmp_path: Path):
+    """Submit a held job with a header and compare what slurmctld recorded with the parser's reading."""
+    script = tmp_path / "job.sbatch"
+    script.write_text("""#!/bin/bash
+# comment lines do not end the header
+#SBATCH -J parsed-name   # a trailing comment
+#SBATCH -N 1 --ntasks-per-node=2
+#SBATCH --cpus-per-task 3
+#SBATCH -t 1-02:30
+#SBATCH --gres=gpu:2
+true
+#SBATCH --job-name=too-late
+""")
+    o = nb10.parse_sbatch_header(script.read_text())
+    job = slurm_cluster.run("sbatch", "--parsable", "--hold", "-o", "/dev/null", str(script)).stdout.strip()
+    try:
+        info = slurm_cluster.run("scontrol", "show", "job", "-o", job).stdout
+    finally:
+        slurm_cluster.run("scancel", job, check=False)
+    field = dict(re.findall(r"([\w/:]+)=(\S*)", info))
+    assert field["JobName"] == o["job-name"] == "parsed-name"
+    assert field["NumNodes"].split("-")[0] == o["nodes"]
+    assert field["NumTasks"] == str(int(o["nodes"]) * int(o["ntasks-per-node"]))
+    assert field["CPUs/Task"] == o["cpus-per-task"]
+    d, hms = field["TimeLimit"].split("-")
+    h, m, s = map(int, hms.split(":"))
+    assert int(d) * 1440 + h * 60 + m + s / 60 == nb10.time_minutes(o["time"])
+    assert re.search(r"gpu:2", field.get("TresPerNode", "") + field.get("Gres", "")), info
