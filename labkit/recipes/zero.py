@@ -1,0 +1,298 @@
+"""Train the tiny GPT with DeepSpeed ZeRO and report losses, loss scales and exact per-rank model-state bytes.
+
+Run it under torchrun (preferred) or the DeepSpeed launcher; each ``--runs`` entry is
+``stage:dtype[:offload]`` and gets a fresh model and engine in the same processes::
+
+    torchrun --nproc_per_node 2 -m labkit.recipes.zero --runs 0:bf16,1:bf16,2:bf16,3:bf16 --steps 6
+    deepspeed --num_gpus 2 --module labkit.recipes.zero --runs 2:fp16
+
+Rank 0 prints one ``LABKIT_RESULT {json}`` line (see :func:`labkit.dist.launch`) with, per run: the
+losses (averaged over ranks and micro-batches), the loss scale after each step, every rank's exact
+model-state bytes from :func:`labkit.zero.count_model_states` (taken after the backward of the first
+micro-batch of the last step, while gradients are being accumulated; after the last backward when
+``--grad-accum 1``), every rank's checksum of the final full parameters, and timings.
+
+DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op (``deepspeed_shm_comm``, about a
+minute cold) the first time a process group starts. ``--shm-comm off`` (the default) tells DeepSpeed
+the op is unavailable, so every collective goes through gloo, nothing is compiled and no
+``/dev/shm/deepspeed_allreduce_buffer_*`` file is created; ``--shm-comm on`` uses it. Either way each
+rank removes its own shared-memory buffer on exit.
+
+DeepSpeed's stage-0 fp16/bf16 optimizer wrapper steps the torch optimizer once with zero gradients when
+it is built. With ``torch_adam`` that leaves Adam's step counter at 1 before training, which shrinks the
+first update to 0.74x and makes stage 0 drift from stages 1-3. The recipe resets that counter (and
+reports ``adam_prestep``); ``--keep-prestep`` shows DeepSpeed's behaviour as is.
+
+Introduced in notebook 09.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import glob
+import hashlib
+import os
+import statistics
+import time
+from typing import Any, Sequence
+
+__all__ = ["build_parser", "get_accelerator_name", "main", "parse_runs", "shm_buffers"]
+
+
+def parse_runs(text: str) -> list[tuple[int, str, str]]:
+    """Parse ``"0:bf16,2:fp16:cpu"`` into ``[(0, "bf16", "none"), (2, "fp16", "cpu")]``; ValueError if bad.
+
+    Introduced in notebook 09.
+    """
+    from labkit.zero import DTYPES, OFFLOAD_DEVICES, STAGES
+
+    if not isinstance(text, str):
+        raise TypeError(f"runs must be a str such as '0:bf16,3:bf16', got {type(text).__name__}")
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        parts = item.split(":")
+        if len(parts) not in (2, 3) or not parts[0].isdigit():
+            raise ValueError(f"bad run {item!r}: expected stage:dtype[:offload] such as 2:bf16 or 2:bf16:cpu")
+        stage, dtype, off = int(parts[0]), parts[1], parts[2] if len(parts) == 3 else "none"
+        if stage not in STAGES or dtype not in DTYPES or off not in OFFLOAD_DEVICES:
+            raise ValueError(f"bad run {item!r}: stage in {STAGES}, dtype in {DTYPES}, offload in "
+                             f"{OFFLOAD_DEVICES}")
+        out.append((stage, dtype, off))
+    if not out:
+        raise ValueError("no runs given; use e.g. --runs 0:bf16,3:bf16")
+    return out
+
+
+def shm_buffers(rank: int | None = None) -> list[str]:
+    """Return this job's DeepSpeed shared-memory all-reduce buffers in /dev/shm (one rank's, or all).
+
+    DeepSpeed names them ``deepspeed_allreduce_buffer_{uid}_{MASTER_ADDR}_{MASTER_PORT}_{rank}``.
+    Introduced in notebook 09.
+    """
+    prefix = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+              f"{os.environ.get('MASTER_PORT', '')}_")
+    return sorted(glob.glob(prefix + ("*" if rank is None else str(rank))))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the command-line parser (documented with ``--help``). Introduced in notebook 09."""
+    ap = argparse.ArgumentParser(
+        prog="python -m labkit.recipes.zero",
+        description="Train the tiny GPT with DeepSpeed ZeRO; rank 0 prints one LABKIT_RESULT {json} line.")
+    ap.add_argument("--runs", default="0:bf16,1:bf16,2:bf16,3:bf16",
+                    help="comma-separated stage:dtype[:offload] runs (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=6, help="optimizer steps per run (default: 6)")
+    ap.add_argument("--micro-batch", type=int, default=8, help="samples per rank per micro-batch")
+    ap.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient clipping (0 = off)")
+    ap.add_argument("--d-model", type=int, default=96)
+    ap.add_argument("--n-layers", type=int, default=2)
+    ap.add_argument("--bucket", type=int, default=1 << 15,
+                    help="reduce/prefetch bucket size in elements (default: %(default)s)")
+    ap.add_argument("--initial-scale-power", type=int, default=16, help="fp16: start at 2**this")
+    ap.add_argument("--loss-scale-window", type=int, default=1000, help="fp16: clean steps per doubling")
+    ap.add_argument("--hysteresis", type=int, default=2, help="fp16: overflows before halving")
+    ap.add_argument("--shm-comm", choices=["off", "on"], default="off",
+                    help="use DeepSpeed's compiled shared-memory all-reduce (default: off, pure gloo)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep-prestep", dest="reset_prestep", action="store_false",
+                    help="keep the Adam step counter DeepSpeed's stage-0 wrapper advances at start-up "
+                         "(default: reset it, see the module docstring)")
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return ap
+
+
+def _checksum(engine: Any, stage: int) -> tuple[str, float]:
+    """Return (sha256 prefix, float64 sum) of the full parameters, gathered first under stage 3."""
+    import contextlib
+
+    import deepspeed
+    import torch
+
+    params = list(engine.module.parameters())
+    ctx = deepspeed.zero.GatheredParameters(params) if stage == 3 else contextlib.nullcontext()
+    h = hashlib.sha256()
+    total = 0.0
+    with ctx, torch.no_grad():
+        for p in params:
+            t = p.detach().float().contiguous().cpu()
+            h.update(t.numpy().tobytes())
+            total += float(t.double().sum())
+    return h.hexdigest()[:16], total
+
+
+def _loss_scale(engine: Any) -> float | None:
+    opt = engine.optimizer
+    for holder in (opt, getattr(opt, "loss_scaler", None)):
+        if holder is None:
+            continue
+        for name in ("cur_scale", "loss_scale"):
+            v = getattr(holder, name, None)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+            if hasattr(v, "item"):
+                return float(v.item())
+    return None
+
+
+def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, world: int, rank: int,
+             task: Any) -> dict[str, Any]:
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from labkit import data, models, zero
+
+    model = models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, d_model=args.d_model,
+                           n_layers=args.n_layers, seed=args.seed)
+    numels = [p.numel() for p in model.parameters()]
+    cfg = zero.config(stage, dtype, offload=offload, micro_batch=args.micro_batch,
+                      grad_accum=args.grad_accum, world_size=world, lr=args.lr,
+                      gradient_clipping=args.clip, initial_scale_power=args.initial_scale_power,
+                      loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
+                      reduce_bucket_size=args.bucket, param_persistence_threshold=0)
+    t0 = time.perf_counter()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    init_s = time.perf_counter() - t0
+    # DeepSpeed's stage-0 fp16/bf16 wrapper (FP16_UnfusedOptimizer) steps the torch optimizer once with
+    # zero gradients at construction, to allocate its states. With torch's AdamW that advances Adam's
+    # step counter to 1, so every later bias correction is one step off and the first update is 0.74x
+    # the size it is at stages 1-3. Undo only the counter (the states are still zero, weight decay is 0).
+    prestep = 0
+    for st in engine.basic_optimizer.state.values():
+        s_ = st.get("step")
+        if s_ is not None and float(s_) > 0:
+            prestep = max(prestep, int(float(s_)))
+            if args.reset_prestep:
+                s_.zero_() if hasattr(s_, "zero_") else st.__setitem__("step", 0)
+    batches = data.Batches(task.inputs, task.targets, batch_size=args.micro_batch * world, seed=args.seed)
+    losses, scales, overflows, step_s = [], [], [], []
+    snapshot: dict[str, Any] | None = None
+    ga = args.grad_accum
+    t_train = time.perf_counter()
+    for step in range(args.steps):
+        ts = time.perf_counter()
+        acc = torch.zeros((), dtype=torch.float64)
+        for m in range(ga):
+            x, y = batches(step * ga + m, rank=rank, world_size=world)
+            logits = engine(x.to(engine.device))
+            loss = models.lm_loss(logits.float(), y.to(engine.device))
+            engine.backward(loss)
+            if step == args.steps - 1 and (m == 0 if ga > 1 else True):
+                snapshot = zero.count_model_states(engine)
+            engine.step()
+            acc += loss.detach().double().cpu()
+        step_s.append(time.perf_counter() - ts)
+        dist.all_reduce(acc)
+        losses.append(float(acc) / (ga * world))
+        scales.append(_loss_scale(engine) if dtype == "fp16" else None)
+        overflows.append(bool(getattr(engine.optimizer, "overflow", False)) if dtype == "fp16" else False)
+    train_s = time.perf_counter() - t_train
+    digest, total = _checksum(engine, stage)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {"bytes": snapshot, "checksum": digest, "param_sum": total})
+    result = {
+        "stage": stage, "dtype": dtype, "offload": offload,
+        "optimizer": type(engine.optimizer).__name__,
+        "adam_prestep": prestep, "adam_prestep_reset": bool(prestep and args.reset_prestep),
+        "losses": losses, "loss_scales": scales, "overflow": overflows,
+        "skipped_steps": int(getattr(engine, "skipped_steps", 0)),
+        "bytes_per_rank": [g["bytes"] for g in gathered],
+        "checksums": [g["checksum"] for g in gathered],
+        "param_sums": [g["param_sum"] for g in gathered],
+        "n_params": sum(numels), "param_numels": numels,
+        "config": cfg,
+        "timings": {"init_s": init_s, "train_s": train_s,
+                    "step_s_median": statistics.median(step_s[1:] or step_s)},
+    }
+    del engine, model
+    gc.collect()
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the requested ZeRO runs in this rank and print the result on rank 0; return the exit status.
+
+    Introduced in notebook 09.
+    """
+    args = build_parser().parse_args(argv)
+    runs = parse_runs(args.runs)
+    for name in ("steps", "micro_batch", "grad_accum", "d_model", "n_layers", "bucket"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    t_start = time.perf_counter()
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from labkit import data
+    from labkit import dist as ldist
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    if args.shm_comm == "off":
+        import deepspeed.ops
+
+        # DeepSpeed caches its op-compatibility table in this module attribute (and documents that edits
+        # to it persist); marking the op unavailable makes every collective go through gloo.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+        os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]  # what the shm op checks (torchrun)
+    t0 = time.perf_counter()
+    backend = "gloo" if get_accelerator_name() == "cpu" else None
+    deepspeed.init_distributed(dist_backend=backend)
+    init_dist_s = time.perf_counter() - t0
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        from labkit import device as dev_gate
+
+        acc = get_accelerator()
+        where = "cpu" if acc.device_name() == "cpu" else f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+        for _, dtype, _ in runs:
+            if dtype == "fp32":
+                continue
+            tdt = torch.float16 if dtype == "fp16" else torch.bfloat16
+            ds_ok = acc.is_fp16_supported() if dtype == "fp16" else acc.is_bf16_supported()
+            if not (ds_ok and dev_gate.supports(tdt, where)):
+                raise RuntimeError(
+                    f"{dtype} is not supported on this device ({where}): labkit.device.supports says "
+                    f"{dev_gate.supports(tdt, where)}, DeepSpeed's accelerator says {bool(ds_ok)}; "
+                    "run bf16 or fp32 instead")
+        task = data.make_token_task("reverse", n=2048, n_digits=6, vocab_size=12, seed=args.seed)
+        results = [_one_run(s, d, o, args, world, rank, task) for s, d, o in runs]
+        dist.barrier()
+        if rank == 0:
+            ldist.emit_result({
+                "recipe": "zero", "world_size": world, "backend": dist.get_backend(),
+                "accelerator": acc.device_name(), "deepspeed": deepspeed.__version__,
+                "shm_comm": args.shm_comm, "steps": args.steps, "micro_batch": args.micro_batch,
+                "grad_accum": args.grad_accum, "runs": results,
+                "timings": {"init_distributed_s": init_dist_s, "total_s": time.perf_counter() - t_start},
+            })
+    finally:
+        try:
+            dist.destroy_process_group()
+        finally:
+            for path in shm_buffers(rank):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+    return 0
+
+
+def get_accelerator_name() -> str:
+    """Return DeepSpeed's accelerator name ("cpu", "cuda", …). Introduced in notebook 09."""
+    from deepspeed.accelerator import get_accelerator
+
+    return str(get_accelerator().device_name())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
