@@ -278,3 +278,33 @@ def test_ddp_sbatch_failure_is_reported_and_leaves_nothing(slurm_cluster: LocalC
     assert "training step finished with status" in log
     assert not _results(log)
     assert not job_pids(slurm_cluster, job)
+
+
+# ---- deepspeed.sbatch ------------------------------------------------------------------------------------
+def test_deepspeed_sbatch_zero2_bf16(slurm_cluster: LocalCluster, job_env, tmp_path: Path):
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install .[deepspeed])")
+    pytest.importorskip("labkit.recipes.zero", reason="labkit.recipes.zero is not there yet")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(job_env, ZERO_CONFIG="zero2-bf16")
+    res = slurm_cluster.run("sbatch", "--wait", "--parsable", f"--output={out}/%j.out",
+                            str(SLURM / "deepspeed.sbatch"), "--steps", "3",
+                            env=env, check=False, timeout=400)
+    job = res.stdout.strip().split(";")[0]
+    log = (out / f"{job}.out").read_text()
+    assert res.returncode == 0, log[-4000:]
+    assert "config zero2-bf16 (--runs 2:bf16)" in log
+    (result,) = _results(log)
+    (run,) = result["runs"]
+    assert run["stage"] == 2 and run["dtype"] == "bf16", run
+    assert len(run["checksums"]) == 2 and len(set(run["checksums"])) == 1, run["checksums"]
+    assert not job_pids(slurm_cluster, job)
+
+
+def test_deepspeed_sbatch_rejects_unknown_config(slurm_cluster: LocalCluster, job_env, tmp_path: Path):
+    env = dict(job_env, ZERO_CONFIG="zero5-fp8")
+    res = slurm_cluster.run("sbatch", "--wait", "--parsable", f"--output={tmp_path}/%j.out",
+                            str(SLURM / "deepspeed.sbatch"), env=env, check=False, timeout=120)
+    job = res.stdout.strip().split(";")[0]
+    assert res.returncode == 1
+    assert "ZERO_CONFIG must look like zero<0-3>" in (tmp_path / f"{job}.out").read_text()
