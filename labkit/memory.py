@@ -690,7 +690,9 @@ def measure_saved_tensors(fn: Callable[[], Any], params: Iterable[torch.Tensor] 
 
     Storages are counted once (a tensor saved by two ops, or views of one buffer, count once); tensors
     that share storage with ``params`` count as ``params``; casts of ``params`` count as
-    ``weight_copies``. Keep the result alive while you read the numbers: the graph owns the tensors.
+    ``weight_copies``. A saved view counts its whole storage (that is what it keeps alive): slice a batch
+    out of a data set with ``.clone()`` before measuring. Keep the result alive while
+    you read the numbers: the graph owns the tensors.
 
     Introduced in notebook 06.
     """

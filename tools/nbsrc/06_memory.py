@@ -1,0 +1,366 @@
+# %% [markdown]
+# # 06 · Where memory goes
+#
+# **Objectives**
+# - name every byte of a training step: parameters, gradients, fp32 master weights, optimizer states,
+#   activations and temporaries, and say which grow with the model and which with the batch;
+# - reconcile the **16, 18 and 20 bytes per parameter** quoted for mixed-precision Adam: each counts a
+#   different, real memory layout;
+# - **predict** the memory of the tiny GPT, then **measure** it exactly (tensor storages, saved-tensor hooks)
+#   and see the two agree to the byte;
+# - explain why "memory went up when we turned on AMP";
+# - predict per-GPU memory under ZeRO stages 0-3 and CPU offload, with an interactive calculator;
+# - weigh the levers: batch size, gradient accumulation, activation checkpointing, sequence length, optimizer.
+#
+# **Prerequisites:** notebook 02 (why fp32 master weights), notebook 04 (autocast, the tiny GPT).
+#
+# **Estimated time:** 40 min
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+
+from labkit import data, device, memory as mem, models, plots
+from labkit.check import check
+
+torch.manual_seed(0)
+dev = device.pick_device()
+
+# %% [markdown]
+# ## 1. The anatomy of a training step
+#
+# Two kinds of memory live on a GPU while it trains:
+#
+# - **Model states** grow with the parameter count Ψ and nothing else: the weights used in forward and backward,
+#   their gradients, and what the optimizer keeps: fp32 **master weights** (in mixed precision) and its
+#   **states** (Adam: two moments per weight; SGD with momentum: one).
+# - **Activations** grow with batch × sequence length × layers: every tensor autograd saves in the forward pass
+#   because backward needs it. On top come **temporaries**: autocast's 16-bit copies of the weights, the fp32
+#   gradient during an update, communication buckets.
+#
+# For mixed-precision Adam, the literature quotes 16, 18 or 20 bytes per parameter. They are all right:
+# they count different layouts. The ZeRO paper writes (2 + 2 + K)Ψ with K = 12 (fp32 master + two fp32
+# moments); Hugging Face keeps fp32 gradients instead of 16-bit ones (18); DeepSpeed's estimators keep both (20).
+# Plain fp32 Adam is 16 as well:
+
+# %%
+print(mem.conventions_table("adam"))
+assert [mem.bytes_per_param(p, "adam") for p in ("mixed", "mixed-fp32-grads", "mixed-fp32-accum")] == [16, 18, 20]
+assert mem.bytes_per_param("fp32", "adam") == mem.bytes_per_param("mixed", "adam") == 16
+
+# %% [markdown]
+# The same numbers per precision policy and optimizer, as stacked bars (bytes per parameter; `weight_copies` is
+# autocast's temporary bf16 copy of the weights; Adafactor's factored second moment is ~0 bytes per parameter):
+
+# %%
+setups = [("fp32", "adam"), ("amp", "adam"), ("mixed", "adam"), ("mixed-fp32-grads", "adam"),
+          ("mixed-fp32-accum", "adam"), ("mixed", "sgd-momentum"), ("mixed", "adam-8bit"),
+          ("mixed", "adafactor"), ("bf16-pure", "adam")]
+bars = {f"{p}\n{o}": mem.model_state_bytes(1, p, o).device for p, o in setups}
+plots.memory_bars(bars, title="model-state bytes per parameter (no ZeRO)")
+plt.show()
+
+# %% [markdown]
+# Read the bars from the top: the optimizer side (master weights + states, red and green) is 12 of the 16
+# bytes of mixed-precision Adam. Casting the weights to 16 bits only shrinks the blue and orange parts.
+
+# %% [markdown]
+# ## 2. Predicted vs measured, on the tiny GPT
+#
+# `mem.predict_torch_state` predicts, tensor by tensor, what a model and its optimizer hold after one step
+# (including torch's 4-byte `step` counter per tensor for Adam). `mem.measure_model_state` then counts the
+# bytes of the real storages: every parameter, every `.grad`, every fp32 master copy and every optimizer-state
+# tensor. The mixed policies use `mem.MasterWeightOptimizer`: bf16 model, fp32 masters, and the three
+# gradient layouts (16: bf16 grads; 18: fp32 grads; 20: both).
+
+# %%
+task = data.make_token_task("reverse", n=512, n_digits=6, vocab_size=12, seed=0)
+cfg = models.GPTConfig(vocab_size=task.vocab_size, seq_len=task.seq_len)
+x, y = task.inputs[:32].clone(), task.targets[:32].clone()  # own storage: a view would keep all 512 alive
+
+def one_step(policy, optimizer, batch=(x, y)):
+    model, opt = mem.setup_training(models.TinyGPT(cfg, seed=0), policy, optimizer)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=policy == "amp"):
+        models.lm_loss(model(batch[0]).float(), batch[1]).backward()
+    opt.step()
+    return model, opt
+
+# %%
+n = models.count_parameters(models.TinyGPT(cfg))
+print(f"tiny GPT: {n:,} parameters in {len(list(models.TinyGPT(cfg).parameters()))} tensors\n")
+print(f"{'policy':<17} {'optimizer':<13} {'predicted B':>12} {'measured B':>11} {'B/param':>8}")
+for policy, optimizer in [("fp32", "adamw"), ("fp32", "sgd-momentum"), ("amp", "adamw"), ("mixed", "adamw"),
+                          ("mixed-fp32-grads", "adamw"), ("mixed-fp32-accum", "adamw"), ("fp32", "adafactor")]:
+    model, opt = one_step(policy, optimizer)
+    measured, predicted = mem.measure_model_state(model, opt), mem.predict_torch_state(model, policy, optimizer)
+    assert measured == predicted, (policy, optimizer, measured, predicted)
+    total = sum(measured.values())
+    print(f"{policy:<17} {optimizer:<13} {sum(predicted.values()):>12,} {total:>11,} {total / n:>8.2f}")
+
+# %% [markdown]
+# Every row matches to the byte. The bytes per parameter are 16, 18 and 20 plus a little: 29 `step` counters of
+# 4 bytes. Adafactor's row is the cheapest: its second moment is a row and a column vector per matrix.
+#
+# The breakdown of the 20-byte layout, category by category:
+
+# %%
+model, opt = one_step("mixed-fp32-accum", "adamw")
+for k, v in mem.measure_model_state(model, opt).items():
+    print(f"{k:<11} {v:>9,} B = {v / n:.2f} B/param")
+
+# %% [markdown]
+# **A rough cross-check from the operating system.** The process's resident memory (RSS) should grow by about
+# what the tensors take. It is only rough: the allocator keeps freed memory for reuse, and pages are shared. We
+# use a larger MLP (about 8.4 M parameters) so that the delta stands out from the noise:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+big = models.MLP(1024, 1024, 1024, depth=7, seed=0)
+xb = torch.randn(64, 1024)
+rss0 = mem.process_rss()
+opt = torch.optim.AdamW(big.parameters(), lr=1e-3)
+big(xb).pow(2).mean().backward()
+opt.step()
+state = mem.measure_model_state(big, opt)
+extra = state["grads"] + state["optimizer"]
+if rss0 is not None:
+    print(f"grads + Adam states: {extra / 1e6:.1f} MB exact; RSS grew by {(mem.process_rss() - rss0) / 1e6:.1f} MB")
+del big, opt
+
+# %% [markdown]
+# **On a GPU** torch's caching allocator counts every byte it hands out. `torch.cuda.max_memory_allocated` gives
+# the peak of a step (model states + activations + temporaries) and `torch.cuda.memory_summary` the breakdown.
+# `labkit.device` wraps both (`max_memory_allocated`, `memory_summary`); on a CPU they return `None`, and this
+# notebook then relies on the exact tensor counts above. The cell runs the same step on CUDA when there is one:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if device.is_cuda(dev):
+    model, opt = mem.setup_training(models.TinyGPT(cfg, seed=0).to(dev), "fp32", "adamw")
+    device.reset_peak_memory_stats(dev)
+    models.lm_loss(model(x.to(dev)), y.to(dev)).backward()
+    opt.step()
+    print(f"CUDA peak: {device.max_memory_allocated(dev):,} B; exact model states: "
+          f"{sum(mem.measure_model_state(model, opt).values()):,} B\n{device.memory_summary(dev)}")
+else:
+    print(f"No CUDA device ({dev}): max_memory_allocated -> {device.max_memory_allocated(dev)}. "
+          "On a GPU the peak is model states + activations + allocator rounding (512-byte blocks).")
+
+# %% [markdown]
+# ## 3. Why "memory went up when we turned on AMP"
+#
+# `torch.autocast` does not change what is stored: parameters, gradients and Adam states stay fp32 (16 B/param,
+# exactly as measured above for `amp`). It *adds* something: every Linear weight is cast to bf16 in the forward
+# pass, and autograd keeps those copies until backward (2 B/param more). Activations are partly bf16 (matmul
+# inputs) and partly still fp32 (LayerNorm inputs, the fp32 softmax island, the residual stream).
+# Saved-tensor hooks show exactly what the tiny GPT's forward pass keeps for backward:
+
+# %%
+small = models.TinyGPT(cfg, seed=0)
+saved = {}
+for name, enabled in (("fp32", False), ("bf16 autocast", True)):
+    def fwd():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            return small(x)
+    out, saved[name] = mem.measure_saved_tensors(fwd, small.parameters())
+    print(f"{name:<14} activations {saved[name].activations:>9,} B   weight copies {saved[name].weight_copies:>7,} B")
+    del out
+
+# %% [markdown]
+# Activations shrink by less than half, and the weight copies come on top. For a 7B model the model states do
+# not move at all, and the weight copies add 14 GB:
+
+# %%
+for policy in ("fp32", "amp"):
+    e = mem.model_state_bytes(7 * 10**9, policy, "adamw")
+    print(f"{policy:<5} {mem.fmt_bytes(e.device_total):>10}  {e.device}")
+assert mem.model_state_bytes(7 * 10**9, "amp", "adamw").device_total > mem.model_state_bytes(7 * 10**9, "fp32", "adamw").device_total
+adam_share = (12 * 10**9 * 7) / mem.model_state_bytes(7 * 10**9, "mixed", "adam").device_total
+print(f"master + Adam states: {adam_share:.0%} of mixed-precision model states")
+
+# %% [markdown]
+# So with Adam, mixed precision buys **speed** (16-bit matmuls) and smaller activations, not smaller model states.
+# What does shrink the model states is sharding them (ZeRO, section 5), a leaner optimizer (section 6), or
+# offloading them to the CPU.
+#
+# ## 4. Activations: predict, measure, checkpoint
+#
+# `mem.gpt_activation_bytes` counts, op by op, what the tiny GPT saves: per block the LayerNorm inputs and
+# statistics, the inputs of the four matmuls, q and kᵀ copies, the attention matrix and the softmax's saved
+# tensors, the GELU input and output, the causal mask. It is checked against the hooks here for several batch
+# sizes and sequence lengths, with and without autocast:
+
+# %%
+for batch, t, amp in [(8, 12, None), (32, 12, None), (32, 6, None), (32, 12, "bf16")]:
+    est = mem.gpt_activation_bytes(cfg, batch, t, autocast=amp)
+    def fwd():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp is not None):
+            return small(x[:batch, :t].clone())
+    out, got = mem.measure_saved_tensors(fwd, small.parameters())
+    assert (got.activations, got.weight_copies) == (est.activations, est.weight_copies)
+    print(f"B={batch:>2} T={t:>2} {amp or 'fp32':<5} saved {est.saved:>9,} B  per block {est.per_layer:>8,} B"
+          f"  = {est.per_token_per_layer:,.0f} B/token/layer")
+
+# %% [markdown]
+# **Activation checkpointing** keeps only each block's input in the forward pass and recomputes the block during
+# backward. `mem.checkpointed(model)` turns it on (per block) for the duration of a `with`:
+
+# %%
+plain = mem.gpt_activation_bytes(cfg, 32)
+ckpt = mem.gpt_activation_bytes(cfg, 32, checkpointing=True)
+with mem.checkpointed(small):
+    out, got = mem.measure_saved_tensors(lambda: small(x), small.parameters())
+assert got.activations == ckpt.activations
+print(f"saved after forward: {plain.saved:,} B without, {ckpt.saved:,} B with checkpointing")
+print(f"peak during backward with checkpointing: {ckpt.peak:,} B (one block recomputed at a time)")
+
+# %% [markdown]
+# The price is compute: each block's forward runs twice. Count the calls instead of timing them:
+
+# %%
+calls = []
+hook = small.blocks[0].register_forward_pre_hook(lambda *a: calls.append(1))
+with mem.checkpointed(small):
+    models.lm_loss(small(x), y).backward()
+hook.remove()
+print("forward calls of block 0 in one checkpointed step:", len(calls))
+assert len(calls) == 2
+
+# %% [markdown]
+# ## 5. ZeRO: sharding the model states
+#
+# With N data-parallel GPUs, ZeRO stage 1 shards the optimizer side (master + states) over the GPUs, stage 2
+# also the gradients, stage 3 also the parameters. The ZeRO paper's example, 7.5B parameters on 64 GPUs:
+
+# %%
+for stage, e in mem.zero_table(7_500_000_000, 64, "mixed", "adam").items():
+    print(f"ZeRO-{stage}: {mem.fmt_bytes(e.device_total):>10} per GPU")
+assert [round(e.device_total / 1e9, 1) for e in mem.zero_table(7_500_000_000, 64).values()] == [120.0, 31.4, 16.6, 1.9]
+
+# %% [markdown]
+# DeepSpeed ships its own estimators (`estimate_zero2_model_states_mem_needs_all_cold`, ...). `tests/test_memory.py`
+# compares them with this model for many sizes and world sizes: its ZeRO-2 estimate is our 20 B/param layout,
+# its ZeRO-3 estimate our 18 B/param layout plus the largest layer gathered, and its CPU figures add a 1.5×
+# safety factor and the fp32 copy each process makes while loading the model. Notebook 09 measures a real
+# DeepSpeed engine.
+#
+# **The calculator.** Pick a model size, the GPUs, the ZeRO stage, offload and precision; it says whether the
+# model states fit and how much is left for activations. It starts on the seeds' configuration: a 13B model on
+# 8 × A100-80GB with ZeRO-2, bf16 and the optimizer offloaded to the CPU.
+
+# %%
+calc = mem.calculator("13B", gpus_per_node=8, nodes=1, stage=2, offload="optimizer", policy="bf16", gpu_gb=80)
+calc
+
+# %%
+print(calc.result.value)
+assert "fits" in calc.result.value and calc.result.value.startswith("per GPU: 26.00 GB")
+
+# %% [markdown]
+# The 26 GB are the replicated bf16 weights (2 B × 13B); the gradient shard, the fp32 masters and the Adam states
+# (14 B/param) live in the node's CPU memory. Change the stage and watch the per-GPU figure:
+
+# %%
+for stage in (0, 1, 2, 3):
+    calc.controls["stage"].value = stage
+    calc.controls["offload"].value = "none"
+    print(f"ZeRO-{stage}, no offload: {calc.result.value}")
+
+# %% [markdown]
+# ## 6. Levers, and what each one costs
+#
+# | lever | saves | costs |
+# |---|---|---|
+# | smaller micro-batch | activations ∝ batch | throughput; noisier gradients (unless accumulated) |
+# | gradient accumulation | activations of one micro-batch for the gradient of the whole batch | more sequential steps |
+# | activation checkpointing | all but the block inputs | one extra forward per block (~33 % more compute) |
+# | shorter sequences | activations ∝ T, attention ∝ T² | context the model sees |
+# | leaner optimizer | model states (16 → 12, 10, ~8 B/param) | convergence behaviour to re-tune |
+# | ZeRO / offload | model states ÷ N, or moved to CPU | communication; PCIe traffic and CPU time |
+#
+# The activation levers, predicted for the tiny GPT (fp32, batch 32 by default):
+
+# %%
+levers = {"baseline B=32": mem.gpt_activation_bytes(cfg, 32), "B=8": mem.gpt_activation_bytes(cfg, 8),
+          "T=6": mem.gpt_activation_bytes(cfg, 32, seq_len=6),
+          "checkpointing": mem.gpt_activation_bytes(cfg, 32, checkpointing=True),
+          "bf16 autocast": mem.gpt_activation_bytes(cfg, 32, autocast="bf16")}
+for name, e in levers.items():
+    print(f"{name:<14} peak {e.peak:>9,} B  ({e.peak / levers['baseline B=32'].peak:.2f}×)")
+
+# %% [markdown]
+# **Gradient accumulation** gives the same gradient as the big batch with a quarter of the activations:
+# four micro-batches of 8, each loss divided by 4 (the loss is a mean over supervised tokens, and every sequence
+# here has the same number of them):
+
+# %%
+full = models.TinyGPT(cfg, seed=0)
+models.lm_loss(full(x), y).backward()
+acc = models.TinyGPT(cfg, seed=0)
+for i in range(4):
+    (models.lm_loss(acc(x[8 * i:8 * i + 8]), y[8 * i:8 * i + 8]) / 4).backward()
+for a, b in zip(acc.parameters(), full.parameters()):
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+print("accumulated gradient == full-batch gradient (to fp32 rounding)")
+
+# %% [markdown]
+# **Optimizer choice**, for a 7B model in mixed precision on one GPU (no ZeRO):
+
+# %%
+for opt_name in ("adam", "sgd-momentum", "adam-8bit", "adafactor", "sgd"):
+    e = mem.model_state_bytes(7 * 10**9, "mixed", opt_name)
+    print(f"{opt_name:<13} {mem.bytes_per_param('mixed', opt_name):>3} B/param  {mem.fmt_bytes(e.device_total):>10}")
+
+# %% [markdown]
+# ## 7. Exercises
+#
+# **7.1** How many bytes per parameter of model state does this setup keep: bf16 weights and bf16 gradients,
+# fp32 master weights, SGD with momentum (fp32 momentum), no ZeRO?
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = 2 + 2 + 4 + 4
+### END SOLUTION
+check("06.bytes-per-param", answer)
+
+# %% [markdown]
+# **7.2** A 7B model, mixed precision with Adam (16 B/param), 8 GPUs of 32 GB each. Counting model states only,
+# what is the smallest ZeRO stage at which it fits? (Work it out by hand first, then use `mem.model_state_bytes`.)
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = next(s for s in range(4)
+              if mem.model_state_bytes(7 * 10**9, "mixed", "adam", stage=s, world_size=8).device_total <= 32e9)
+### END SOLUTION
+check("06.smallest-stage", answer)
+
+# %% [markdown]
+# **7.3** Write `per_gpu_bytes(n_params, stage, world_size)`: the ZeRO paper's per-GPU model-state bytes for
+# 16 B/param (2 bf16 weights + 2 bf16 grads + K = 12). The check calls it on fresh inputs, including the
+# paper's 7.5B on 64 GPUs.
+
+# %%
+def per_gpu_bytes(n_params, stage, world_size):
+    ...
+    ### BEGIN SOLUTION
+    psi, n = n_params, world_size
+    return [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n][stage]
+    ### END SOLUTION
+
+check("06.zero-per-gpu", per_gpu_bytes)
+
+# %% [markdown]
+# ## Summary
+#
+# - Model states cost 16 (ZeRO paper), 18 (HF: fp32 grads) or 20 (DeepSpeed: both) bytes per parameter for
+#   mixed-precision Adam, and 16 for fp32 Adam: the fp32 master weights and Adam's two moments (12 bytes) dominate.
+# - Autocast keeps fp32 model states and adds 16-bit weight copies, so turning on AMP does not halve memory;
+#   with Adam it can even grow. It buys speed and smaller activations.
+# - Activations grow with batch × sequence × layers (plus T² for attention). Predicted op by op, they matched
+#   the saved-tensor hooks to the byte; checkpointing keeps only block inputs at the cost of a second forward.
+# - ZeRO shards optimizer states (1), gradients (2) and parameters (3): 120 → 31.4 → 16.6 → 1.9 GB for 7.5B on
+#   64 GPUs. Offload moves the optimizer side to CPU memory.
+#
+# Next, notebook 07 profiles where the *time* goes; notebook 09 runs ZeRO for real with DeepSpeed.
