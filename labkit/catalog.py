@@ -59,7 +59,7 @@ NOTEBOOKS: list[Notebook] = [
              "TF32 emulated, fp8 casts + _scaled_mm", "real TF32 timing, fp8 matmul on cc >= 8.9", "compute"),
     Notebook("06", "06_memory", "Where memory goes",
              "params, grads, master weights, optimizer states, activations; ZeRO memory model",
-             "exact tensor bytes", "torch.cuda peak memory", "memory"),
+             "exact tensor bytes", "torch.cuda peak memory", "memory", True),
     Notebook("07", "07_profiling_and_fusion", "Profiling and fusion",
              "torch.profiler, launch overhead, fusion and torch.compile, roofline",
              "CPU profiler and roofline", "CUDA time columns, GPU roofline", "memory bandwidth"),
