@@ -16,6 +16,15 @@ from labkit.scaling import DynamicLossScaler
 N_SEQUENCES = 240
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: one thread is fastest, and 2 threads on a shared 2-core machine can be 20x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _random_knobs(rng: random.Random) -> dict:
     return {
         "init_scale": rng.choice([2.0**16, 2.0**24, 1.0, 3.0, 1e-3, 2.0**100, 12345.678]),
@@ -94,6 +103,26 @@ def test_scale_collapse_matches_gradscaler_down_to_zero() -> None:
     assert scaling.simulate_scales([True] * 170 + [False] * 10, growth_interval=1)[-1] == 0.0
     # min_scale is the floor GradScaler lacks
     assert scaling.simulate_scales([True] * 170, min_scale=1.0)[-1] == 1.0
+
+
+def test_collapsed_scale_poisons_the_weights_in_both() -> None:
+    """At scale 0, a clean step's gradients are 0, unscaling gives 0 * inf = NaN, and the step is taken."""
+    out = []
+    for scaler in (torch.amp.GradScaler("cpu", init_scale=1.0), DynamicLossScaler(init_scale=1.0)):
+        w = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([w], lr=0.1)
+        for _ in range(160):
+            opt.zero_grad()
+            scaler.scale((w * math.inf).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        assert scaler.get_scale() == 0.0 and torch.equal(w.detach(), torch.ones(3))
+        opt.zero_grad()
+        scaler.scale((w * 2.0).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        out.append(w.detach().clone())
+    assert torch.isnan(out[0]).all() and torch.isnan(out[1]).all()
 
 
 def test_growth_stops_at_float32_max() -> None:

@@ -1,0 +1,458 @@
+# %% [markdown]
+# # 03 · Loss scaling
+#
+# **Objectives**
+# - collect the **real gradients** of a small model, and measure which fraction FP16 would flush to zero;
+# - pick a static loss scale 2^k that brings them all back without overflow, and apply it by hand;
+# - understand **dynamic** loss scaling: `labkit.scaling.DynamicLossScaler` re-implements the rule of
+#   `torch.amp.GradScaler` in a few readable lines, and behaves identically;
+# - watch the scale during a real FP16 training run, reproduce a **scale collapse**, and know the knobs
+#   (`growth_interval`, a minimum scale) that govern both;
+# - call the scaler in the right order (`scale → backward → unscale_ → clip → step → update`) and checkpoint it;
+# - map all of it onto DeepSpeed's `fp16` config block.
+#
+# **Prerequisites:** notebook 02 (subnormals, flush to zero, overflow).
+#
+# **Estimated time:** 40 min
+
+# %%
+import inspect
+import io
+import json
+import math
+import textwrap
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from IPython.display import Markdown, display
+
+from labkit import data, device, models, plots, scaling
+from labkit.check import check
+from labkit.exercises.nb03 import PATTERN, PATTERN_KNOBS, RULE_KNOBS, exercise_gradients
+from labkit.scaling import DynamicLossScaler
+
+torch.set_num_threads(1)  # tiny models: one thread is fastest (and fair on a shared machine)
+
+# %% [markdown]
+# FP16 compute on a CPU needs hardware support (AVX-512 FP16 or AMX on recent Intel CPUs; most laptops lack
+# it). `labkit.device` tries a tiny FP16 autocast matmul instead of guessing. Where it fails, this notebook
+# **emulates** FP16 gradients: it computes in FP32 and rounds each scaled gradient through FP16, which
+# reproduces the underflow and overflow of the gradients themselves (though not of every intermediate
+# value). Every cell says which path it took.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+FP16 = device.supports(torch.float16, "cpu")
+print("fp16 autocast on this CPU:", FP16, "-> real fp16 runs" if FP16 else "-> fp16 emulated (see above)")
+
+# %% [markdown]
+# ## 1. Real gradients, and how many FP16 loses
+#
+# The model is a 3-hidden-layer MLP with `tanh`, trained on a seeded regression task. Two choices make some
+# gradients fall below FP16's range **by construction**, both of them common in real life:
+#
+# - the targets are small (`target_scale=1e-3`, as when a quantity is measured in the wrong unit), so the
+#   residuals, the MSE loss (~1e-5) and its gradient `2 (pred - y) / N` are small;
+# - the weights start at half PyTorch's default size (`init_scale=0.5`). Back-propagation multiplies the
+#   gradient by each layer's `Wᵀ` (and by `tanh' <= 1`), so it shrinks geometrically with depth: the first
+#   layer's gradients are the smallest.
+#
+# The gradient of a weight is a sum of products, so its magnitudes also spread over many binades. We train
+# 10 steps in FP32, then collect every gradient of the next batch.
+
+# %%
+X, y = data.make_regression(n=1024, in_features=16, target_scale=1e-3, seed=0)
+batches = data.Batches(X, y, batch_size=128, seed=0)
+model = models.MLP(16, 64, 1, depth=3, activation="tanh", init_scale=0.5, seed=0)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    xb, yb = batches(step)
+    opt.zero_grad()
+    F.mse_loss(model(xb), yb).backward()
+    opt.step()
+
+# %%
+xb, yb = batches(10)
+opt.zero_grad()
+loss = F.mse_loss(model(xb), yb)
+loss.backward()
+g = scaling.grad_values(model)  # every gradient, flattened (fp32)
+a = g[g != 0].abs()
+print(f"loss {loss.item():.2g}; {g.numel()} gradients, |g| from 2^{a.min().log2().item():.0f} to 2^{a.max().log2().item():.0f}")
+
+# %% [markdown]
+# Where do they sit against each format's range? Below the dashed line of a format, a value flushes to zero;
+# in its pale band it survives as a subnormal, with fewer bits.
+
+# %%
+ax = plots.grad_histogram(g, ("fp16", "bf16", "e5m2"))
+plt.show()
+
+# %%
+for fmt in ("fp16", "bf16", "e5m2"):
+    zero, sub = scaling.underflow_fraction(g, fmt), scaling.underflow_fraction(g, fmt, to="subnormal")
+    print(f"{fmt:>5}: flush to zero {zero:6.1%}   below the normals {sub:6.1%}")
+assert scaling.underflow_fraction(g, "fp16") > 0      # FP16 loses real gradients...
+assert scaling.underflow_fraction(g, "bf16") == 0     # ...BF16, with FP32's exponent range, loses none
+
+# %% [markdown]
+# Around 1 % of the gradients would become exactly 0 in FP16, and nearly all of them would be subnormal, with
+# reduced precision. (E5M2, the FP8 format for gradients, loses far more; notebook 05 handles it with per-tensor
+# scales.) BF16 loses none: this is why BF16 training usually needs no loss scaling at all.
+#
+# ### A static scale 2^k
+#
+# Multiplying the loss by `S` multiplies every gradient by `S` (the chain rule is linear). A power of two shifts
+# the exponents without touching a mantissa bit. Which powers bring every gradient above the flush-to-zero line
+# without pushing the largest beyond 65504?
+
+# %%
+lo, hi = scaling.safe_scale_powers(g, "fp16")
+k = scaling.choose_scale_power(g, "fp16")  # the middle of the safe range: headroom on both sides
+print(f"safe powers: 2^{lo} ... 2^{hi}; chosen k = {k}")
+for kk in (0, k, hi + 1):
+    print(f"  S = 2^{kk:<3}: flush to zero {scaling.underflow_fraction(g, 'fp16', 2.0**kk):.1%}, "
+          f"overflow {scaling.overflow_fraction(g, 'fp16', 2.0**kk):.3%}")
+
+# %%
+assert scaling.underflow_fraction(g, "fp16", 2.0**k) == 0 and scaling.overflow_fraction(g, "fp16", 2.0**k) == 0
+assert scaling.overflow_fraction(g, "fp16", 2.0 ** (hi + 1)) > 0   # one power more and the largest overflows
+ax = plots.grad_histogram(g, ("fp16",), scale=2.0**k)
+plt.show()
+
+# %% [markdown]
+# ## 2. Static loss scaling by hand
+#
+# Now the real thing: forward and backward under FP16 autocast, where FP16 underflow happens *inside* the
+# backward pass (the weight gradients come out of FP16 matmuls). Scale the loss, back-propagate, then
+# **unscale** the gradients (divide by `S`) before using them. The parameters, and so their gradients, stay
+# FP32: only the FP16 intermediate values need the scale.
+
+# %%
+def scaled_grads(S):
+    """Gradients of the same batch with loss scale S, unscaled again; fp16 autocast (or its emulation)."""
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16, enabled=FP16):
+        loss = F.mse_loss(model(xb), yb)
+    (loss * S).backward()
+    grads = scaling.grad_values(model)
+    return (grads if FP16 else grads.half().float()) / S
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for S in (1.0, 2.0**k, 2.0 ** (hi + 8)):
+    gs = scaled_grads(S)
+    lost = ((gs == 0) & (g != 0)).float().mean().item()
+    err = ((gs - g).norm() / g.norm()).item()
+    print(f"S = 2^{math.log2(S):<3.0f} lost {lost:6.2%}  all finite {bool(torch.isfinite(gs).all())}  rel. error {err:.1e}")
+
+# %%
+assert ((scaled_grads(1.0) == 0) & (g != 0)).any()          # unscaled: real gradients are lost
+good = scaled_grads(2.0**k)
+assert not ((good == 0) & (g != 0)).any() and torch.isfinite(good).all()
+assert not torch.isfinite(scaled_grads(2.0 ** (hi + 8))).all()  # too big: inf, then NaN after unscaling
+
+# %% [markdown]
+# With `S = 1` real gradients are lost; with `S = 2^k` none is, and what is left is FP16's rounding error
+# (relative ~1e-3). With too big a scale the gradients overflow to inf and the whole step is garbage. A static
+# scale has to be chosen for the *whole* training run, whose gradients drift over orders of magnitude; hence:
+#
+# ## 3. Dynamic loss scaling
+#
+# The rule of `torch.amp.GradScaler`: start high (2^16); if a step's gradients hold an inf or NaN, **skip** the
+# optimizer step and **halve** the scale; after `growth_interval` (2000) clean steps in a row, **double** it. It
+# keeps the scale just below where gradients overflow. `DynamicLossScaler` is that rule in plain Python:
+
+# %%
+src = inspect.getsource(DynamicLossScaler.update)
+print(textwrap.dedent(src[src.index("        old = self._scale"):src.index("        self.history")]))
+
+# %% [markdown]
+# The scale is stored as an FP32 number, as in GradScaler (`_fp32` rounds to FP32). `tests/test_scaling.py`
+# checks on 240 random sequences with injected inf/NaN that `DynamicLossScaler` and `GradScaler("cpu")` produce
+# the same scales, skip the same steps and leave bit-identical weights. Here is one pattern, by hand:
+
+# %%
+pattern = [False] * 4 + [True] + [False] * 7 + [True, True] + [False] * 4
+mine = scaling.simulate_scales(pattern, init_scale=2.0**10, growth_interval=3)
+gs_scaler, w = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3), torch.nn.Parameter(torch.ones(2))
+sgd, theirs = torch.optim.SGD([w], lr=0.0), [gs_scaler.get_scale()]
+for bad in pattern:  # a loss that is inf on the "bad" steps
+    sgd.zero_grad()
+    gs_scaler.scale((w * (math.inf if bad else 1.0)).sum()).backward()
+    gs_scaler.step(sgd), gs_scaler.update(), theirs.append(gs_scaler.get_scale())
+
+# %%
+print([int(s) for s in mine])
+assert mine == theirs
+
+# %% [markdown]
+# ### A real FP16 training run
+#
+# Start far too high (2^32) and grow every 20 clean steps, so the scale has to find its level and then keeps
+# probing it. `scaling.train_with_scaler` runs the standard loop (autocast forward, scaled backward, `unscale_`,
+# `step`, `update`) and records, per step, the scale used and whether the step was skipped.
+
+# %%
+def fp16_run(scaler, steps=150, data_fn=batches, seed=0):
+    net = models.MLP(16, 64, 1, depth=3, activation="tanh", init_scale=0.5, seed=seed)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+    out = scaling.train_with_scaler(net, F.mse_loss, data_fn, sgd, scaler, steps, emulate=not FP16)
+    return net, out
+
+net, run = fp16_run(torch.amp.GradScaler("cpu", init_scale=2.0**32, growth_interval=20))
+_, run_mine = fp16_run(DynamicLossScaler(init_scale=2.0**32, growth_interval=20))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+first_ok = run["skipped"].index(False)
+print(f"{sum(run['skipped'])} of {len(run['skipped'])} steps skipped; the first {first_ok} while the scale came "
+      f"down from 2^32 to 2^{math.log2(run['scale'][first_ok]):.0f}")
+print(f"loss {run['loss'][0]:.3g} -> {run['loss'][-1]:.3g}")
+
+# %%
+assert run_mine["scale"] == run["scale"] and run_mine["skipped"] == run["skipped"]   # same rule, same run
+assert all(run["skipped"][:first_ok]) and 0 < first_ok < 20                           # backed off, then trained
+assert any(run["skipped"][first_ok:])          # growing again found the overflow edge again
+assert all(math.isfinite(v) for v in run["loss"]) and run["loss"][-1] < run["loss"][0]
+ax = plots.scale_history(run["scale"], run["skipped"])
+plt.show()
+
+# %% [markdown]
+# The saw-tooth is the rule at work: every 20 clean steps the scale doubles, sometimes the doubled scale makes a
+# gradient overflow, that step is skipped and the scale halves back. A skipped step costs one batch; an
+# overflow that went unnoticed would have cost the weights.
+#
+# ### Scale collapse
+#
+# What if *every* step produces inf or NaN, because of a bug or a corrupt sample rather than the scale? The
+# scaler cannot tell the difference: it halves, and halves again. Here one target in every batch is inf:
+
+# %%
+def corrupt_batches(step):
+    xb_, yb_ = batches(step)
+    yb_ = yb_.clone()
+    yb_[0] = math.inf            # one broken label per batch
+    return xb_, yb_
+
+net, bad = fp16_run(torch.amp.GradScaler("cpu"), steps=170, data_fn=corrupt_batches)
+print({i: bad["scale"][i] for i in (0, 1, 16, 50, 100, 140, 160, 169)})
+assert all(bad["skipped"]) and bad["scale"][-1] == 0.0
+
+# %% [markdown]
+# After 16 halvings the scale is 1, after 142 it is FP32's smallest normal (2^-126), then it walks down the
+# FP32 subnormals and reaches **exactly 0**. GradScaler has no floor, and a zero scale is poison: the loss
+# times 0 gives gradients of 0, unscaling multiplies by 1/0 = inf, and 0 × inf is NaN, which is *not* checked
+# (the check runs before unscaling), so the next clean step writes NaN into every weight:
+
+# %%
+gs_dead = torch.amp.GradScaler("cpu", init_scale=2.0**-149)  # the last scale before 0
+net, after = fp16_run(gs_dead, steps=2, data_fn=lambda s: corrupt_batches(s) if s == 0 else batches(s))
+print("scale", after["scale"], "skipped", after["skipped"], "weights NaN:", torch.isnan(net.net[0].weight).all().item())
+assert after["scale"] == [2.0**-149, 0.0] and after["skipped"] == [True, False]
+assert torch.isnan(net.net[0].weight).all()
+
+# %% [markdown]
+# This is the situation of pytorch/pytorch#40497 (and #99640 proposes never letting the scale drop below 1).
+# Two knobs govern it:
+#
+# - **a minimum scale.** `DynamicLossScaler(min_scale=1.0)` stops at 1, so the weights are never poisoned.
+#   DeepSpeed has this as `min_loss_scale` (default 1) and goes further: an overflow *at* the floor stops the
+#   run with an error, because a scale of 1 that still overflows means something other than the scale is wrong.
+# - **`growth_interval`.** It sets how fast the scale recovers. After a collapse to 1 (16 halvings from 2^16), it
+#   takes 16 × `growth_interval` clean steps to climb back: 32 000 steps with GradScaler's default of 2000. A short
+#   interval recovers faster but probes the overflow edge (and skips a step) more often.
+
+# %%
+net, floored = fp16_run(DynamicLossScaler(min_scale=1.0), steps=40, data_fn=corrupt_batches)
+assert floored["scale"][-1] == 1.0 and torch.isfinite(net.net[0].weight).all()
+try:
+    scaling.deepspeed_scale_sequence([True] * 40, initial_scale_power=16, hysteresis=1, min_loss_scale=1)
+except RuntimeError as exc:
+    print("DeepSpeed:", exc)
+recover = scaling.simulate_scales([False] * 32_000, init_scale=1.0, growth_interval=2000)
+print("clean steps from 1 back to 2^16:", recover.index(2.0**16))
+
+# %% [markdown]
+# ## 4. The right order, and checkpoints
+#
+# ```python
+# scaler.scale(loss).backward()     # gradients are S times too big
+# scaler.unscale_(optimizer)        # now they are true gradients (and inf/NaN has been noted)
+# torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+# scaler.step(optimizer)            # skipped if inf/NaN was found; does not unscale twice
+# scaler.update()                   # adjust the scale for the next step
+# ```
+#
+# Clipping compares the gradient norm with `max_norm`. Before `unscale_`, that norm is `S` times too big, so
+# clipping fires when it should not and shrinks the true gradients by a factor of about `S`:
+
+# %%
+def clipped_norm(unscale_first, max_norm, S=2.0**16):
+    scaler = torch.amp.GradScaler("cpu", init_scale=S)
+    net = models.MLP(16, 64, 1, depth=3, activation="tanh", init_scale=0.5, seed=0)
+    sgd = torch.optim.SGD(net.parameters(), lr=0.0)
+    scaler.scale(F.mse_loss(net(xb), yb)).backward()
+    if unscale_first:
+        scaler.unscale_(sgd)
+    torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+    scaler.step(sgd)              # unscales here if not done yet
+    return scaling.grad_values(net).norm().item()
+
+# %%
+true_norm = clipped_norm(True, math.inf)
+right, wrong = clipped_norm(True, 1.0), clipped_norm(False, 1.0)
+print(f"true gradient norm {true_norm:.3g}, max_norm 1.0: nothing to clip")
+print(f"unscale_ then clip: {right:.3g};  clip then unscale: {wrong:.3g}  ({right / wrong:.2g} x too small)")
+assert abs(right - true_norm) / true_norm < 1e-5                  # right order: untouched
+assert abs(wrong * 2.0**16 - 1.0) < 1e-4                          # wrong order: max_norm / S
+
+# %% [markdown]
+# In the wrong order, clipping saw the *scaled* norm (0.0012 × 2^16 ≈ 77), "clipped" it to `max_norm` = 1, and then
+# the unscale divided by 2^16 again: the step is 77 times too small, and the factor changes with the scale from
+# step to step. Nothing fails; training just crawls.
+#
+# **Checkpoints** must include the scaler's state (the scale and the count of clean steps), or a resumed run
+# restarts at 2^16 and pays for it in skipped steps. Its `state_dict` is tiny:
+
+# %%
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=5)
+net, _ = fp16_run(scaler, steps=12)
+buf = io.BytesIO()
+torch.save({"model": net.state_dict(), "scaler": scaler.state_dict()}, buf)
+print(scaler.state_dict())
+
+# %%
+buf.seek(0)
+ckpt = torch.load(buf)
+resumed = torch.amp.GradScaler("cpu")
+resumed.load_state_dict(ckpt["scaler"])
+assert resumed.state_dict() == scaler.state_dict()
+mine = DynamicLossScaler()
+mine.load_state_dict(ckpt["scaler"])  # the same keys: the two are interchangeable
+assert mine.get_scale() == scaler.get_scale() and mine.state_dict()["_growth_tracker"] == scaler.state_dict()["_growth_tracker"]
+
+# %% [markdown]
+# ## 5. The same knobs in DeepSpeed
+#
+# DeepSpeed (notebook 09) does its own loss scaling, configured by the `fp16` block of its JSON config.
+# **`"loss_scale": 0` means dynamic**; any other value is a fixed scale.
+
+# %%
+rows = ["| DeepSpeed `fp16` key | GradScaler | DeepSpeed default | GradScaler default | difference |",
+        "|---|---|---|---|---|"]
+rows += [f"| `{r['deepspeed']}` | `{r['gradscaler']}` | {r['ds_default']} | {r['torch_default']} | {r['note']} |"
+         for r in scaling.DEEPSPEED_KNOBS]
+display(Markdown("\n".join(rows)))
+
+# %% [markdown]
+# `deepspeed_fp16_config` writes the block closest to a given GradScaler, and `scaler_kwargs_from_deepspeed` goes
+# back (`tests/test_scaling.py` checks that DeepSpeed's own config class accepts the block):
+
+# %%
+ds_fp16 = scaling.deepspeed_fp16_config(torch.amp.GradScaler("cpu"))
+print(json.dumps({"fp16": ds_fp16}, indent=1))
+assert ds_fp16["loss_scale"] == 0 and ds_fp16["initial_scale_power"] == 16 and ds_fp16["loss_scale_window"] == 2000
+assert scaling.scaler_kwargs_from_deepspeed(ds_fp16)["init_scale"] == 2.0**16
+
+# %% [markdown]
+# Two differences remain even with `hysteresis: 1`, and `deepspeed_scale_sequence` (checked against DeepSpeed's
+# own `DynamicLossScaler` on 200 random sequences) shows both on one pattern:
+#
+# - **hysteresis** (default 2): DeepSpeed tolerates that many overflows before it halves; the counter is refilled
+#   only when the scale grows (or after every clean step with `consecutive_hysteresis`);
+# - **the window is one step later**: DeepSpeed counts clean steps *since the last overflow* and grows when that
+#   count, before the current step, is a multiple of `loss_scale_window`, so the first growth needs window + 1
+#   clean steps.
+
+# %%
+pat = [False] * 5 + [True] + [False] * 5 + [True] + [False] * 9
+show = {"GradScaler": scaling.simulate_scales(pat, init_scale=16.0, growth_interval=4),
+        "DeepSpeed, hysteresis 1": scaling.deepspeed_scale_sequence(pat, initial_scale_power=4, loss_scale_window=4, hysteresis=1),
+        "DeepSpeed, hysteresis 2": scaling.deepspeed_scale_sequence(pat, initial_scale_power=4, loss_scale_window=4)}
+print("overflow:".rjust(25), "".join(" X" if b else " ." for b in pat))
+for name, seq in show.items():
+    print(f"{name:>24}:", " ".join(f"{int(math.log2(s))}" for s in seq[1:]), " (log2 of the scale after each step)")
+
+# %%
+assert show["GradScaler"][4] == 32.0 and show["DeepSpeed, hysteresis 1"][4] == 16.0   # window vs window + 1
+assert show["DeepSpeed, hysteresis 1"][5] == 32.0
+assert show["DeepSpeed, hysteresis 2"][6] == show["DeepSpeed, hysteresis 2"][5]       # first overflow tolerated
+
+# %% [markdown]
+# ## 6. Exercises
+#
+# **6.1** These are the gradients of some model (`exercise_gradients()`); their histogram is below. Choose a
+# static loss scale `S` so that, in FP16, none of them flushes to zero and none overflows.
+
+# %%
+ax = plots.grad_histogram(exercise_gradients(), ("fp16",))
+plt.show()
+
+# %%
+S = ...
+### BEGIN SOLUTION
+S = 2.0**14
+### END SOLUTION
+check("03.static-scale", S)
+
+# %% [markdown]
+# **6.2** A scaler with `PATTERN_KNOBS` sees the overflow pattern `PATTERN` (True = that step had inf/NaN).
+# What is its scale afterwards? Work it out by hand, then check.
+
+# %%
+print(PATTERN_KNOBS)
+print(PATTERN)
+answer = ...
+### BEGIN SOLUTION
+answer = 512.0
+### END SOLUTION
+check("03.predict-scale", answer)
+
+# %% [markdown]
+# **6.3** Write GradScaler's rule yourself: `update(scale, tracker, found_inf)` returns the new scale and the new
+# count of clean steps, with the knobs in `RULE_KNOBS`. The check runs it against `DynamicLossScaler` on random
+# overflow patterns.
+
+# %%
+print(RULE_KNOBS)
+
+def update(scale, tracker, found_inf):
+    ...
+### BEGIN SOLUTION
+    if found_inf:
+        return scale * RULE_KNOBS["backoff_factor"], 0
+    tracker += 1
+    if tracker == RULE_KNOBS["growth_interval"]:
+        return scale * RULE_KNOBS["growth_factor"], 0
+    return scale, tracker
+### END SOLUTION
+
+check("03.update-rule", update)
+
+# %% [markdown]
+# **6.4** Write DeepSpeed's `fp16` block (a dict) that behaves as closely as possible like
+# `torch.amp.GradScaler("cuda", init_scale=2**12, growth_interval=500)`.
+
+# %%
+fp16_block = ...
+### BEGIN SOLUTION
+fp16_block = {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
+              "hysteresis": 1, "min_loss_scale": 1}
+### END SOLUTION
+check("03.deepspeed-config", fp16_block)
+
+# %% [markdown]
+# ## Summary
+#
+# - Real gradients span many binades; with small targets and a deep, small-initialised model about 1 % of them
+#   fall below FP16's smallest subnormal and become 0. BF16 loses none.
+# - Multiplying the loss by 2^k shifts every gradient up by k binades, exactly; unscale (divide) before using them.
+#   Too big a scale overflows to inf.
+# - Dynamic scaling (GradScaler, `DynamicLossScaler`) skips a step and halves on inf/NaN and doubles after
+#   `growth_interval` clean steps. Without a floor, a run that keeps producing inf collapses the scale to 0 and then
+#   poisons the weights with NaN; `min_scale`/`min_loss_scale` prevent that.
+# - Order: `scale(loss).backward()`, `unscale_`, clip, `step`, `update`; checkpoint `scaler.state_dict()`.
+# - DeepSpeed: `loss_scale: 0` = dynamic, `initial_scale_power`, `loss_scale_window` (one step later),
+#   `hysteresis` (default 2), `min_loss_scale` (default 1).
