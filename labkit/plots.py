@@ -128,6 +128,11 @@ def grad_histogram(values: Any, names: Sequence[str] = ("fp16", "bf16", "e5m2"),
     left = min(lg.min(), min(math.log2(f.smallest_subnormal) for f in fmts if f.smallest_subnormal > 2.0**-60) - 2)
     right = max(lg.max(), max(math.log2(f.max) for f in fmts if f.max < 2.0**64) + 2)
     ax.set_xlim(max(left - 1, -160), min(right + 1, 140))
+    x0, x1 = ax.get_xlim()
+    for i, f in enumerate(fmts):  # name each band where its normals start (or at the left edge)
+        at = min(max(math.log2(f.smallest_normal), x0), x1)
+        ax.text(at + 0.3, (i + 0.5) / k, f.name, transform=ax.get_xaxis_transform(), fontsize=8, va="center",
+                color=FORMAT_COLORS.get(f.name, "k"), zorder=4)
     ax.set_xlabel("log2 |g|   (dashed: flush to zero below this; pale: subnormals; solid: normals)")
     ax.set_ylabel("count")
     ax.set_title("Gradient magnitudes against each format's range")
