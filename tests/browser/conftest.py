@@ -92,8 +92,9 @@ def _notebook_key(item: pytest.Item) -> str:
     if marker and marker.args:
         return str(marker.args[0])
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and "notebook" in callspec.params:
-        return str(callspec.params["notebook"])
+    for param in ("notebook", "number"):
+        if callspec is not None and param in callspec.params:
+            return str(callspec.params[param])
     return "~"  # tests without a notebook run last
 
 

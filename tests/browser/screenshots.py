@@ -1,0 +1,68 @@
+"""Regenerate the README's screenshots (docs/img/*.png) from the notebooks running in JupyterLab.
+
+Run with ``make screenshots`` (that is ``python -m pytest tests/browser/screenshots.py``). It uses the same
+fixtures as the browser tests: a private JupyterLab server and headless Chromium. The file name does not
+start with ``test_``, so the normal test run does not collect it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from labdriver import REPO, Lab, NotebookRun, notebook_by_number
+
+pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+from playwright.sync_api import expect  # noqa: E402
+
+IMG = REPO / "docs" / "img"
+
+
+def _bit_explorer(run: NotebookRun) -> object:
+    """The explorer showing 0.1 in FP16 (the classic 'not exactly 0.1' pattern)."""
+    root = run.code_cell_with("widgets.bit_explorer(").locator(".jp-OutputArea-output").first
+    number = root.locator(".lk-number input")
+    number.fill("0.1")
+    number.press("Enter")
+    expect(root.locator(".lk-value")).to_have_text("fp16 0x2e66 = 0.0999755859375")
+    number.blur()
+    return root
+
+
+def _scale_trace(run: NotebookRun) -> object:
+    """The dynamic loss-scale trace figure of notebook 03."""
+    root = run.code_cell_with("plots.scale_history(").locator(".jp-RenderedImage").first
+    expect(root.locator("img")).to_be_visible()
+    return root
+
+
+def _memory_calculator(run: NotebookRun) -> object:
+    """Notebook 06's ZeRO memory calculator as the notebook leaves it."""
+    root = run.code_cell_with(".calculator(").locator(".jp-OutputArea-output").first
+    expect(root.locator(".jupyter-widgets").first).to_be_visible()
+    return root
+
+
+SHOTS: list[tuple[str, str, Callable[[NotebookRun], object]]] = [
+    ("01", "bit_explorer.png", _bit_explorer),
+    ("03", "loss_scale_trace.png", _scale_trace),
+    ("06", "memory_calculator.png", _memory_calculator),
+]
+
+
+@pytest.mark.parametrize(("number", "filename", "prepare"), SHOTS, ids=[s[1] for s in SHOTS])
+def test_screenshot(lab: Lab, number: str, filename: str, prepare: Callable[[NotebookRun], object]) -> None:
+    """Run the notebook, bring its widget or figure into the wanted state, save a PNG of its output."""
+    name = notebook_by_number(number)
+    if name is None:
+        pytest.fail(f"notebook {number} is not in notebooks/, so {filename} cannot be made")
+    run = lab.run_notebook(name)
+    root = prepare(run)
+    root.scroll_into_view_if_needed()  # type: ignore[attr-defined]
+    IMG.mkdir(parents=True, exist_ok=True)
+    path = Path(IMG / filename)
+    root.screenshot(path=str(path), animations="disabled")  # type: ignore[attr-defined]
+    assert path.stat().st_size > 2000, f"{path} looks empty"
+    print(f"wrote {path.relative_to(REPO)} ({path.stat().st_size // 1024} KiB)")
