@@ -12,15 +12,15 @@
 # sbatch passes your current environment to the job (--export=ALL, Slurm's default), which is what
 # carries these variables. No account, partition or personal path is written here.
 
-# Where the workbook lives (the scripts find it; see labkit_locate_root below).
+# the workbook checkout; empty: found from the submitted script's path or the submit folder
 LABKIT_ROOT="${LABKIT_ROOT:-}"
-# auto | venv | conda | module | none
+# how to get Python: auto, venv, conda, module or none (auto: a venv if there, else conda)
 LABKIT_ENV="${LABKIT_ENV:-auto}"
-# A virtual environment (made with `python -m venv`); default: the workbook's own .venv.
-LABKIT_VENV="${LABKIT_VENV:-${LABKIT_ROOT:+$LABKIT_ROOT/.venv}}"
-# A conda environment, by name or by path (see environment.yml).
+# a virtual environment (python -m venv); empty: $LABKIT_ROOT/.venv
+LABKIT_VENV="${LABKIT_VENV:-}"
+# a conda environment, by name or path (see environment.yml)
 LABKIT_CONDA_ENV="${LABKIT_CONDA_ENV:-labkit}"
-# Environment modules to load first, space separated (e.g. "python/3.11 cuda/12.4"); empty: none.
+# modules to load first, space separated, e.g. "python/3.11 cuda/12.4"; empty: none
 LABKIT_MODULES="${LABKIT_MODULES:-}"
 
 labkit_log() {
