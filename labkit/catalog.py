@@ -71,7 +71,8 @@ NOTEBOOKS: list[Notebook] = [
              "DeepSpeed CPU accelerator, gloo", "CUDA + NCCL", "memory + communication"),
     Notebook("10", "10_cluster", "Working on a cluster",
              "Slurm, JupyterLab on a compute node, multi-node DDP and DeepSpeed jobs",
-             "explains and checks scripts", "the same scripts on GPU nodes", "communication"),
+             "full; live sinfo/sbatch/srun/scancel where a Slurm is reachable", "the same scripts on GPU nodes",
+             "communication", True),
 ]
 
 
