@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 DS_BUILD_DEPS := ninja packaging psutil py-cpuinfo pydantic hjson msgpack einops setuptools wheel
 
-.PHONY: lab test install install-dev notebooks student doctor clean
+.PHONY: lab test install install-dev notebooks student doctor clean screenshots
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,10 @@ lab: $(VENV)/.base
 
 test: $(VENV)/.dev
 	$(BIN)/python -m pytest tests notebooks $(NBVAL_ARGS) $(PYTEST_ARGS)
+
+# Regenerate the README's screenshots (docs/img/*.png) from the notebooks running in headless Chromium.
+screenshots: $(VENV)/.dev
+	$(BIN)/python -m pytest tests/browser/screenshots.py -q -p no:cacheprovider
 
 doctor: $(VENV)/.base
 	$(BIN)/python -m labkit doctor

@@ -111,8 +111,9 @@ def private_env(home: Path) -> dict[str, str]:
         path.mkdir(parents=True, exist_ok=True)
         env[key] = str(path)
     (home / "xdg" / "runtime").chmod(0o700)
-    # A DeepSpeed/torch extension cache set by the caller (CI) is kept: a cold JIT build costs minutes.
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(home / "torch_extensions"))
+    # DeepSpeed's JIT-built ops: a cache set by the caller is kept, else one in the ignored build/ dir
+    # is reused across runs (a cold build costs minutes); never the real home's cache.
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / "build" / "torch_extensions"))
     env.pop("JUPYTER_TOKEN", None)
     env.pop("JUPYTER_PATH", None)
     env["JUPYTER_PLATFORM_DIRS"] = "1"
