@@ -41,11 +41,11 @@ from torch import nn
 
 __all__ = [
     "GB",
-    "GiB",
     "MODEL_PRESETS",
     "OPTIMIZERS",
     "POLICIES",
     "ActivationEstimate",
+    "GiB",
     "MasterWeightOptimizer",
     "ModelState",
     "OptimizerSpec",
@@ -59,8 +59,8 @@ __all__ = [
     "fmt_bytes",
     "get_optimizer",
     "get_policy",
-    "k_factor",
     "gpt_activation_bytes",
+    "k_factor",
     "measure_model_state",
     "measure_saved_tensors",
     "mlp_activation_bytes",
@@ -234,8 +234,8 @@ def conventions_table(optimizer: str = "adam") -> str:
     Introduced in notebook 06.
     """
     opt = get_optimizer(optimizer)
-    rows = [f"{'policy':<17} {'params':>6} {'grads':>5} {'fp32 g':>6} {'master':>6} {'states':>6} "
-            f"{'total':>5}  convention"]
+    rows = [(f"{'policy':<17} {'params':>6} {'grads':>5} {'fp32 g':>6} {'master':>6} {'states':>6} "
+             f"{'total':>5}  convention")]
     for pol in POLICIES.values():
         states = opt.n_states * _state_width(pol, opt)
         rows.append(f"{pol.name:<17} {pol.param_bytes:>6} {pol.grad_bytes:>5} {pol.fp32_grad_bytes:>6} "
@@ -299,8 +299,8 @@ class ModelState:
 
     def table(self, unit: str = "GB") -> str:
         """Return a small text table of the breakdown in ``unit`` ("GB", "GiB", "MB", "B")."""
-        lines = [f"{self.policy} + {self.optimizer}, ZeRO-{self.stage}, {self.world_size} rank(s), "
-                 f"{self.n_params:,} params"]
+        lines = [(f"{self.policy} + {self.optimizer}, ZeRO-{self.stage}, {self.world_size} rank(s), "
+                  f"{self.n_params:,} params")]
         for where, d in (("GPU", self.device), ("CPU", self.host)):
             for k in CATEGORIES:
                 if k in d:
@@ -986,14 +986,14 @@ def calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes: int =
 
     def on_billions(change: dict) -> None:
         p = c["preset"].value
-        if p != "custom" and MODEL_PRESETS[p] != int(round(change["new"] * 1e9)):
+        if p != "custom" and MODEL_PRESETS[p] != round(change["new"] * 1e9):
             c["preset"].value = "custom"
         update()
 
     def update(*_: Any) -> None:
         try:
             result.value = calculator_report(
-                int(round(c["billions"].value * 1e9)), c["gpus_per_node"].value, c["nodes"].value,
+                round(c["billions"].value * 1e9), c["gpus_per_node"].value, c["nodes"].value,
                 c["stage"].value, c["offload"].value, c["policy"].value, c["optimizer"].value,
                 c["gpu_gb"].value)
         except (ValueError, TypeError) as exc:

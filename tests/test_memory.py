@@ -20,7 +20,15 @@ from hypothesis import strategies as st
 from labkit import memory as M
 from labkit import models
 
-torch.set_num_threads(1)
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one thread is fastest, and the CI machine's 2 cores are shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 # ----------------------------------------------------------------------------------------------------
 # The ZeRO paper and the 16/18/20 conventions
@@ -133,21 +141,21 @@ def test_smallest_fitting_stage():
 
 
 @pytest.mark.parametrize("kwargs, exc", [
-    (dict(n_params=-1), ValueError),
-    (dict(n_params=0), ValueError),
-    (dict(n_params=1.5), ValueError),
-    (dict(n_params="7B"), TypeError),
-    (dict(n_params=10, stage=4), ValueError),
-    (dict(n_params=10, stage=-1), ValueError),
-    (dict(n_params=10, stage="2"), ValueError),
-    (dict(n_params=10, stage=True), ValueError),
-    (dict(n_params=10, world_size=0), ValueError),
-    (dict(n_params=10, policy="fp8"), ValueError),
-    (dict(n_params=10, optimizer="lion"), ValueError),
-    (dict(n_params=10, stage=0, offload_optimizer=True), ValueError),
-    (dict(n_params=10, stage=2, offload_optimizer=True, offload_params=True), ValueError),
-    (dict(n_params=10, stage=3, offload_params=True), ValueError),
-    (dict(n_params=10, largest_layer_params=11), ValueError),
+    ({"n_params": -1}, ValueError),
+    ({"n_params": 0}, ValueError),
+    ({"n_params": 1.5}, ValueError),
+    ({"n_params": "7B"}, TypeError),
+    ({"n_params": 10, "stage": 4}, ValueError),
+    ({"n_params": 10, "stage": -1}, ValueError),
+    ({"n_params": 10, "stage": "2"}, ValueError),
+    ({"n_params": 10, "stage": True}, ValueError),
+    ({"n_params": 10, "world_size": 0}, ValueError),
+    ({"n_params": 10, "policy": "fp8"}, ValueError),
+    ({"n_params": 10, "optimizer": "lion"}, ValueError),
+    ({"n_params": 10, "stage": 0, "offload_optimizer": True}, ValueError),
+    ({"n_params": 10, "stage": 2, "offload_optimizer": True, "offload_params": True}, ValueError),
+    ({"n_params": 10, "stage": 3, "offload_params": True}, ValueError),
+    ({"n_params": 10, "largest_layer_params": 11}, ValueError),
 ])
 def test_bad_inputs(kwargs, exc):
     with pytest.raises(exc):
@@ -173,9 +181,8 @@ def test_bad_inputs_elsewhere():
         M.gpt_activation_bytes(models.GPTConfig(), 2, autocast="fp8")
     with pytest.raises(ValueError, match="fp16 or bf16"):
         M.MasterWeightOptimizer(models.MLP().parameters())
-    with pytest.raises(TypeError):
-        with M.checkpointed(torch.nn.Linear(2, 2)):
-            pass
+    with pytest.raises(TypeError), M.checkpointed(torch.nn.Linear(2, 2)):
+        pass
 
 
 def test_fmt_bytes():
@@ -260,7 +267,7 @@ def test_deepspeed_zero3(n, gpn, nodes, ds3):
     (zero_init=True); the offloaded gradient is the fp32 one."""
     N = gpn * nodes
     largest = min(n, 50_000_000)
-    kw = dict(stage=3, world_size=N, largest_layer_params=largest)
+    kw = {"stage": 3, "world_size": N, "largest_layer_params": largest}
     # no offload
     _, ds_gpu, ds_largest = ds3.estimate_zero3_model_states_mem_needs(n, largest, gpn, nodes, cpu_offload=False,
                                                                       cpu_offload_params=False)
@@ -286,7 +293,7 @@ def test_deepspeed_zero3(n, gpn, nodes, ds3):
 
 
 def _parse_cold(text: str) -> list[tuple[float, float, str]]:
-    rows = re.findall(r"^\s*([\d.]+)GB \|\s*([\d.]+)GB \| (.*)$", text, flags=re.M)
+    rows = re.findall(r"^\s*([\d.]+)GB \|\s*([\d.]+)GB \| (.*)$", text, flags=re.MULTILINE)
     # Under Python >= 3.11 DeepSpeed 0.19.8 prints the enum as "OffloadDeviceEnum.cpu" (f"{enum:4}"
     # formats a str-mixin enum by name there); only the label is affected, not the numbers.
     return [(float(c), float(g), re.sub(r"OffloadDeviceEnum\.|\s", "", opts))
@@ -310,7 +317,7 @@ def test_deepspeed_all_cold_tables(n, gpn, nodes, capsys, ds2, ds3):
     ds3.estimate_zero3_model_states_mem_needs_all_cold(n, largest, gpn, nodes)
     rows = _parse_cold(capsys.readouterr().out)
     assert len(rows) == 6
-    kw = dict(stage=3, world_size=N, largest_layer_params=largest)
+    kw = {"stage": 3, "world_size": N, "largest_layer_params": largest}
     expect = {
         "offload_param=cpu,offload_optimizer=cpu,zero_init=1":
             M.model_state_bytes(n, "mixed-fp32-grads", "adam", offload_optimizer=True, offload_params=True, **kw),
@@ -441,7 +448,7 @@ def test_gpt_activation_estimate_matches_saved_tensors(softmax, autocast, checkp
     for batch, t in ((4, 12), (3, 7)):
         idx = torch.randint(0, cfg.vocab_size, (batch, t), generator=torch.Generator().manual_seed(batch))
 
-        def run():
+        def run(idx=idx):
             with _ctx(autocast):
                 return model(idx)
 

@@ -24,6 +24,7 @@ from labkit import data, device, memory as mem, models, plots
 from labkit.check import check
 
 torch.manual_seed(0)
+torch.set_num_threads(1)  # tiny tensors: one thread is fastest (and CI shares 2 cores)
 dev = device.pick_device()
 
 # %% [markdown]
