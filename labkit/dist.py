@@ -245,6 +245,17 @@ def _rank_traceback(log_dir: Path, rank: int) -> str:
     return _last_traceback(_read(_rank_files(log_dir, rank, "stderr.log")))
 
 
+_EXC_LINE_RE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Timeout)\w*(?::|$)")
+
+
+def _exception_line(tb: str) -> str:
+    """The ``SomeError: message`` line of a traceback (the last one, as Python prints chained errors)."""
+    for line in reversed(tb.splitlines()):
+        if _EXC_LINE_RE.match(line):
+            return line.strip()
+    return tb.strip().splitlines()[-1] if tb.strip() else ""
+
+
 def _failing_rank(torchrun_log: str, log_dir: Path, nproc: int) -> int | None:
     m = _ROOT_CAUSE_RE.search(torchrun_log)
     if m:
@@ -253,6 +264,14 @@ def _failing_rank(torchrun_log: str, log_dir: Path, nproc: int) -> int | None:
         if _rank_traceback(log_dir, r):
             return r
     return None
+
+
+def _print_line(line: str) -> None:
+    """Print one streamed log line; the (long) result line is shortened, since launch returns it."""
+    i = line.find(RESULT_PREFIX)
+    if i >= 0 and len(line) - i > 100:
+        line = line[: i + 100] + f"… ({len(line) - i} characters, returned by launch)"
+    print(line, flush=True)
 
 
 def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[str] = (),
@@ -288,7 +307,7 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
         raise TypeError("stream must be True, False or a callable taking one line")
     echo: Callable[[str], None] | None
     if stream is True:
-        echo = lambda line: print(line, flush=True)  # noqa: E731
+        echo = _print_line
     elif stream is False:
         echo = None
     else:
@@ -379,7 +398,7 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
             rank = _failing_rank(log, logs, nproc)
             tb = _rank_traceback(logs, rank) if rank is not None else ""
             where = f"rank {rank}" if rank is not None else "a rank"
-            last = tb.splitlines()[-1] if tb else f"torchrun exit status {rc}"
+            last = _exception_line(tb) or f"torchrun exit status {rc}"
             raise LaunchError(f"{where} failed: {last}\n\n{tb}".rstrip(), rank=rank, returncode=rc,
                               rank_traceback=tb, log=log, leftover=leftover)
         return parse_result(_read(_rank_files(logs, 0, "stdout.log")))
