@@ -49,5 +49,9 @@ doctor: $(VENV)/.base
 notebooks: $(VENV)/.dev
 	$(BIN)/python tools/nbbuild.py
 
+# Student copies of the notebooks, solutions removed: dist/student/
+student: $(VENV)/.base
+	$(BIN)/python -m labkit student-build --src notebooks --out dist/student
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

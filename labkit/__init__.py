@@ -26,7 +26,9 @@ __all__ = [
     "plots",
     "recipes",
     "scaling",
+    "student",
     "widgets",
+    "zero",
 ]
 
 
