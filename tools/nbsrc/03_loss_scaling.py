@@ -417,10 +417,9 @@ check("03.predict-scale", answer)
 
 # %%
 print(RULE_KNOBS)
-
-def update(scale, tracker, found_inf):
-    ...
+update = ...  # your function: def update(scale, tracker, found_inf): ... return new_scale, new_tracker
 ### BEGIN SOLUTION
+def update(scale, tracker, found_inf):
     if found_inf:
         return scale * RULE_KNOBS["backoff_factor"], 0
     tracker += 1
@@ -428,7 +427,6 @@ def update(scale, tracker, found_inf):
         return scale * RULE_KNOBS["growth_factor"], 0
     return scale, tracker
 ### END SOLUTION
-
 check("03.update-rule", update)
 
 # %% [markdown]
