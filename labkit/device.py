@@ -18,6 +18,7 @@ __all__ = [
     "autocast_dtype",
     "capabilities",
     "cpu_isa_flags",
+    "cuda_properties",
     "dist_backend",
     "get_rng_state",
     "is_cuda",
@@ -169,6 +170,23 @@ def max_memory_allocated(device: torch.device | str | None = None) -> int | None
     """
     dev = _as_device(device)
     return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
+
+
+def cuda_properties(device: torch.device | str | None = None) -> dict[str, object] | None:
+    """Return a CUDA device's name, capability, SM count, SM clock and memory clock/bus width; None off CUDA.
+
+    Clocks are the maximum (boost) clocks the driver reports, in kHz; ``None`` where this torch build
+    does not expose them. Introduced in notebook 07.
+    """
+    dev = _as_device(device)
+    if dev.type != "cuda":
+        return None
+    p = torch.cuda.get_device_properties(dev)
+    return {"name": p.name, "capability": (p.major, p.minor), "sm_count": int(p.multi_processor_count),
+            "clock_khz": getattr(p, "clock_rate", None) or None,
+            "memory_clock_khz": getattr(p, "memory_clock_rate", None) or None,
+            "memory_bus_width_bits": getattr(p, "memory_bus_width", None) or None,
+            "total_memory": int(p.total_memory)}
 
 
 def nccl_version() -> str | None:
