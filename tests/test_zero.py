@@ -153,6 +153,7 @@ def launched():
                        "--loss-scale-window", "2", "--hysteresis", "1"],
                       timeout=240, stream=False)
     after = set(glob.glob(SHM_GLOB))
+    assert res["shm_files_left"] == []
     return res, before, after
 
 

@@ -187,6 +187,7 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
             engine.step()
             acc += loss.detach().double().cpu()
         step_s.append(time.perf_counter() - ts)
+        acc = acc.to(engine.device)  # NCCL reduces device tensors only
         dist.all_reduce(acc)
         losses.append(float(acc) / (ga * world))
         scales.append(_loss_scale(engine) if dtype == "fp16" else None)
@@ -224,7 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("steps", "micro_batch", "grad_accum", "d_model", "n_layers", "bucket"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from labkit import device as dev_gate
+
+    if "DS_ACCELERATOR" not in os.environ and not dev_gate.is_cuda(dev_gate.pick_device()):
+        os.environ["DS_ACCELERATOR"] = "cpu"  # say it, rather than let DeepSpeed guess and warn
     t_start = time.perf_counter()
     import deepspeed
     import torch
@@ -250,8 +254,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from deepspeed.accelerator import get_accelerator
 
-        from labkit import device as dev_gate
-
         acc = get_accelerator()
         where = "cpu" if acc.device_name() == "cpu" else f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
         for _, dtype, _ in runs:
@@ -267,24 +269,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         task = data.make_token_task("reverse", n=2048, n_digits=6, vocab_size=12, seed=args.seed)
         results = [_one_run(s, d, o, args, world, rank, task) for s, d, o in runs]
         dist.barrier()
+        _remove_own_buffers(rank)  # unlinking a mapped file is safe: the mapping lives until exit
+        dist.barrier()
+        left = shm_buffers()  # every rank of this job has cleaned up by now
         if rank == 0:
             ldist.emit_result({
                 "recipe": "zero", "world_size": world, "backend": dist.get_backend(),
                 "accelerator": acc.device_name(), "deepspeed": deepspeed.__version__,
                 "shm_comm": args.shm_comm, "steps": args.steps, "micro_batch": args.micro_batch,
-                "grad_accum": args.grad_accum, "runs": results,
+                "grad_accum": args.grad_accum, "runs": results, "shm_files_left": left,
                 "timings": {"init_distributed_s": init_dist_s, "total_s": time.perf_counter() - t_start},
             })
     finally:
         try:
             dist.destroy_process_group()
         finally:
-            for path in shm_buffers(rank):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+            _remove_own_buffers(rank)
     return 0
+
+
+def _remove_own_buffers(rank: int) -> None:
+    for path in shm_buffers(rank):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def get_accelerator_name() -> str:

@@ -1,0 +1,392 @@
+# %% [markdown]
+# # 09 · DeepSpeed and ZeRO: sharding model states across ranks
+#
+# **Objectives**
+# - explain what ZeRO stages 1, 2 and 3 shard, and what communication each one adds;
+# - build a DeepSpeed config with `labkit.zero.config`, read it key by key, and catch a bad one early;
+# - run stages 0-3 in bf16 on 2 ranks, check that they train the same model, and measure each rank's model-state
+#   bytes exactly, against the prediction of `labkit.memory` (notebook 06);
+# - watch fp16's dynamic loss scale inside DeepSpeed, and relate it to the GradScaler of notebook 03;
+# - measure what optimizer offload costs, size the seeds' 13B reference setup, and decide when to leave DDP.
+#
+# **Prerequisites:** notebooks 03 (loss scaling), 06 (where memory goes) and 08 (DDP, launching ranks).
+#
+# **Estimated time:** 40 min
+#
+# Everything below runs for real: DeepSpeed 0.19 on its CPU accelerator, 2 processes talking over gloo. On a GPU
+# node the same recipe runs on CUDA with NCCL.
+
+# %%
+import json
+
+import matplotlib.pyplot as plt
+import torch
+
+from labkit import device, memory, models, plots, scaling, zero
+from labkit.check import check
+from labkit.dist import launch
+from labkit.exercises.nb09 import CONFIG_SETUP
+
+# %% [markdown]
+# ## 1. ZeRO in one table
+#
+# Data parallelism (notebook 08) replicates everything on every rank. With bf16/fp16 mixed precision and Adam,
+# a rank holds, per parameter: 2 bytes of 16-bit weights, 2 bytes of 16-bit gradients, and K = 12 bytes of
+# optimizer side (4 for the fp32 master weights, 8 for Adam's two moments): **16 bytes per parameter**, 16Ψ
+# bytes for Ψ parameters. Most of it is the optimizer side, which every rank updates identically: wasted
+# replication. ZeRO (the *Zero Redundancy Optimizer*) partitions it over the N data-parallel ranks:
+#
+# | stage | sharded over N ranks | bytes per rank | communication per step |
+# |---|---|---|---|
+# | 0 (DDP) | nothing | (2 + 2 + 12)Ψ | all-reduce of gradients = reduce-scatter + all-gather: **2Ψ** |
+# | 1 | optimizer states + master weights | (2 + 2)Ψ + 12Ψ/N | reduce-scatter grads, all-gather updated params: **2Ψ** |
+# | 2 | + gradients | 2Ψ + (2 + 12)Ψ/N | the same **2Ψ**; each rank keeps only its slice of the reduced gradients |
+# | 3 | + parameters | (2 + 2 + 12)Ψ/N | + gathering parameters for forward and again for backward: **3Ψ** |
+#
+# Each rank *owns* 1/N of the parameters: it keeps their master weights and Adam states, receives their summed
+# gradients (a reduce-scatter), updates them, and hands the new 16-bit weights to the others (an all-gather).
+# Stages 1 and 2 therefore cost no more communication than DDP. Stage 3 keeps even the 16-bit weights sharded
+# and gathers each layer just before it is used, costing 1.5x the traffic. **Offload** (ZeRO-Offload) goes
+# further: the optimizer side lives in CPU RAM, and the optimizer step runs on the CPU.
+#
+# Our model is the tiny GPT of notebook 04. Here is what `labkit.memory` predicts per rank for 2 ranks:
+
+# %%
+model = models.TinyGPT(vocab_size=12, seq_len=12, seed=0)
+n_params = models.count_parameters(model)
+pred = {s: memory.model_state_bytes(n_params, "mixed", "adamw", stage=s, world_size=2) for s in range(4)}
+print(f"TinyGPT: {n_params:,} parameters")
+for s, p in pred.items():
+    print(f"ZeRO-{s}: {p.device_total:>9,} bytes per rank = {p.device_total / n_params:5.2f} bytes/param  {p.device}")
+
+# %% [markdown]
+# ## 2. A DeepSpeed config, built and explained
+#
+# DeepSpeed is driven by a JSON config. `labkit.zero.config` builds one from a few arguments and checks it
+# first. The batch triple must satisfy `train_batch_size = micro_batch × gradient_accumulation_steps × ranks`;
+# give two and the third is derived. `explain` prints what every key does:
+
+# %%
+cfg = zero.config(2, "bf16", micro_batch=8, grad_accum=2, world_size=2, reduce_bucket_size=32768)
+print(zero.explain(cfg))
+
+# %% [markdown]
+# An inconsistent batch is caught with a message that says what to change, before DeepSpeed starts
+# (DeepSpeed's own check is a bare assertion, deep inside `deepspeed.initialize`):
+
+# %%
+try:
+    zero.config(2, "bf16", micro_batch=8, grad_accum=2, world_size=2, train_batch_size=64)
+except ValueError as err:
+    print("ValueError:", err)
+
+# %% [markdown]
+# ## 3. Stages 0-3 in bf16 on 2 ranks
+#
+# `labkit.recipes.zero` trains the tiny GPT on the `reverse` task with each config. Each `stage:dtype[:offload]`
+# entry of `--runs` gets a **fresh model and a fresh DeepSpeed engine** inside the same two processes, which
+# saves the process start-up per run. Every run uses the same seed, data and AdamW (`torch_adam`, so no C++
+# compile). We add one stage-2 run with the optimizer offloaded to the CPU, for section 5.
+#
+# Rank 0 reports the losses, each rank's checksum of the final parameters, and each rank's **exact model-state
+# bytes**. These are counted from the storages of the tensors the engine and its optimizer hold, taken after the
+# backward of a micro-batch while gradients are being accumulated. This is where stages 1 and 2 differ.
+#
+# Two set-up details are handled by the recipe:
+# - DeepSpeed's CPU accelerator would first JIT-compile a shared-memory all-reduce (about a minute, once). The
+#   recipe marks that op unavailable (`--shm-comm off`), so all collectives go through gloo, as DDP's do, and no
+#   `/dev/shm` buffers are created.
+# - At stage 0, DeepSpeed's bf16 wrapper steps the optimizer once with zero gradients to allocate Adam's states.
+#   With torch's AdamW, that advances Adam's step counter to 1 before training. Every bias correction is then
+#   one step off, the first update is 0.74x as large, and stage 0 drifts away from the other stages. The recipe
+#   resets that counter and reports it (`adam_prestep`); `--keep-prestep` shows DeepSpeed as is.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+res = launch("labkit.recipes.zero", nproc=2, timeout=300, stream=False,
+             args=["--runs", "0:bf16,1:bf16,2:bf16,3:bf16,2:bf16:cpu", "--steps", "6", "--micro-batch", "8",
+                   "--grad-accum", "2", "--bucket", "32768"])
+runs = {(r["stage"], r["offload"]): r for r in res["runs"]}
+print(f"DeepSpeed {res['deepspeed']} on {res['accelerator']}, backend {res['backend']}, "
+      f"world size {res['world_size']}: {res['timings']['total_s']:.1f} s in the ranks")
+
+# %% [markdown]
+# The ranks agree bit for bit at every stage. Even at stage 3, where no rank ever holds the whole model between
+# steps, gathering the final parameters gives the same checksum on both ranks:
+
+# %%
+bf16_runs = [runs[(s, "none")] for s in range(4)]
+for r in bf16_runs:
+    same = r["checksums"][0] == r["checksums"][1]
+    print(f"ZeRO-{r['stage']}: {r['optimizer']:<30} ranks identical: {same}")
+    assert same and r["param_sums"][0] == r["param_sums"][1]
+
+# %% [markdown]
+# The losses are the same across stages, to bf16 rounding. ZeRO changes *where* the states live, not the
+# arithmetic. (The differences come from summing bf16 gradients in different orders and buckets.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for r in bf16_runs:
+    print(f"ZeRO-{r['stage']} losses:", " ".join(f"{x:.4f}" for x in r["losses"]),
+          f"  (adam_prestep {r['adam_prestep']})")
+
+# %%
+ref = bf16_runs[0]["losses"]
+worst = max(abs(a - b) / b for r in bf16_runs[1:] for a, b in zip(r["losses"], ref))
+print("first loss identical at every stage:", all(r["losses"][0] == ref[0] for r in bf16_runs))
+print("largest relative difference to stage 0 over 6 steps < 2e-3:", worst < 2e-3)
+assert worst < 2e-3 and ref[-1] < ref[0]
+
+# %% [markdown]
+# ### Memory per rank: measured vs predicted
+#
+# The measured bytes are exact (no sampling, no allocator noise), so we can compare them with the prediction
+# byte for byte. The recipe sorts the tensors into params, grads, master and optimizer. It counts the
+# communication buckets (`buffers`) and one-element tensors (Adam's `step` counters, norms) separately.
+
+# %%
+print(f"{'':8}{'category':<10}{'predicted':>11}{'rank 0':>11}{'rank 1':>11}")
+for r in bf16_runs:
+    p = pred[r["stage"]].device
+    for k in ("params", "grads", "master", "optimizer"):
+        got = [b["bytes"][k] for b in r["bytes_per_rank"]]
+        print(f"ZeRO-{r['stage']}  {k:<10}{p.get(k, 0):>11,}{got[0]:>11,}{got[1]:>11,}")
+    print(f"{'':8}{'buffers':<10}{'':>11}" + "".join(f"{b['bytes']['buffers']:>11,}" for b in r["bytes_per_rank"]))
+
+# %% [markdown]
+# Everything matches exactly, except stage 2's gradients, which are larger than Ψ/N, and larger on rank 1. The
+# reason is DeepSpeed's granularity. At stage 2, a rank accumulates the gradients of every parameter tensor that
+# *touches* its slice of the flattened model, and it keeps each of those tensors **whole**. The boundary between
+# the two slices falls inside one 36,864-element weight matrix, so both ranks keep all of it. And rank 1's slice
+# touches the matrices before the boundary too. `labkit.zero.partition_layout` predicts this from the parameter
+# sizes alone:
+
+# %%
+numels = [p.numel() for p in model.parameters()]
+layout = zero.partition_layout(numels, 2, 2)
+ends = torch.tensor(numels).cumsum(0).tolist()
+cut = next(name for (name, p), end in zip(model.named_parameters(), ends) if end > n_params // 2)
+print(f"slice boundary at element {n_params // 2:,}: inside {cut} ({dict(model.named_parameters())[cut].numel():,})")
+for rank, lay in enumerate(layout):
+    print(f"rank {rank}: owns {lay['partition']:,} elements, accumulates gradients for {lay['grads']:,}")
+
+# %% [markdown]
+# For a model with billions of parameters in thousands of tensors, one cut tensor per boundary is noise. For
+# our 29-tensor toy it is visible. Now the assertion, rank by rank and category by category: prediction
+# (+ the stage-2 granularity) = measurement.
+
+# %%
+for r in bf16_runs:
+    s, p = r["stage"], pred[r["stage"]].device
+    lay = zero.partition_layout(r["param_numels"], 2, s)
+    for rank, b in enumerate(r["bytes_per_rank"]):
+        extra = 2 * (lay[rank]["grads"] - (-(-n_params // 2) if s >= 2 else n_params))
+        expected = dict(p, grads=p["grads"] + extra)
+        assert {k: b["bytes"][k] for k in expected} == expected, (s, rank)
+print("measured == predicted, exactly, for 4 stages x 2 ranks x 4 categories")
+
+# %%
+bars = {}
+for r in bf16_runs:
+    s = r["stage"]
+    bars[f"Z{s} predicted"] = pred[s].device
+    for rank, b in enumerate(r["bytes_per_rank"]):
+        bars[f"Z{s} rank {rank}"] = {k: b["bytes"][k] for k in ("params", "grads", "master", "optimizer")}
+ax = plots.memory_bars(bars, unit=n_params, title="Model states per rank, 2 ranks, bf16 + AdamW")
+plt.show()
+
+# %% [markdown]
+# Read the bars as bytes per parameter: 16 → 10 → 9 (a little more, measured) → 8. With only 2 ranks the
+# savings look modest, because each stage shards just one more piece, and only in halves. With N ranks, stage 2
+# tends to 2 bytes per parameter (the 16-bit weights stay whole), and stage 3 to 16/N. Activations are not
+# model states: they come on top and depend on the micro-batch (notebook 06).
+#
+# No shared-memory files were left in `/dev/shm` by this launch. Rank 0 looked for the job's
+# `deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>` files after every rank had cleaned up:
+
+# %%
+print("this job's /dev/shm/deepspeed_allreduce_buffer_* files left:", res["shm_files_left"])
+assert res["shm_files_left"] == []
+
+# %% [markdown]
+# ## 4. fp16 with dynamic loss scaling
+#
+# fp16's exponent range is narrow, so DeepSpeed scales the loss before backward and unscales the gradients
+# before the step, as `torch.amp.GradScaler` does (notebook 03). Its knobs map one to one:
+#
+# | DeepSpeed `fp16` key | GradScaler | meaning |
+# |---|---|---|
+# | `loss_scale: 0` | (enabled) | dynamic scaling; a positive value is a static scale |
+# | `initial_scale_power: k` | `init_scale=2**k` | the first scale |
+# | `loss_scale_window` | `growth_interval` | clean steps before the scale doubles |
+# | `hysteresis` | (always 1) | overflows tolerated before halving; every overflowing step is skipped |
+# | `min_loss_scale` | (none) | a floor; DeepSpeed stops if it overflows there |
+#
+# We start deliberately too high (2**24) with window 2 and hysteresis 1, so the trace shows both directions.
+# Whether fp16 really computes on this device comes from the device gate, never from an assumption:
+
+# %%
+fp16_ok = device.supports(torch.float16)
+print("fp16 computes on this device:", fp16_ok)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fp16_args = ["--runs", "2:fp16", "--steps", "12", "--initial-scale-power", "24", "--loss-scale-window", "2",
+             "--hysteresis", "1"]
+if fp16_ok:
+    fp = launch("labkit.recipes.zero", nproc=2, timeout=300, stream=False, args=fp16_args)["runs"][0]
+    print("overflow:", fp["overflow"])
+    print("scale after each step:", [f"2^{int(s).bit_length() - 1}" for s in fp["loss_scales"]])
+else:
+    fp = None
+    print("fp16 is not supported on", device.capabilities().device_name, "- the fp16 run is skipped, not faked.")
+
+# %% [markdown]
+# Every overflowing step is skipped (the weights do not move), and the scale halves. After 2 clean steps it
+# doubles, and if the doubled scale overflows again it halves straight back. The scale settles at the largest
+# power of two at which this model's gradients fit in fp16. The trace is exactly DeepSpeed's rule replayed on the
+# observed overflows (`labkit.scaling.deepspeed_scale_sequence`):
+
+# %%
+if fp is not None:
+    replay = scaling.deepspeed_scale_sequence(fp["overflow"], initial_scale_power=24, loss_scale_window=2,
+                                              hysteresis=1)
+    assert fp["loss_scales"] == replay[1:] and fp["skipped_steps"] == sum(fp["overflow"])
+    assert fp["checksums"][0] == fp["checksums"][1]
+    plots.scale_history(replay[:-1], fp["overflow"], title="DeepSpeed fp16 loss scale (ZeRO-2, 2 ranks)")
+    plt.show()
+print("DeepSpeed's trace == the replayed rule:", fp is not None or "not run (no fp16 here)")
+
+# %% [markdown]
+# Compared with GradScaler: both halve on overflow and double after a run of clean steps. With `hysteresis: 2`
+# (DeepSpeed's default) the first overflow only uses up one unit of hysteresis: the step is skipped but the scale
+# stays. DeepSpeed also counts its window from the step after an overflow, so its first growth comes one step
+# later than GradScaler's (see `labkit.scaling.DEEPSPEED_KNOBS`). bf16 needs none of this: it has fp32's
+# exponent range.
+#
+# ## 5. Optimizer offload: what moves, and what it costs
+#
+# With `offload_optimizer.device = "cpu"`, the fp32 master weights, Adam's moments, and the fp32 gradient slice
+# live in host RAM, and the optimizer step runs on the CPU. Each step, the reduced gradient slice is copied to the
+# host, and the updated 16-bit weights are copied back. On a GPU that frees 12-14 bytes per parameter of GPU
+# memory, and costs PCIe traffic plus a CPU-speed optimizer step. Here, device and host are the same memory, so we
+# measure only the overhead of the offload path itself:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+on, off = runs[(2, "cpu")], runs[(2, "none")]
+for name, r in (("ZeRO-2", off), ("ZeRO-2 + offload", on)):
+    t = r["timings"]
+    print(f"{name:<17} step {1e3 * t['step_s_median']:6.1f} ms (median)   init {t['init_s']:5.2f} s")
+print(f"offload costs {on['timings']['step_s_median'] / off['timings']['step_s_median']:.1f}x per step here")
+
+# %%
+print("same losses with and without offload (to bf16 rounding):",
+      max(abs(a - b) / b for a, b in zip(on["losses"], off["losses"])) < 2e-3)
+print("where the offloaded run's tensors live:", sorted(on["bytes_per_rank"][0]["by_device"]))
+
+# %% [markdown]
+# On this CPU-only machine, "offloaded" tensors were on the CPU all along. On a GPU node, `by_device` splits them
+# into `cuda` and `cpu`. The Adam step on the host is the bottleneck of offload. DeepSpeed's `DeepSpeedCPUAdam`
+# (AVX-vectorised C++) is several times faster than `torch.optim.AdamW` there, but it is compiled on first use
+# (about 90 s here, once per machine, cached in `TORCH_EXTENSIONS_DIR`). This notebook uses `torch_adam` to skip
+# that compile. On a GPU cluster, set `torch_adam=False` in `zero.config`.
+#
+# ## 6. The seeds' reference setup: 13B parameters on 8×A100-80GB
+#
+# bf16, ZeRO-2, optimizer offloaded to the CPU, micro-batch 4, 8 accumulation steps, communication overlapped:
+
+# %%
+ref13 = zero.config(2, "bf16", offload="cpu", micro_batch=4, grad_accum=8, world_size=8, overlap_comm=True,
+                    reduce_bucket_size=500_000_000, torch_adam=False)
+print(json.dumps(ref13, indent=1))
+
+# %%
+est = memory.model_state_bytes(13 * 10**9, "mixed", "adam", stage=2, world_size=8, offload_optimizer=True)
+print(est.table("GB"))
+print(f"CPU RAM per node for the 8 ranks' offloaded states: {memory.fmt_bytes(est.host_per_node(8))}")
+assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "mixed", "adam", stage=0).device_total
+
+# %% [markdown]
+# Without ZeRO the same model needs 208 GB of model states per GPU, so it cannot start at all. With ZeRO-2 and
+# offload, each GPU holds the 26 GB of bf16 weights, plus buckets and activations. Each node needs 182 GB of
+# CPU RAM for the offloaded optimizer states, more with pinned buffers. Check that before you submit. The config above is plain
+# JSON: save it and pass it to `deepspeed.initialize(config=...)`. On a GPU cluster,
+# `ZERO_CONFIG=zero2-bf16-offload sbatch slurm/deepspeed.sbatch` runs this notebook's recipe with the same
+# stage, precision and offload (notebook 10).
+#
+# ## 7. DeepSpeed or DDP?
+#
+# - **Stay with DDP** while the model states fit on one GPU with room for activations. DDP overlaps its
+#   all-reduce with backward, needs no config, and ZeRO-1/2 communicate just as much.
+# - **Switch to ZeRO** when they do not fit. Try stage 1 first, then 2: same communication as DDP, up to 8x less
+#   memory. Then try 3 (1.5x communication), then offload (PCIe and CPU speed).
+#   `labkit.memory.smallest_fitting_stage` does the arithmetic.
+# - **`overlap_comm: true`** reduces gradient buckets while backward is still running, like DDP's buckets, at the
+#   cost of extra bucket memory. It matters on GPUs, where the reduce can run concurrently with compute.
+#   On 2 CPU processes there is nothing to overlap with, so we leave it off.
+
+# %%
+for size in ("1B", "7B", "13B", "70B"):
+    n = memory.MODEL_PRESETS[size]
+    st = memory.smallest_fitting_stage(n, 80e9, 8, "mixed", "adam", reserve_bytes=20e9)
+    print(f"{size:>4} on 8 x 80 GB (20 GB kept for activations): smallest stage = {st}")
+
+# %% [markdown]
+# ## 8. Exercises
+#
+# **09.config.** Write the DeepSpeed config for this setup: ZeRO-3 on 16 GPUs, micro-batch 2 per GPU, 4 gradient
+# accumulation steps, fp16 with dynamic loss scaling starting at 2**12, halving at the first overflow, and
+# doubling after 500 clean steps. Clip gradients at 1.0 and overlap communication.
+
+# %%
+print(CONFIG_SETUP)
+my_config = ...   # a dict
+### BEGIN SOLUTION
+my_config = zero.config(3, "fp16", micro_batch=2, grad_accum=4, world_size=16, initial_scale_power=12,
+                        hysteresis=1, loss_scale_window=500, gradient_clipping=1.0, overlap_comm=True)
+### END SOLUTION
+check("09.config", my_config)
+
+# %% [markdown]
+# **09.per-rank-bytes.** Predict the model-state bytes per GPU for bf16/fp16 mixed precision with Adam (2 + 2 + 12
+# bytes per parameter), for any stage and world size. Compare stage 2 and stage 3 for 1.3B parameters on 8 GPUs.
+
+# %%
+def per_rank_bytes(n_params, stage, world_size):
+    ...
+    ### BEGIN SOLUTION
+    shard = -(-n_params // world_size)
+    return (2 * (shard if stage >= 3 else n_params) + 2 * (shard if stage >= 2 else n_params)
+            + 12 * (shard if stage >= 1 else n_params))
+    ### END SOLUTION
+
+
+check("09.per-rank-bytes", per_rank_bytes)
+
+# %% [markdown]
+# **09.comm-volume.** Per optimizer step, how much data does each rank move at ZeRO-2 and at ZeRO-3, in units
+# of Ψ? Give a pair.
+
+# %%
+comm_volume = ...   # (stage 2, stage 3)
+### BEGIN SOLUTION
+comm_volume = (2, 3)
+### END SOLUTION
+check("09.comm-volume", comm_volume)
+
+# %% [markdown]
+# ## Summary
+#
+# - ZeRO partitions what data parallelism replicates. Stage 1 shards the optimizer states and master weights,
+#   stage 2 also the gradients, stage 3 also the parameters. Per rank, that is 16 → 4 + 12/N → 2 + 14/N → 16/N
+#   bytes per parameter.
+# - Stages 1 and 2 cost the same 2Ψ communication as DDP; stage 3 costs 3Ψ; offload trades GPU memory for PCIe
+#   and CPU time.
+# - Measured exactly, DeepSpeed holds what the model predicts. The exception is stage 2, which accumulates
+#   gradients for whole tensors at the slice boundaries. We also found one stage-0 quirk, DeepSpeed's pre-step of
+#   Adam, and undid it.
+# - fp16 in DeepSpeed is GradScaler's rule with a hysteresis; bf16 needs no scaler.
+# - `labkit.zero.config` writes the JSON and checks the batch triple before DeepSpeed does;
+#   `labkit.recipes.zero` runs it under torchrun, here or on a cluster.
