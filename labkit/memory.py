@@ -946,8 +946,9 @@ def calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes: int =
     """Return an ipywidgets memory calculator (a VBox); its ``.result`` Label shows the per-GPU figure.
 
     Inputs: model size (preset or a number of billions), GPUs per node, nodes, ZeRO stage, offload,
-    precision policy, optimizer and GPU memory. ``.controls`` holds the input widgets by name.
-    Introduced in notebook 06.
+    precision policy, optimizer and GPU memory. ``.controls`` holds the input widgets by name. CSS
+    classes for browser tests: the box ``lk-memcalc``, the result ``lk-mem-result``, each control
+    ``lk-mem-<name>`` (``lk-mem-stage``, ``lk-mem-gpus-per-node`` ...). Introduced in notebook 06.
     """
     import ipywidgets as widgets
 
@@ -978,6 +979,9 @@ def calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes: int =
         "gpu_gb": widgets.BoundedFloatText(value=gpu_gb, min=1, max=1000, description="GPU GB"),
     }
     result = widgets.Label(value="")
+    result.add_class("lk-mem-result")
+    for name, w in c.items():  # stable hooks for browser tests: .lk-mem-stage select, .lk-mem-result
+        w.add_class(f"lk-mem-{name.replace('_', '-')}")
 
     def on_preset(change: dict) -> None:
         if change["new"] != "custom":
@@ -1006,6 +1010,7 @@ def calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes: int =
             w.observe(update, names="value")
     update()
     box = MemoryCalculator([*c.values(), result])
+    box.add_class("lk-memcalc")
     box.controls = c  # type: ignore[attr-defined]
     box.result = result  # type: ignore[attr-defined]
     return box

@@ -555,6 +555,8 @@ def test_calculator_widget_updates_with_stage():
     pytest.importorskip("ipywidgets")
     w = M.calculator("7B", gpus_per_node=8, nodes=1, stage=0, offload="none", gpu_gb=80)
     assert repr(w) == "MemoryCalculator()"
+    assert "lk-memcalc" in w._dom_classes and "lk-mem-result" in w.result._dom_classes
+    assert "lk-mem-stage" in w.controls["stage"]._dom_classes
     seen = []
     for s in (0, 1, 2, 3):
         w.controls["stage"].value = s
