@@ -29,6 +29,7 @@ __all__ = [
     "roofline",
     "scaling",
     "student",
+    "train",
     "widgets",
     "zero",
 ]

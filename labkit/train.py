@@ -1,0 +1,494 @@
+"""One small training loop with precision policies, metrics, atomic checkpoints and exact resume.
+
+A *policy* says how a step computes and what it stores (see :data:`POLICIES`):
+
+============  =====================  ==============  ===========  ===========================================
+name          autocast dtype         weights stored  GradScaler   what it shows
+============  =====================  ==============  ===========  ===========================================
+fp32          none                   fp32            no           the reference
+fp16          fp16                   fp32            yes          the AMP recipe: autocast + loss scaling
+fp16-noscale  fp16                   fp32            no           small gradients underflow to zero
+bf16          bf16                   fp32            no           bf16 has fp32's range: no scaler needed
+fp16-pure     none (model in fp16)   fp16            no           no fp32 master copy: lost/broken updates
+bf16-pure     none (model in bf16)   bf16            no           no fp32 master copy: lost updates
+============  =====================  ==============  ===========  ===========================================
+
+:func:`train` runs ``steps`` optimizer steps of ``model`` on ``batches(step)`` and returns a
+:class:`TrainResult` with per-step loss, gradient norm, loss scale, skipped flags and step times, plus a
+peak-memory figure (CUDA's allocator peak on a GPU; on other devices a measured tensor-byte count, and
+``memory_source`` says which). With ``checkpoint_dir`` it saves model, optimizer, scaler, RNG state and
+the history every ``checkpoint_every`` steps (temp file + ``os.replace``, so a crash never leaves a torn
+file); ``resume=True`` continues from the last checkpoint exactly where the interrupted run left off::
+
+    from labkit import data, models, train
+    task = data.make_token_task("reverse")
+    batches = data.Batches(task.inputs, task.targets, batch_size=64, seed=0)
+    model = models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, seed=0)
+    result = train.train(model, batches, policy="fp16", steps=60, lr=3e-3, device="cpu")
+    result.loss[-1], result.n_skipped, result.scale[-1]
+
+Introduced in notebook 04.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from labkit import device as _device
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "POLICIES",
+    "Policy",
+    "TrainResult",
+    "default_loss",
+    "get_policy",
+    "grad_norm",
+    "load_checkpoint",
+    "make_optimizer",
+    "save_checkpoint",
+    "train",
+]
+
+#: File name of the latest checkpoint inside ``checkpoint_dir``.
+CHECKPOINT_NAME = "last.pt"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A precision policy: autocast dtype (or ``None``), the dtype weights are stored in, and the scaler.
+
+    Introduced in notebook 04.
+    """
+
+    name: str
+    autocast_dtype: torch.dtype | None
+    param_dtype: torch.dtype
+    scaler: bool
+    description: str
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the matmuls run in: the autocast dtype, else the stored dtype. Introduced in notebook 04."""
+        return self.autocast_dtype if self.autocast_dtype is not None else self.param_dtype
+
+
+#: Every policy :func:`train` accepts, by name.
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("fp32", None, torch.float32, False, "fp32 everywhere: the reference"),
+        Policy("fp16", torch.float16, torch.float32, True, "fp16 autocast + GradScaler, fp32 weights"),
+        Policy("fp16-noscale", torch.float16, torch.float32, False, "fp16 autocast without loss scaling"),
+        Policy("bf16", torch.bfloat16, torch.float32, False, "bf16 autocast, fp32 weights, no scaler"),
+        Policy("fp16-pure", None, torch.float16, False, "model and optimizer state in fp16, no master copy"),
+        Policy("bf16-pure", None, torch.bfloat16, False, "model and optimizer state in bf16, no master copy"),
+    )
+}
+
+
+def get_policy(policy: str | Policy) -> Policy:
+    """Return the :class:`Policy` named ``policy`` (a Policy passes through); ``ValueError`` if unknown.
+
+    Introduced in notebook 04.
+    """
+    if isinstance(policy, Policy):
+        return policy
+    if not isinstance(policy, str):
+        raise TypeError(f"policy must be a str such as 'fp16', got {type(policy).__name__}")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown precision policy {policy!r}; choose one of {list(POLICIES)}")
+    return POLICIES[policy]
+
+
+def default_loss(model: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Compute the loss for a ``(x, y)`` batch: next-token CE, class CE or MSE, chosen from the shapes.
+
+    3-D outputs with int64 targets use ``labkit.models.lm_loss`` (ignoring ``-100``), 2-D outputs with
+    int64 targets use cross-entropy, float targets use MSE (computed in fp32). Introduced in notebook 04.
+    """
+    if len(batch) != 2:
+        raise ValueError(f"default_loss expects an (x, y) batch, got {len(batch)} tensors; pass loss_fn")
+    x, y = batch
+    out = model(x)
+    if y.dtype == torch.long:
+        if out.dim() == 3:
+            from labkit.models import lm_loss
+
+            return lm_loss(out, y)
+        return F.cross_entropy(out, y)
+    return F.mse_loss(out.float(), y.float())
+
+
+def make_optimizer(
+    params: Any, name: str = "adamw", lr: float = 1e-3, weight_decay: float = 0.0, momentum: float = 0.9,
+    eps: float = 1e-8,
+) -> torch.optim.Optimizer:
+    """Build an optimizer by name: ``"adamw"``, ``"adam"`` or ``"sgd"`` (with ``momentum``).
+
+    Introduced in notebook 04.
+    """
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    params = list(params)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, eps=eps)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; choose 'adamw', 'adam' or 'sgd', or pass a callable")
+
+
+def grad_norm(parameters: Any) -> float:
+    """Return the global L2 norm of the parameters' gradients, accumulated in fp32 (``inf``/NaN pass through).
+
+    Introduced in notebook 04.
+    """
+    norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in parameters if p.grad is not None]
+    if not norms:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` measured, one list entry per completed step (``steps[i]`` is the step number).
+
+    ``loss`` is the unscaled, unweighted loss, ``grad_norm`` the global norm of the back-propagated
+    gradients after unscaling and before clipping (``loss_weight`` included), ``scale`` the loss scale used for that step (1.0 without a scaler), ``skipped`` whether the
+    optimizer step was skipped because the scaler found inf/NaN gradients, ``step_time`` seconds per step
+    (device synchronised). ``peak_memory`` is bytes, and ``memory_source`` says what was measured.
+    After a resume the lists hold the whole run, the part before the checkpoint included.
+
+    Introduced in notebook 04.
+    """
+
+    policy: str
+    device: str
+    steps: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    grad_norm: list[float] = field(default_factory=list)
+    scale: list[float] = field(default_factory=list)
+    skipped: list[bool] = field(default_factory=list)
+    step_time: list[float] = field(default_factory=list)
+    peak_memory: int | None = None
+    memory_source: str = ""
+    resumed_from: int | None = None
+    checkpoint: str | None = None
+    model: nn.Module | None = field(default=None, repr=False)
+    optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
+    scaler: torch.amp.GradScaler | None = field(default=None, repr=False)
+
+    @property
+    def n_skipped(self) -> int:
+        """How many optimizer steps the scaler skipped. Introduced in notebook 04."""
+        return int(sum(self.skipped))
+
+    def final_loss(self, last: int = 5) -> float:
+        """Return the mean loss over the last ``last`` steps (NaN if any of them is NaN). Introduced in notebook 04."""
+        if not self.loss:
+            raise ValueError("no steps were run")
+        tail = self.loss[-last:]
+        return float(sum(tail) / len(tail))
+
+    def median_step_time(self, skip_first: int = 2) -> float:
+        """Return the median step time in seconds, ignoring the first ``skip_first`` (warm-up) steps.
+
+        Introduced in notebook 04.
+        """
+        times = sorted(self.step_time[skip_first:] or self.step_time)
+        if not times:
+            raise ValueError("no steps were run")
+        mid = len(times) // 2
+        return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
+
+    def history(self) -> dict[str, list]:
+        """Return the per-step lists as a plain dict (what a checkpoint stores). Introduced in notebook 04."""
+        return {k: list(getattr(self, k)) for k in ("steps", "loss", "grad_norm", "scale", "skipped", "step_time")}
+
+    def summary(self) -> dict[str, Any]:
+        """Return final loss, skipped steps, median step time and peak memory as a dict. Introduced in notebook 04."""
+        return {
+            "policy": self.policy,
+            "final_loss": self.final_loss(),
+            "skipped": self.n_skipped,
+            "step_time_s": self.median_step_time(),
+            "peak_memory_bytes": self.peak_memory,
+            "memory_source": self.memory_source,
+        }
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    *,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    policy: str,
+    history: dict[str, list] | None = None,
+    device: torch.device | str | None = None,
+) -> Path:
+    """Save model, optimizer, scaler, RNG states and history to ``path`` atomically (temp file + rename).
+
+    ``step`` is the number of completed steps. Introduced in notebook 04.
+    """
+    path = Path(path)
+    state = {
+        "step": int(step),
+        "policy": policy,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng_cpu": torch.random.get_rng_state(),
+        "rng_device": _device.get_rng_state(device) if device is not None else None,
+        "history": history or {},
+    }
+    _atomic_save(state, path)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU. Introduced in notebook 04."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+class _SavedTensorBytes:
+    """Count the bytes of distinct tensors autograd saves for backward (activations), excluding ``skip``."""
+
+    def __init__(self, skip: set[int]) -> None:
+        self.skip = skip
+        self.seen: set[int] = set()
+        self.bytes = 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            ptr = t.untyped_storage().data_ptr()
+            nbytes = t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):
+            return t
+        if ptr not in self.skip and ptr not in self.seen:
+            self.seen.add(ptr)
+            self.bytes += nbytes
+        return t
+
+
+def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in seen:
+                seen.add(ptr)
+                total += t.untyped_storage().nbytes()
+
+    for p in model.parameters():
+        add(p)
+        add(p.grad)
+    for st in optimizer.state.values():
+        for v in st.values():
+            add(v)
+    for b in model.buffers():
+        add(b)
+    return total
+
+
+def train(
+    model: nn.Module,
+    batches: Callable[[int], Sequence[torch.Tensor]],
+    *,
+    policy: str | Policy = "fp32",
+    steps: int = 100,
+    lr: float = 3e-3,
+    optimizer: str | Callable[[Any], torch.optim.Optimizer] = "adamw",
+    weight_decay: float = 0.0,
+    adam_eps: float = 1e-8,
+    loss_fn: Callable[[nn.Module, Sequence[torch.Tensor]], torch.Tensor] | None = None,
+    clip_grad_norm: float | None = None,
+    loss_weight: float = 1.0,
+    scaler_kwargs: dict[str, Any] | None = None,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    progress: bool = True,
+    desc: str | None = None,
+    callback: Callable[[int, dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` for ``steps`` optimizer steps under a precision ``policy`` and return the metrics.
+
+    - ``batches(step)`` returns the batch for a step (a tuple of tensors, e.g. ``labkit.data.Batches``);
+      ``loss_fn(model, batch)`` returns the scalar loss (default :func:`default_loss`).
+    - The model is moved to ``device`` (default: ``labkit.device.pick_device()``) and, for the ``-pure``
+      policies, converted in place to fp16/bf16 (float inputs are cast to match).
+    - ``optimizer`` is ``"adamw"``/``"adam"``/``"sgd"`` or a callable ``params -> Optimizer``.
+    - ``loss_weight`` multiplies the loss before backward (the recorded loss is unweighted). A weight
+      of ``2**-10`` gives every gradient the size it would have if the mean ran over 1024 times more
+      tokens, as in a real LLM step of ~10^5-10^6 tokens: the regime where fp16 gradients underflow.
+    - ``clip_grad_norm`` clips the global gradient norm *after* ``scaler.unscale_``, so the threshold
+      applies to the true gradients, not to the scaled ones. ``scaler_kwargs`` go to
+      ``torch.amp.GradScaler`` (``init_scale``, ``growth_interval`` …).
+    - The global torch RNG is seeded with ``seed`` at the start of a fresh run; on CPU two runs with the
+      same arguments give bitwise identical results.
+    - With ``checkpoint_dir`` and ``checkpoint_every > 0`` a checkpoint is written atomically every
+      ``checkpoint_every`` steps and after the last step. ``resume=True`` loads
+      ``checkpoint_dir/last.pt`` if it exists (model, optimizer, scaler, RNG, history) and runs the
+      remaining steps up to ``steps``; the result then equals an uninterrupted run.
+    - ``progress`` shows a ``tqdm.auto`` bar; ``callback(step, record)`` is called after every step.
+
+    Introduced in notebook 04.
+    """
+    pol = get_policy(policy)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(batches):
+        raise TypeError("batches must be callable as batches(step) -> tuple of tensors")
+    if clip_grad_norm is not None and not clip_grad_norm > 0:
+        raise ValueError(f"clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
+    if not (isinstance(loss_weight, (int, float)) and loss_weight > 0):
+        raise ValueError(f"loss_weight must be a positive number, got {loss_weight!r}")
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be an int >= 0, got {checkpoint_every!r}")
+    if (checkpoint_every or resume) and checkpoint_dir is None:
+        raise ValueError("checkpoint_every/resume need a checkpoint_dir")
+    dev = _device.pick_device() if device is None else torch.device(device)
+    for dt in (pol.autocast_dtype, pol.param_dtype):
+        if dt is not None and dt != torch.float32 and not _device.supports(dt, dev):
+            raise ValueError(f"policy {pol.name!r} needs {dt} compute, which does not work on {dev}")
+    loss_fn = default_loss if loss_fn is None else loss_fn
+
+    model.to(device=dev, dtype=pol.param_dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if callable(optimizer) and not isinstance(optimizer, str):
+        opt = optimizer(params)
+    else:
+        opt = make_optimizer(params, optimizer, lr=lr, weight_decay=weight_decay, eps=adam_eps)
+    scaler = torch.amp.GradScaler(dev.type, **(scaler_kwargs or {})) if pol.scaler else None
+
+    result = TrainResult(policy=pol.name, device=str(dev), model=model, optimizer=opt, scaler=scaler)
+    start = 0
+    ckpt_path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir is not None else None
+    torch.manual_seed(seed)
+    if resume and ckpt_path is not None and ckpt_path.is_file():
+        state = load_checkpoint(ckpt_path)
+        if state["policy"] != pol.name:
+            raise ValueError(f"checkpoint {ckpt_path} was written by policy {state['policy']!r}, not {pol.name!r}")
+        if state["step"] > steps:
+            raise ValueError(f"checkpoint is at step {state['step']}, beyond steps={steps}")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        if scaler is not None:
+            scaler.load_state_dict(state["scaler"])
+        torch.random.set_rng_state(state["rng_cpu"])
+        if state.get("rng_device") is not None:
+            _device.set_rng_state(state["rng_device"], dev)
+        for k, v in state["history"].items():
+            setattr(result, k, list(v))
+        start = result.resumed_from = int(state["step"])
+
+    cuda = _device.is_cuda(dev)
+    if cuda:
+        _device.reset_peak_memory_stats(dev)
+    activation_bytes = 0
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(range(start, steps), desc=desc or pol.name, disable=not progress, leave=False)
+    for step in bar:
+        batch = tuple(
+            t.to(dev, dtype=pol.param_dtype) if t.is_floating_point() else t.to(dev) for t in batches(step)
+        )
+        _device.synchronize(dev)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        counter = _SavedTensorBytes(param_ptrs) if (not cuda and step == start) else None
+        with torch.autocast(device_type=dev.type, dtype=pol.autocast_dtype or torch.float32,
+                            enabled=pol.autocast_dtype is not None):
+            if counter is not None:
+                with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+                    loss = loss_fn(model, batch)
+            else:
+                loss = loss_fn(model, batch)
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0
+        weighted = loss * loss_weight if loss_weight != 1.0 else loss
+        if scaler is not None:
+            scaler.scale(weighted).backward()
+            scaler.unscale_(opt)  # gradients are true gradients from here on
+        else:
+            weighted.backward()
+        gnorm = grad_norm(params)
+        if clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
+        if scaler is not None:
+            scaler.step(opt)  # skipped if unscale_ found inf/NaN
+            scaler.update()
+            skipped = float(scaler.get_scale()) < scale
+        else:
+            opt.step()
+            skipped = False
+        _device.synchronize(dev)
+        dt = time.perf_counter() - t0
+        if counter is not None:
+            activation_bytes = counter.bytes
+        loss_value = float(loss.detach().float())
+        record = {"step": step, "loss": loss_value, "grad_norm": gnorm, "scale": scale, "skipped": skipped,
+                  "step_time": dt}
+        for k, key in (("steps", "step"), ("loss", "loss"), ("grad_norm", "grad_norm"), ("scale", "scale"),
+                       ("skipped", "skipped"), ("step_time", "step_time")):
+            getattr(result, k).append(record[key])
+        if progress:
+            bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
+        if callback is not None:
+            callback(step, record)
+        done = step + 1
+        if ckpt_path is not None and checkpoint_every and (done % checkpoint_every == 0 or done == steps):
+            save_checkpoint(ckpt_path, step=done, model=model, optimizer=opt, scaler=scaler, policy=pol.name,
+                            history=result.history(), device=dev if cuda else None)
+            result.checkpoint = str(ckpt_path)
+    bar.close()
+
+    if cuda:
+        result.peak_memory = _device.max_memory_allocated(dev)
+        result.memory_source = "torch.cuda.max_memory_allocated (allocator peak during the run)"
+    elif start < steps:
+        result.peak_memory = _state_bytes(model, opt) + activation_bytes
+        result.memory_source = ("tensor bytes counted on the CPU: weights + gradients + optimizer state + "
+                                "tensors saved for backward (not an allocator peak; temporaries not counted)")
+    else:
+        result.memory_source = "not measured (no steps run)"
+    return result

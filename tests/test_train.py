@@ -1,0 +1,156 @@
+"""Tests for labkit.train: every precision policy, metrics, clipping after unscale, atomic checkpoints
+and bitwise-exact resume on the CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from labkit import data, models, train
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return data.make_token_task("reverse", n=512, n_digits=4, vocab_size=8, seed=0)
+
+
+def _model(task, seed=0):
+    return models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, d_model=32, n_layers=1,
+                          n_heads=2, seed=seed)
+
+
+def _batches(task):
+    return data.Batches(task.inputs, task.targets, batch_size=16, seed=0)
+
+
+def _run(task, **kw):
+    kw.setdefault("device", "cpu")
+    kw.setdefault("progress", False)
+    return train.train(_model(task), _batches(task), **kw)
+
+
+@pytest.mark.parametrize("policy", list(train.POLICIES))
+def test_every_policy_runs_and_records(task, policy):
+    r = _run(task, policy=policy, steps=4)
+    pol = train.get_policy(policy)
+    assert r.steps == [0, 1, 2, 3] and r.policy == policy
+    assert len(r.loss) == len(r.grad_norm) == len(r.scale) == len(r.skipped) == len(r.step_time) == 4
+    assert all(t > 0 for t in r.step_time)
+    assert next(r.model.parameters()).dtype == pol.param_dtype
+    assert (r.scaler is not None) == pol.scaler
+    assert r.scale[0] == (65536.0 if pol.scaler else 1.0)
+    assert isinstance(r.peak_memory, int) and r.peak_memory > 0 and "CPU" in r.memory_source
+    if policy != "fp16-pure":  # fp16-pure may blow up by design (Adam state in fp16)
+        assert all(l == l for l in r.loss)  # no NaN
+
+
+def test_good_policies_learn_and_agree(task):
+    res = {p: _run(task, policy=p, steps=30) for p in ("fp32", "fp16", "bf16")}
+    for r in res.values():
+        assert r.loss[-1] < 0.7 * r.loss[0]
+    assert abs(res["fp16"].final_loss() - res["fp32"].final_loss()) < 0.1
+
+
+def test_fp16_without_scaling_loses_small_gradients(task):
+    def zero_fraction(policy: str) -> float:
+        r = _run(task, policy=policy, steps=1, loss_weight=2.0**-14)
+        g = torch.cat([p.grad.flatten() for p in r.model.parameters() if p.grad is not None])
+        return float((g == 0).float().mean())
+
+    scaled, unscaled = zero_fraction("fp16"), zero_fraction("fp16-noscale")
+    assert unscaled > 0.3 and unscaled > scaled + 0.2
+
+
+def test_cpu_memory_figure_shrinks_with_half_storage(task):
+    full = _run(task, policy="fp32", steps=2)
+    half = _run(task, policy="bf16-pure", steps=2)
+    assert half.peak_memory < 0.6 * full.peak_memory
+
+
+def test_fp32_runs_are_bitwise_deterministic(task):
+    a, b = _run(task, steps=5), _run(task, steps=5)
+    assert a.loss == b.loss
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_resume_is_bitwise_equal_to_uninterrupted_fp32(task, tmp_path):
+    full = _run(task, steps=8)
+    first = _run(task, steps=5, checkpoint_dir=tmp_path, checkpoint_every=2)
+    assert first.checkpoint is not None and torch.load(first.checkpoint, weights_only=False)["step"] == 5
+    resumed = _run(task, steps=8, checkpoint_dir=tmp_path, checkpoint_every=2, resume=True)
+    assert resumed.resumed_from == 5
+    assert resumed.loss == full.loss and resumed.grad_norm == full.grad_norm
+    for pa, pb in zip(resumed.model.parameters(), full.model.parameters()):
+        assert torch.equal(pa, pb)
+    for sa, sb in zip(resumed.optimizer.state.values(), full.optimizer.state.values()):
+        assert torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+    assert [f for f in os.listdir(tmp_path) if f != train.CHECKPOINT_NAME] == []  # no temp files left
+
+
+def test_resume_restores_scaler_state(task, tmp_path):
+    kw = dict(policy="fp16", scaler_kwargs={"init_scale": 2.0**10, "growth_interval": 2})
+    full = _run(task, steps=7, **kw)
+    _run(task, steps=3, checkpoint_dir=tmp_path, checkpoint_every=3, **kw)
+    resumed = _run(task, steps=7, checkpoint_dir=tmp_path, checkpoint_every=3, resume=True, **kw)
+    assert resumed.scale == full.scale and resumed.scale[-1] > 2.0**10  # grew, and continued identically
+    assert resumed.loss == full.loss
+    assert resumed.scaler.get_scale() == full.scaler.get_scale()
+
+
+def test_failed_save_keeps_previous_checkpoint(task, tmp_path, monkeypatch):
+    r = _run(task, steps=2, checkpoint_dir=tmp_path, checkpoint_every=2)
+    before = (tmp_path / train.CHECKPOINT_NAME).read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", boom)
+    with pytest.raises(OSError, match="disk full"):
+        train.save_checkpoint(tmp_path / train.CHECKPOINT_NAME, step=9, model=r.model, optimizer=r.optimizer,
+                              scaler=None, policy="fp32")
+    assert (tmp_path / train.CHECKPOINT_NAME).read_bytes() == before
+    assert os.listdir(tmp_path) == [train.CHECKPOINT_NAME]
+
+
+def test_overflow_steps_are_skipped_and_scale_halves(task):
+    r = _run(task, policy="fp16", steps=16, scaler_kwargs={"init_scale": 2.0**30})
+    assert r.skipped[0] and r.scale[1] == r.scale[0] / 2
+    assert r.n_skipped >= 1 and not r.skipped[-1]
+
+
+def test_clipping_applies_to_unscaled_gradients(task):
+    clip = 1e-3
+    opt = lambda params: torch.optim.SGD(params, lr=1.0)  # noqa: E731 - the step is exactly -grad
+    m0 = _model(task)
+    r = _run(task, policy="fp16", steps=1, optimizer=opt, clip_grad_norm=clip)
+    assert r.grad_norm[0] > 10 * clip  # so the clip was active
+    delta = torch.sqrt(sum(((a.detach().float() - b.detach().float()) ** 2).sum() for a, b in zip(r.model.parameters(),
+                                                                              m0.parameters())))
+    assert float(delta) == pytest.approx(clip, rel=0.02)  # clipped true gradient, not the scaled one
+
+
+def test_bad_arguments(task, tmp_path):
+    with pytest.raises(ValueError, match="unknown precision policy"):
+        _run(task, policy="fp8")
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        _run(task, steps=1, resume=True)
+    with pytest.raises(ValueError, match="steps"):
+        _run(task, steps=-1)
+    with pytest.raises(ValueError, match="optimizer"):
+        _run(task, steps=1, optimizer="lion")
+    _run(task, steps=2, checkpoint_dir=tmp_path, checkpoint_every=1)
+    with pytest.raises(ValueError, match="policy"):
+        _run(task, steps=3, policy="bf16", checkpoint_dir=tmp_path, resume=True)
+    with pytest.raises(FileNotFoundError):
+        train.load_checkpoint(tmp_path / "nope.pt")
