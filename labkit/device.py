@@ -10,6 +10,7 @@ import functools
 import os
 import platform
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
@@ -20,6 +21,7 @@ __all__ = [
     "cpu_isa_flags",
     "cuda_properties",
     "dist_backend",
+    "event_timer",
     "get_rng_state",
     "is_cuda",
     "max_memory_allocated",
@@ -214,6 +216,28 @@ def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
     dev = _as_device(device)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+
+
+def event_timer(device: torch.device | str | None = None) -> Callable[[Callable[[], object]], float] | None:
+    """Return ``timer(fn) -> seconds`` that times ``fn()`` with CUDA events on a CUDA device, else ``None``.
+
+    Events measure the GPU's time for the queued work; the timer synchronises on the end event.
+    Introduced in notebook 04.
+    """
+    dev = _as_device(device)
+    if dev.type != "cuda":
+        return None
+
+    def timer(fn: Callable[[], object]) -> float:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
+    return timer
 
 
 def get_rng_state(device: torch.device | str | None = None) -> torch.Tensor | None:
