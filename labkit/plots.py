@@ -120,7 +120,7 @@ def grad_histogram(values: Any, names: Sequence[str] = ("fp16", "bf16", "e5m2"),
     for i, f in enumerate(fmts):
         c = FORMAT_COLORS.get(f.name, "k")
         lo, mid, hi = math.log2(f.smallest_subnormal), math.log2(f.smallest_normal), math.log2(f.max)
-        band = dict(ymin=i / k, ymax=(i + 1) / k, zorder=1)
+        band = {"ymin": i / k, "ymax": (i + 1) / k, "zorder": 1}
         ax.axvspan(lo, mid, color=c, alpha=0.12, **band)
         ax.axvspan(mid, hi, color=c, alpha=0.28, label=f"{f.name}: subnormals {lo:.0f}..{mid:.0f}, normals ..{hi:.0f}",
                    **band)

@@ -44,7 +44,7 @@ def _run_pair(knobs: dict, pattern: list[str], seed: int):
         b = torch.nn.Parameter(torch.zeros(3))
         opt = torch.optim.SGD([w, b], lr=0.1)
         taken: list[int] = []
-        opt.register_step_post_hook(lambda o, a, k: taken.append(1))
+        opt.register_step_post_hook(lambda o, a, k, taken=taken: taken.append(1))
         scales, skipped, params = [], [], []
         for i, kind in enumerate(pattern):
             opt.zero_grad()
@@ -347,7 +347,7 @@ def test_deepspeed_rule_matches_deepspeed(ds_loss_scaler) -> None:
         for f in flags:
             try:
                 ds.update_scale(f)
-            except Exception as exc:  # DeepSpeed raises a bare Exception at the floor
+            except Exception as exc:  # noqa: BLE001  (DeepSpeed raises a bare Exception at the floor)
                 assert "minimum" in str(exc)
                 raised = True
                 break
@@ -370,3 +370,47 @@ def test_deepspeed_window_is_one_step_later_than_gradscaler() -> None:
     # with hysteresis 2, one isolated overflow does not halve the scale
     assert scaling.deepspeed_scale_sequence([False, True, False], initial_scale_power=4)[-1] == 16.0
     assert scaling.simulate_scales([False, True, False], init_scale=16.0)[-1] == 8.0
+
+
+# ---- the exercises of notebooks 02 and 03 -----------------------------------------------------
+
+
+@pytest.mark.parametrize("ex_id,right,wrongs", [
+    ("02.underflows", [True, False, False, False, True], [[True] * 5, [False] * 5, [True, True, False, False, True]]),
+    ("02.ulp-1000", 0.5, [1.0, 0.25, 2.0**-10]),
+    ("02.first-int", 2049, [2048, 2050, 65504]),
+    ("02.lost-update", 2.0**-10, [2.0**-11, 2.0**-9, 1e-5]),
+    ("03.static-scale", 2.0**8, [2.0**7, 2.0**22, -1.0]),
+    ("03.predict-scale", 512.0, [1024.0, 256.0, 2048.0]),
+    ("03.deepspeed-config",
+     {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500, "hysteresis": 1},
+     [{"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500},
+      {"enabled": True, "loss_scale": 4096, "hysteresis": 1},
+      {"enabled": True, "loss_scale": 0, "initial_scale_power": 4096, "loss_scale_window": 500, "hysteresis": 1},
+      {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 501, "hysteresis": 1}]),
+])
+def test_exercise_graders(ex_id: str, right, wrongs) -> None:
+    from labkit.check import evaluate
+
+    assert evaluate(ex_id, right).status == "correct"
+    for w in wrongs:
+        assert evaluate(ex_id, w).status == "wrong", w
+
+
+def test_update_rule_grader_runs_the_learners_function() -> None:
+    from labkit.check import evaluate
+
+    def right(scale, tracker, found_inf):
+        if found_inf:
+            return scale / 2, 0
+        return (scale * 2, 0) if tracker + 1 == 3 else (scale, tracker + 1)
+
+    def off_by_one(scale, tracker, found_inf):  # grows one clean step late, as DeepSpeed's window does
+        if found_inf:
+            return scale / 2, 0
+        return (scale * 2, 0) if tracker + 1 == 4 else (scale, tracker + 1)
+
+    assert evaluate("03.update-rule", right).status == "correct"
+    v = evaluate("03.update-rule", off_by_one)
+    assert v.status == "wrong" and "GradScaler has scale=" in v.message
+    assert evaluate("03.update-rule", ...).status == "not attempted"
