@@ -154,3 +154,28 @@ def test_table_and_plot():
         R.plot({}, 1e10)
     with pytest.raises(ValueError):
         R.plot({"fp32": -1.0}, 1e10)
+
+
+def test_nb07_exercises_grade_right_and_wrong_answers():
+    from labkit.check import evaluate
+    from labkit.exercises import nb07
+
+    def ok(i, a):
+        return evaluate(i, a).status == "correct"
+
+    assert ok("07.axpy-intensity", 2 / 12) and not ok("07.axpy-intensity", 6.0)
+    assert ok("07.matmul-intensity", lambda m, n, k, b: 2 * m * n * k / ((m * k + k * n + m * n) * b))
+    assert not ok("07.matmul-intensity", lambda m, n, k, b: 2 * m * n * k / ((m * k + k * n) * b))
+    assert not ok("07.matmul-intensity", lambda m, n, k, b: m * n * k / ((m * k + k * n + m * n) * b))
+    top_self = max(nb07.PROFILE_TABLE, key=lambda r: r[1])[0]
+    top_total = max(nb07.PROFILE_TABLE, key=lambda r: r[2])[0]
+    assert top_self != top_total  # the exercise's trap: total time double counts children
+    assert ok("07.optimise-first", top_self) and not ok("07.optimise-first", top_total)
+    from labkit.profiling import ops_to_cover
+
+    total = sum(r[1] for r in nb07.PROFILE_TABLE)
+    assert ok("07.ops-for-80", ops_to_cover([r[1] / total for r in nb07.PROFILE_TABLE], 0.8))
+    assert not ok("07.ops-for-80", 12)
+    assert ok("07.bound", ("compute", "memory", "memory"))
+    assert not ok("07.bound", ("compute", "memory", "compute"))
+    assert evaluate("07.bound", ...).status == "not attempted"
