@@ -15,12 +15,12 @@ import shlex
 from labkit.check import Exercise
 
 __all__ = [
+    "CONNECTION",
     "EXERCISES",
     "JOB",
     "LAUNCH",
     "PROBLEMS",
     "TRANSCRIPT",
-    "CONNECTION",
     "gpus_per_node",
     "parse_sbatch_header",
     "parse_tunnel",

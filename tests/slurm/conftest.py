@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_cluster import APT_PACKAGES, ClusterUnavailable, LocalCluster, missing_tools  # noqa: E402
+from local_cluster import APT_PACKAGES, ClusterUnavailable, LocalCluster, missing_tools
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,7 @@
 """A real single-node Slurm (munged + slurmctld + slurmd) in a private folder, for tests and instructors.
 
     python tests/slurm/local_cluster.py start /tmp/labkit-slurm    # prints the SLURM_CONF to export
+    python tests/slurm/local_cluster.py start --install /tmp/labkit-slurm   # apt-get install first if needed
     python tests/slurm/local_cluster.py stop  /tmp/labkit-slurm
 
 Everything lives under one folder: its own munge key and socket, slurm.conf with free ports, state,
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["ClusterUnavailable", "LocalCluster", "missing_tools", "MARKER"]
+__all__ = ["MARKER", "ClusterUnavailable", "LocalCluster", "install_packages", "missing_tools"]
 
 MARKER = "LABKIT_LOCAL_SLURM"
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo", "mknod")
@@ -41,6 +42,16 @@ def missing_tools() -> list[str]:
     """Return the names of the programs the local cluster needs that are not on PATH (or in sbin)."""
     path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     return [t for t in TOOLS if shutil.which(t, path=path) is None]
+
+
+def install_packages() -> None:
+    """apt-get install the Debian packages the cluster needs (root only; runs apt-get update first)."""
+    if os.geteuid() != 0:
+        raise ClusterUnavailable("installing packages needs root")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *APT_PACKAGES.split()],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -166,10 +177,9 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
         exe = shutil.which(argv[0], path=path)
         if exe is None:
             raise ClusterUnavailable(f"{argv[0]} not found; install: apt-get install -y {APT_PACKAGES}")
-        out = open(self.base / "log" / f"{name}.out", "ab")
-        env = self.env
-        return subprocess.Popen([exe, *argv[1:]], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, **kw)
+        with open(self.base / "log" / f"{name}.out", "ab") as out:  # the child keeps its own copy
+            return subprocess.Popen([exe, *argv[1:]], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, **kw)
 
     def _wait_for(self, what: str, fn, timeout: float, procs: dict[str, subprocess.Popen]) -> None:
         deadline = time.monotonic() + timeout
@@ -306,12 +316,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", help="where the cluster's files live, e.g. /tmp/labkit-slurm")
     ap.add_argument("--cpus", type=int, default=8)
     ap.add_argument("--gpus", type=int, default=4, help="fake GPUs (character devices) to advertise")
+    ap.add_argument("--install", action="store_true",
+                    help=f"apt-get install {APT_PACKAGES} first if a tool is missing")
     args = ap.parse_args(argv)
     cluster = LocalCluster(args.folder, cpus=args.cpus, gpus=args.gpus)
     if args.action == "start":
         try:
+            if args.install and missing_tools():
+                install_packages()
             cluster.start()
-        except ClusterUnavailable as exc:
+        except (ClusterUnavailable, subprocess.CalledProcessError) as exc:
             print(f"local Slurm failed to start: {exc}", file=sys.stderr)
             return 1
         print(f"local Slurm is up in {cluster.start_seconds:.1f} s (srun true works). Use it with:")
