@@ -11,7 +11,15 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Exercise", "Verdict", "check", "contains_ellipsis", "results", "reset_results"]
+__all__ = ["NOT_GIVEN", "Exercise", "Verdict", "check", "contains_ellipsis", "evaluate", "results", "reset_results"]
+
+
+class _NotGiven:
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN: Any = _NotGiven()
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,10 @@ class Exercise:
     """One exercise: an id such as ``"01.fp16-max"``, a one-line prompt, a grader and a hint.
 
     ``grade(answer)`` returns ``True``/``False`` or a ``(bool, message)`` pair; it may call the
-    learner's function on fresh inputs. ``hint`` is shown on a wrong answer.
+    learner's function on fresh inputs, and returns ``None`` when a learner's function is still a stub
+    (it returned ``...`` or ``None``), which reports "not attempted yet". ``hint`` is shown on a wrong
+    answer. ``reference`` (a correct answer) and ``wrong`` (a typical mistake) let the tests prove that
+    the grader tells them apart.
 
     Introduced in notebook 01.
     """
@@ -41,6 +52,8 @@ class Exercise:
     hint: str
     success: str = ""
     meta: dict = field(default_factory=dict)
+    reference: Any = NOT_GIVEN
+    wrong: Any = NOT_GIVEN
 
 
 _RESULTS: dict[str, str] = {}
@@ -76,6 +89,9 @@ def evaluate(exercise_id: str, answer: Any) -> Verdict:
     except Exception as exc:  # the learner's code may raise anything; report it, never propagate it
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return Verdict("wrong", f"{ex.id}: your answer raised {last}. Hint: {ex.hint}")
+    if out is None:
+        return Verdict("not attempted", f"{ex.id}: not attempted yet. Your function still returns nothing; "
+                                        "fill in its body and run the cell again.")
     ok, detail = (out if isinstance(out, tuple) else (bool(out), ""))
     if ok:
         msg = f"{ex.id}: correct."
