@@ -101,3 +101,70 @@ def test_bit_explorer_clicks_and_typing(lab: Lab) -> None:
     expect(ex.root.locator(".lk-bit.lk-exponent")).to_have_count(8)
     ex.bits.nth(15).click()
     assert ex.shows("bf16", want ^ 1, 16) == value_of(want ^ 1, "bf16")
+
+
+def zero_per_gpu_gb(n_params: float, gpus: int, stage: int, offload_optimizer: bool = False) -> float:
+    """Per-GPU model-state memory (GB) for mixed precision + Adam, from the ZeRO paper (K = 12).
+
+    Weights and gradients take 2 bytes per parameter each, fp32 master weights and Adam's two moments 12.
+    Stage 1 shards the 12, stage 2 the gradients too, stage 3 everything; offloading the optimizer moves the
+    12 bytes (and, from stage 2, the gradient shard) to the CPU.
+    """
+    weights, grads, states = 2 * n_params, 2 * n_params, 12 * n_params
+    if stage >= 1:
+        states /= gpus
+    if stage >= 2:
+        grads /= gpus
+    if stage >= 3:
+        weights /= gpus
+    if offload_optimizer:
+        states = 0.0
+        if stage >= 2:
+            grads = 0.0
+    return (weights + grads + states) / 1e9
+
+
+@pytest.mark.notebook("06")
+def test_memory_calculator_follows_the_zero_stage(lab: Lab) -> None:
+    """Changing ZeRO stage, offload and GPU count changes the per-GPU figure to the ZeRO paper's value."""
+    run = lab.run_notebook(_notebook("06"))
+    root = run.code_cell_with("mem.calculator(").locator(".jp-OutputArea-output").first
+    result = root.locator(".lk-mem-result")
+    stage = root.get_by_label("ZeRO stage", exact=True)
+    offload = root.get_by_label("offload", exact=True)
+    gpus = root.get_by_label("GPUs/node", exact=True)
+    psi = 13e9
+
+    def shows(gb: float) -> str:
+        expect(result).to_have_text(re.compile(rf"^per GPU: {gb:.2f} GB of model states"))
+        return result.inner_text()
+
+    # The notebook leaves it at 13B on 8 GPUs, bf16, ZeRO-3 without offload (its stage loop ends there).
+    expect(stage).to_have_value("3")
+    expect(offload).to_have_value("none")
+    shows(zero_per_gpu_gb(psi, 8, 3))  # 26 GB
+    stage.select_option("0")
+    text = shows(zero_per_gpu_gb(psi, 8, 0))  # 208 GB: everything replicated
+    assert "does NOT fit (128.00 GB over)" in text
+    stage.select_option("1")
+    shows(zero_per_gpu_gb(psi, 8, 1))  # 71.5 GB
+    stage.select_option("2")
+    shows(zero_per_gpu_gb(psi, 8, 2))  # 48.75 GB
+    offload.select_option("optimizer")
+    assert "fits" in shows(zero_per_gpu_gb(psi, 8, 2, offload_optimizer=True))  # 26 GB, the seeds' setup
+    stage.select_option("3")
+    shows(zero_per_gpu_gb(psi, 8, 3, offload_optimizer=True))  # 3.25 GB
+    stage.select_option("1")
+    shows(zero_per_gpu_gb(psi, 8, 1, offload_optimizer=True))  # 52 GB
+
+    # A combination DeepSpeed rejects is reported in the widget, not raised into the log.
+    stage.select_option("0")
+    expect(result).to_have_text(re.compile(r"^invalid setup: .*stage"))
+    offload.select_option("none")
+    shows(zero_per_gpu_gb(psi, 8, 0))
+
+    stage.select_option("3")
+    shows(zero_per_gpu_gb(psi, 8, 3))
+    gpus.fill("16")
+    gpus.press("Enter")
+    shows(zero_per_gpu_gb(psi, 16, 3))  # 13 GB
