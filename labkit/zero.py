@@ -21,7 +21,8 @@ Importing this module does not import DeepSpeed. Introduced in notebook 09.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = [
     "CATEGORIES",
@@ -207,7 +208,7 @@ def validate(cfg: dict[str, Any], world_size: int | None = None) -> dict[str, An
         raise TypeError(f"a DeepSpeed config must be a dict, got {type(cfg).__name__}")
     zo = cfg.get("zero_optimization", {})
     if not isinstance(zo, dict):
-        raise ValueError("zero_optimization must be a dict such as {'stage': 2}")
+        raise TypeError("zero_optimization must be a dict such as {'stage': 2}")
     stage = zo.get("stage", 0)
     if isinstance(stage, bool) or stage not in STAGES:
         raise ValueError(f"zero_optimization.stage must be one of {STAGES}, got {stage!r}")
@@ -473,7 +474,7 @@ def count_model_states(engine: Any) -> dict[str, Any]:
     for name in _MASTER_ATTRS:  # stage 3 empties the torch optimizer's param_groups between steps
         for t in _tensors(getattr(opt, name, None)):
             add(t, "master")
-    for p in basic.state.keys():
+    for p in basic.state:
         add(p, "master")
     for p, st in basic.state.items():
         for k, v in st.items():

@@ -63,17 +63,17 @@ def test_config_offload_and_reference_13b():
 
 
 @pytest.mark.parametrize("bad, exc, msg", [
-    (dict(stage=4), ValueError, "stage must be one of"),
-    (dict(stage=True), TypeError, "stage must be an int"),
-    (dict(stage=1, dtype="fp8"), ValueError, "dtype must be one of"),
-    (dict(stage=1, offload="gpu"), ValueError, "offload must be one of"),
-    (dict(stage=1, micro_batch=0), ValueError, "micro_batch must be >= 1"),
-    (dict(stage=1, micro_batch=4, grad_accum=2, world_size=2, train_batch_size=32), ValueError,
+    ({"stage": 4}, ValueError, "stage must be one of"),
+    ({"stage": True}, TypeError, "stage must be an int"),
+    ({"stage": 1, "dtype": "fp8"}, ValueError, "dtype must be one of"),
+    ({"stage": 1, "offload": "gpu"}, ValueError, "offload must be one of"),
+    ({"stage": 1, "micro_batch": 0}, ValueError, "micro_batch must be >= 1"),
+    ({"stage": 1, "micro_batch": 4, "grad_accum": 2, "world_size": 2, "train_batch_size": 32}, ValueError,
      "inconsistent batch config"),
-    (dict(stage=1, dtype="fp16", hysteresis=0), ValueError, "hysteresis must be >= 1"),
-    (dict(stage=1, dtype="fp16", initial_scale_power=80), ValueError, "initial_scale_power"),
-    (dict(stage=1, gradient_clipping=-1.0), ValueError, "gradient_clipping"),
-    (dict(stage=1, lr=0.0), ValueError, "lr must be > 0"),
+    ({"stage": 1, "dtype": "fp16", "hysteresis": 0}, ValueError, "hysteresis must be >= 1"),
+    ({"stage": 1, "dtype": "fp16", "initial_scale_power": 80}, ValueError, "initial_scale_power"),
+    ({"stage": 1, "gradient_clipping": -1.0}, ValueError, "gradient_clipping"),
+    ({"stage": 1, "lr": 0.0}, ValueError, "lr must be > 0"),
 ])
 def test_config_rejects_bad_input(bad, exc, msg):
     with pytest.raises(exc, match=msg):

@@ -35,7 +35,8 @@ import hashlib
 import os
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["build_parser", "get_accelerator_name", "main", "parse_runs", "shm_buffers"]
 
