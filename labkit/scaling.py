@@ -445,7 +445,7 @@ def train_with_scaler(
 
     ``scaler`` is a ``torch.amp.GradScaler`` or a :class:`DynamicLossScaler`. Each step: autocast
     forward, ``scaler.scale(loss).backward()``, ``unscale_``, optional clipping to ``max_norm``,
-    ``scaler.step``, ``scaler.update``. With ``emulate=True`` (for CPUs without fp16 compute) the
+    ``scaler.step``, ``scaler.update``, on the model's device (batches are moved there). With ``emulate=True`` (for CPUs without fp16 compute) the
     forward runs in fp32 and each scaled gradient is rounded through fp16 instead, so values beyond
     65504 become inf exactly as fp16 gradients would. Returns lists ``scale`` (the scale each step
     used), ``skipped`` (bool) and ``loss`` (unscaled, float).
@@ -460,7 +460,7 @@ def train_with_scaler(
     out: dict[str, list] = {"scale": [], "skipped": [], "loss": []}
     try:
         for step in range(steps):
-            x, y = batches(step)
+            x, y = (t.to(device) for t in batches(step))
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device_type=device.type, dtype=dtype, enabled=not emulate):
                 loss = loss_fn(model(x), y)

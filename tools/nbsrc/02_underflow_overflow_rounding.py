@@ -240,10 +240,11 @@ print("fp32:", naive_softmax(scores).numpy().round(4), "  fp16:", naive_softmax(
 assert torch.isnan(naive_softmax(scores.half())).any() and math.log(65504) < 12
 
 # %% [markdown]
-# Under autocast the same thing happens: **CPU autocast does not upcast `exp` or `softmax` to FP32** (CUDA
-# autocast upcasts softmax, but not a hand-written `exp`). The fix is an **FP32 island**: turn autocast off
-# for the region, upcast, compute, cast back. Subtracting the row maximum first (the "stable" softmax) also
-# helps, but the island is the general tool for any numerically delicate op.
+# Under CPU autocast the same thing happens: **CPU autocast does not upcast `exp` or `softmax` to FP32**. CUDA
+# autocast does (both are on its FP32 list), but it cannot help a model converted with `.half()`, nor an op that
+# is not on its list. The fix that works everywhere is an **FP32 island**: turn autocast off for the region,
+# upcast, compute, cast back. Subtracting the row maximum first (the "stable" softmax) also helps, but the island
+# is the general tool for any numerically delicate op.
 
 # %%
 with torch.autocast("cpu", dtype=torch.float16):

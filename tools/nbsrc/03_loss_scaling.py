@@ -195,11 +195,11 @@ assert mine == theirs
 # `step`, `update`) and records, per step, the scale used and whether the step was skipped.
 
 # %%
-def fp16_run(scaler, steps=150, data_fn=batches, seed=0):
-    net = models.MLP(16, 64, 1, depth=3, activation="tanh", init_scale=0.5, seed=seed)
+def fp16_run(scaler, steps=150, data_fn=batches, dev="cpu"):
+    net = models.MLP(16, 64, 1, depth=3, activation="tanh", init_scale=0.5, seed=0).to(dev)
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
-    out = scaling.train_with_scaler(net, F.mse_loss, data_fn, sgd, scaler, steps, emulate=not FP16)
-    return net, out
+    emulate = torch.device(dev).type == "cpu" and not FP16
+    return net, scaling.train_with_scaler(net, F.mse_loss, data_fn, sgd, scaler, steps, emulate=emulate)
 
 net, run = fp16_run(torch.amp.GradScaler("cpu", init_scale=2.0**32, growth_interval=20))
 _, run_mine = fp16_run(DynamicLossScaler(init_scale=2.0**32, growth_interval=20))
@@ -223,6 +223,23 @@ plt.show()
 # The saw-tooth is the rule at work: every 20 clean steps the scale doubles, sometimes the doubled scale makes a
 # gradient overflow, that step is skipped and the scale halves back. A skipped step costs one batch; an
 # overflow that went unnoticed would have cost the weights.
+#
+# **On a GPU** the loop is the same with `torch.amp.GradScaler("cuda")`; CUDA autocast additionally runs
+# `softmax`, `exp`, `sum` and friends in FP32, and the FP16 matmuls run on tensor cores, so where the overflow
+# edge lies can shift a little. When `labkit.device` finds a GPU, the next cell repeats the run there:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+dev = device.pick_device()
+if device.is_cuda(dev):
+    _, gpu = fp16_run(torch.amp.GradScaler("cuda", init_scale=2.0**32, growth_interval=20), dev=dev)
+    _, gpu_mine = fp16_run(DynamicLossScaler(init_scale=2.0**32, growth_interval=20), dev=dev)
+    assert gpu["scale"] == gpu_mine["scale"] and gpu["skipped"] == gpu_mine["skipped"]
+    print(f"CUDA: {sum(gpu['skipped'])} of 150 steps skipped (CPU: {sum(run['skipped'])})")
+else:
+    print(f"no GPU here ({dev.type}): on a CUDA machine this cell repeats the run with GradScaler('cuda')")
+
+# %% [markdown]
 #
 # ### Scale collapse
 #
