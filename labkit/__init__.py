@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 #: Submodules, one per concern. Later notebooks add theirs here.
 __all__ = [
+    "bench",
     "catalog",
     "check",
     "data",
