@@ -241,8 +241,8 @@ class RooflinePoint:
         return self.achieved_flops / self.intensity
 
 
-def place(cost: OpCost, seconds: float, peak_flops: float, bandwidth: float) -> RooflinePoint:
-    """Place an op that took ``seconds`` on the roofline of (``peak_flops``, ``bandwidth``).
+def place(cost: OpCost, seconds: float, peak_flops: float, bandwidth: float, name: str | None = None) -> RooflinePoint:
+    """Place an op that took ``seconds`` on the roofline of (``peak_flops``, ``bandwidth``), labelled ``name``.
 
     Introduced in notebook 07.
     """
@@ -251,7 +251,7 @@ def place(cost: OpCost, seconds: float, peak_flops: float, bandwidth: float) -> 
     seconds = _positive_number("seconds", seconds)
     if cost.flops == 0:
         raise ValueError(f"{cost.name} does no FLOPs, so it has no place on a roofline")
-    return RooflinePoint(cost.name, cost.intensity, cost.flops / seconds, seconds,
+    return RooflinePoint(cost.name if name is None else str(name), cost.intensity, cost.flops / seconds, seconds,
                          bound(cost.intensity, peak_flops, bandwidth), attainable(cost.intensity, peak_flops, bandwidth))
 
 

@@ -179,3 +179,14 @@ def test_nb07_exercises_grade_right_and_wrong_answers():
     assert ok("07.bound", ("compute", "memory", "memory"))
     assert not ok("07.bound", ("compute", "memory", "compute"))
     assert evaluate("07.bound", ...).status == "not attempted"
+
+
+def test_nb07_exercises_reference_and_wrong_answers():
+    from labkit.check import NOT_GIVEN, evaluate
+    from labkit.exercises import nb07
+
+    for ex in nb07.EXERCISES:
+        assert ex.reference is not NOT_GIVEN and ex.wrong is not NOT_GIVEN, ex.id
+        assert evaluate(ex.id, ex.reference).status == "correct", ex.id
+        assert evaluate(ex.id, ex.wrong).status == "wrong", ex.id
+    assert evaluate("07.matmul-intensity", lambda m, n, k, b: None).status == "not attempted"

@@ -48,7 +48,7 @@ def _number(want: float, what: str, rel: float = 1e-6):
     return grade
 
 
-def _grade_matmul_intensity(fn: object) -> tuple[bool, str]:
+def _grade_matmul_intensity(fn: object) -> tuple[bool, str] | None:
     if not callable(fn):
         return False, "Give a function intensity(m, n, k, bytes_per_element) -> FLOP per byte."
     rng = random.Random(7)
@@ -58,9 +58,19 @@ def _grade_matmul_intensity(fn: object) -> tuple[bool, str]:
     for m, n, k, b in cases:
         want = R.matmul_cost(m, n, k, b).intensity
         got = fn(m, n, k, b)
+        if got is None or got is Ellipsis:
+            return None  # still a stub: "not attempted yet"
         if not (isinstance(got, (int, float)) and math.isclose(float(got), want, rel_tol=1e-9)):
             return False, f"for m={m}, n={n}, k={k}, {b} bytes/element, expected {want:.6g}, got {got!r}."
     return True, ""
+
+
+def _reference_intensity(m: int, n: int, k: int, bytes_per_element: int) -> float:
+    return 2 * m * n * k / ((m * k + k * n + m * n) * bytes_per_element)
+
+
+def _forgot_output_intensity(m: int, n: int, k: int, bytes_per_element: int) -> float:
+    return 2 * m * n * k / ((m * k + k * n) * bytes_per_element)
 
 
 def _top_self_op() -> str:
@@ -105,22 +115,27 @@ EXERCISES = [
     Exercise("07.axpy-intensity",
              "The arithmetic intensity (FLOP/byte) of y = a * x + y on fp32 vectors (a is a scalar).",
              _number(2 / 12, "the intensity"),
-             "Per element: one multiply and one add (2 FLOPs); read x and y, write y (3 x 4 bytes)."),
+             "Per element: one multiply and one add (2 FLOPs); read x and y, write y (3 x 4 bytes).",
+             reference=2 / 12, wrong=2 / 8),
     Exercise("07.matmul-intensity",
              "Write intensity(m, n, k, bytes_per_element) for (m, k) @ (k, n), reading A and B and writing C once.",
              _grade_matmul_intensity,
-             "FLOPs: 2*m*n*k (a multiply and an add per term). Bytes: (m*k + k*n + m*n) * bytes_per_element."),
+             "FLOPs: 2*m*n*k (a multiply and an add per term). Bytes: (m*k + k*n + m*n) * bytes_per_element.",
+             reference=_reference_intensity, wrong=_forgot_output_intensity),
     Exercise("07.optimise-first",
              "From PROFILE_TABLE, the name of the op to optimise first.",
              _grade_first,
-             "Sort by *self* time: total time counts the children again (aten::linear calls aten::addmm)."),
+             "Sort by *self* time: total time counts the children again (aten::linear calls aten::addmm).",
+             reference=_top_self_op(), wrong="aten::linear"),
     Exercise("07.ops-for-80",
              "From PROFILE_TABLE, how many ops (largest self time first) it takes to cover 80 % of the total self time.",
              _number(float(_ops_for_80()), "the count"),
-             "Add up all the self times, sort them largest first, and count until the running sum reaches 80 %."),
+             "Add up all the self times, sort them largest first, and count until the running sum reaches 80 %.",
+             reference=_ops_for_80(), wrong=len(PROFILE_TABLE)),
     Exercise("07.bound",
              "On an H100 (H100_BF16_FLOPS, H100_BANDWIDTH), say 'memory' or 'compute' for: a bf16 8192^3 matmul, "
              "a bf16 softmax over 8192 x 8192, and a bf16 (8, 8192) @ (8192, 8192) matmul.",
              _grade_bound,
-             "Compute each op's intensity and compare it with the ridge point H100_BF16_FLOPS / H100_BANDWIDTH."),
+             "Compute each op's intensity and compare it with the ridge point H100_BF16_FLOPS / H100_BANDWIDTH.",
+             reference=("compute", "memory", "memory"), wrong=("compute", "memory", "compute")),
 ]
