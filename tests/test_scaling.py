@@ -414,3 +414,15 @@ def test_update_rule_grader_runs_the_learners_function() -> None:
     v = evaluate("03.update-rule", off_by_one)
     assert v.status == "wrong" and "GradScaler has scale=" in v.message
     assert evaluate("03.update-rule", ...).status == "not attempted"
+
+
+def test_exercises_reference_and_typical_mistake() -> None:
+    from labkit.check import evaluate
+    from labkit.exercises import all_exercises
+
+    mine = {k: e for k, e in all_exercises().items() if k.startswith(("02.", "03."))}
+    assert len(mine) == 8
+    for k, e in mine.items():
+        assert evaluate(k, e.reference).status == "correct", k
+        assert evaluate(k, e.wrong).status == "wrong", k
+    assert evaluate("03.update-rule", lambda s, t, f: None).status == "not attempted"  # a stub

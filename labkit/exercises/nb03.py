@@ -60,7 +60,25 @@ def _grade_predict(answer: object) -> tuple[bool, str]:
     return False, "Walk the pattern step by step: count clean steps, reset the count on growth and on overflow."
 
 
-def _grade_rule(update: object) -> tuple[bool, str]:
+def _reference_rule(scale: float, tracker: int, found_inf: bool) -> tuple[float, int]:
+    if found_inf:
+        return scale * RULE_KNOBS["backoff_factor"], 0
+    tracker += 1
+    if tracker == RULE_KNOBS["growth_interval"]:
+        return scale * RULE_KNOBS["growth_factor"], 0
+    return scale, tracker
+
+
+def _late_rule(scale: float, tracker: int, found_inf: bool) -> tuple[float, int]:
+    """A typical mistake: growing one clean step late (tracker compared before the increment)."""
+    if found_inf:
+        return scale * RULE_KNOBS["backoff_factor"], 0
+    if tracker == RULE_KNOBS["growth_interval"]:
+        return scale * RULE_KNOBS["growth_factor"], 0
+    return scale, tracker + 1
+
+
+def _grade_rule(update: object) -> tuple[bool, str] | None:
     if not callable(update):
         return False, "Define a function update(scale, tracker, found_inf) -> (new_scale, new_tracker)."
     rng = random.Random(7)
@@ -70,6 +88,8 @@ def _grade_rule(update: object) -> tuple[bool, str]:
         for step in range(rng.randint(1, 30)):
             found = rng.random() < 0.3
             out = update(scale, tracker, found)
+            if out is None or out is Ellipsis:
+                return None  # still a stub: "not attempted yet"
             if not (isinstance(out, tuple) and len(out) == 2):
                 return False, "Return a tuple (new_scale, new_tracker)."
             scale, tracker = float(out[0]), int(out[1])
@@ -102,18 +122,22 @@ EXERCISES = [
              "Choose a static loss scale S so that no gradient of exercise_gradients() flushes to zero or "
              "overflows in FP16.", _grade_static_scale,
              "The smallest |g| is 2^-32 and must land at or above FP16's smallest subnormal, 2^-24; the largest, "
-             "2^-6, must stay below 65520 (~2^16)."),
+             "2^-6, must stay below 65520 (~2^16).", reference=2.0**14, wrong=1.0),
     Exercise("03.predict-scale", "The scale after the overflow pattern PATTERN with PATTERN_KNOBS.", _grade_predict,
              "Clean steps count up; at growth_interval clean steps in a row the scale doubles and the count "
-             "restarts; an overflow halves the scale and restarts the count."),
+             "restarts; an overflow halves the scale and restarts the count.",
+             reference=scaling.simulate_scales(PATTERN, **PATTERN_KNOBS)[-1], wrong=2.0**10),
     Exercise("03.update-rule",
              "Write update(scale, tracker, found_inf) -> (new_scale, new_tracker), GradScaler's rule with "
              "RULE_KNOBS.", _grade_rule,
              "On found_inf: scale * backoff_factor, tracker 0. Otherwise tracker + 1; if that equals "
-             "growth_interval: scale * growth_factor and tracker 0."),
+             "growth_interval: scale * growth_factor and tracker 0.", reference=_reference_rule, wrong=_late_rule),
     Exercise("03.deepspeed-config",
              "DeepSpeed's fp16 block that behaves like GradScaler(init_scale=2**12, growth_interval=500).",
              _grade_ds_config,
              "loss_scale 0 means dynamic; initial_scale_power is k in 2**k; loss_scale_window is the growth "
-             "interval; hysteresis 1 backs off at the first overflow, as GradScaler does."),
+             "interval; hysteresis 1 backs off at the first overflow, as GradScaler does.",
+             reference={"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
+                        "hysteresis": 1, "min_loss_scale": 1},
+             wrong={"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500}),
 ]
