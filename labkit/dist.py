@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import json
+import math
 import os
 import queue
 import re
@@ -26,9 +27,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 __all__ = [
     "RESULT_PREFIX",
@@ -47,7 +49,7 @@ __all__ = [
 RESULT_PREFIX = "LABKIT_RESULT "
 
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_ROOT_CAUSE_RE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)", re.S)
+_ROOT_CAUSE_RE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)", re.DOTALL)
 _GRACE_S = 3.0
 
 
@@ -160,7 +162,7 @@ def _validate(nproc: Any, args: Any, timeout: Any) -> tuple[int, list[str], floa
         raise TypeError(f"args must hold strings (or numbers), got {bad[0]!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+    if not (math.isfinite(timeout) and timeout > 0):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
     return nproc, [str(a) for a in args], float(timeout)
 
@@ -224,7 +226,7 @@ def _read(paths: list[Path]) -> str:
     return "".join(p.read_text(errors="replace") for p in paths if p.is_file())
 
 
-_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]:[ ]?", re.M)
+_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]:[ ]?", re.MULTILINE)
 
 
 def _last_traceback(text: str) -> str:

@@ -17,6 +17,7 @@ from labkit import dist
 from labkit.dist import LaunchError, LaunchTimeout, launch
 from labkit.recipes import allreduce as ar
 
+
 class ProcessWatcher:
     """Poll this process's descendants while the block runs; afterwards report leftovers.
 
@@ -42,7 +43,7 @@ class ProcessWatcher:
                     pass
             time.sleep(self.interval)
 
-    def __enter__(self) -> "ProcessWatcher":
+    def __enter__(self) -> ProcessWatcher:
         self._thread.start()
         return self
 
@@ -59,7 +60,7 @@ class ProcessWatcher:
         deadline = time.monotonic() + wait
         while True:
             alive = []
-            for (pid, ctime), _ in self.seen.items():
+            for pid, ctime in self.seen:
                 try:
                     p = psutil.Process(pid)
                     if p.create_time() == ctime and p.status() != psutil.STATUS_ZOMBIE:
@@ -165,14 +166,18 @@ def test_rank_failure_raises_with_that_ranks_traceback_and_leaves_no_process(tmp
 
 def test_hanging_launch_is_killed_at_its_timeout(tmp_path):
     script = _write(tmp_path, "hang.py", HANG_SCRIPT)
+    lines: list[str] = []
     t0 = time.monotonic()
     with ProcessWatcher() as w, pytest.raises(LaunchTimeout) as info:
-        launch(script, nproc=2, timeout=6, stream=False)
+        launch(script, nproc=2, timeout=20, stream=lines.append)  # 20 s: torchrun starts slowly on a busy box
     elapsed = time.monotonic() - t0
-    assert 6 <= elapsed < 6 + 15  # SIGTERM, a grace period, then SIGKILL for the rank that ignores it
-    assert "timeout of 6 s" in str(info.value)
-    assert "rank 1: last line 'rank 1 waiting forever'" in str(info.value)
-    assert len(w.seen) >= 4, w.seen
+    assert 20 <= elapsed < 20 + 15  # SIGTERM, a grace period, then SIGKILL for the rank that ignores it
+    assert "timeout of 20 s" in str(info.value)
+    assert "[default1]:rank 1 waiting forever" in lines, "rank 1 never started: the kill was not tested"
+    for r in (0, 1):  # the message shows each rank's last line
+        if f"[default{r}]:rank {r} waiting forever" in lines:
+            assert f"rank {r}: last line 'rank {r} waiting forever'" in str(info.value)
+    assert len(w.seen) >= 4, w.seen  # torchrun, 2 ranks, rank 1's grandchild
     assert w.leftovers() == [] and info.value.leftover == []
 
 
@@ -297,3 +302,23 @@ def test_parse_and_format_sizes():
     for bad, exc in (("12Q", ValueError), ("", ValueError), (0, ValueError), (True, TypeError), (1.5, TypeError)):
         with pytest.raises(exc):
             ar.parse_size(bad)
+
+
+# ------------------------------------------------------------------ notebook 08's exercises
+
+def test_nb08_exercises_grade_the_idea():
+    from labkit.check import evaluate
+
+    assert evaluate("08.global-batch", 2048).status == "correct"
+    assert "every rank" in evaluate("08.global-batch", 16 * 8 * 4).message
+    assert evaluate("08.global-batch", 2047).status == "wrong"
+    assert evaluate("08.lr-scaling", 3e-4 * 8).status == "correct"
+    assert evaluate("08.lr-scaling", 3e-4).status == "wrong"
+    assert evaluate("08.busbw", lambda a, n: a * 2 * (n - 1) / n).status == "correct"
+    assert evaluate("08.busbw", lambda a, n: a * 2).status == "wrong"
+    assert evaluate("08.busbw", lambda a, n: a * 2 * (n - 1) / n if n > 1 else 1 / 0).status == "wrong"
+    assert evaluate("08.busbw", 210.0).status == "wrong"
+    assert evaluate("08.slow-rank", 180).status == "correct"
+    assert "slowest" in evaluate("08.slow-rank", 140).message
+    for ex in ("08.global-batch", "08.lr-scaling", "08.busbw", "08.slow-rank"):
+        assert evaluate(ex, ...).status == "not attempted"

@@ -22,10 +22,9 @@ def _grade_global_batch(answer: object) -> tuple[bool, str]:
         return False, "Give the global batch as a number of examples."
     if answer == GLOBAL_BATCH:
         return True, ""
-    if answer == GLOBAL_BATCH // ACCUM:
-        return False, "That counts one micro-batch per rank; every optimizer step sees ACCUM of them."
-    if answer == MICRO_BATCH * ACCUM * GPUS_PER_NODE:
-        return False, "That is one node; count every rank of the job."
+    if answer in (GLOBAL_BATCH // ACCUM, GLOBAL_BATCH // NODES):
+        return False, (f"{answer} is {GLOBAL_BATCH // answer} times too small: count every rank of every node, and "
+                       f"all {ACCUM} micro-batches that an optimizer step accumulates.")
     return False, ""
 
 

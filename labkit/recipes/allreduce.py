@@ -22,7 +22,8 @@ import argparse
 import re
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["DEFAULT_SIZES", "algbw", "busbw", "busbw_factor", "format_size", "main", "parse_size",
            "run_benchmark"]

@@ -42,8 +42,9 @@ import itertools
 import os
 import statistics
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 __all__ = ["build_parser", "checksum", "latest_checkpoint", "main", "tensor_sum"]
 
@@ -298,7 +299,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     if rank != 0:
         return None
     n_steps = args.steps - start
-    per = lambda key: [g[key] for g in gathered]  # noqa: E731
+    per = lambda key: [g[key] for g in gathered]
     return {
         "recipe": "ddp", "world_size": world, "backend": backend, "device": str(device),
         "launcher": renv.launcher, "model": args.model,

@@ -1,0 +1,419 @@
+# %% [markdown]
+# # 08 · DDP and communication: multi-rank training from a notebook
+#
+# **Objectives**
+# - explain data parallelism: replicas, the all-reduce of gradients, and the global batch;
+# - launch 1 and 2 ranks with `torchrun` from a notebook, safely, and check that the ranks stay bit-identical;
+# - combine AMP with DDP (bf16, and fp16 with a GradScaler) and accumulate gradients with `no_sync()`;
+# - measure all-reduce bandwidth the way nccl-tests does (algbw, busbw) and read the NCCL knobs that matter;
+# - survive a crashed rank: a clean error in the notebook, then a resume that ends in the same weights.
+#
+# **Prerequisites:** notebooks 03 and 04 (loss scaling, AMP, checkpoints).
+#
+# **Estimated time:** 35 min
+#
+# Every run below is real multi-process training: on this machine two CPU processes talking over gloo, on a GPU
+# node the same module with NCCL. Each launch costs a few seconds of process start-up.
+
+# %%
+import math
+import subprocess
+import tempfile
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+from torch.utils.data import DistributedSampler
+
+from labkit import device, train
+from labkit.check import check
+from labkit.dist import LaunchError, launch
+from labkit.recipes import allreduce as ar
+
+# %% [markdown]
+# ## 1. Data parallelism in one picture
+#
+# Every rank (process, usually one per GPU) holds a full **replica** of the model and optimizer. Each step:
+#
+# 1. every rank takes *its own* slice of the global batch (a `DistributedSampler` hands out disjoint indices);
+# 2. forward and backward run locally, giving different local gradients;
+# 3. an **all-reduce** averages the gradients across ranks (DDP starts it bucket by bucket while backward is
+#    still running);
+# 4. every rank applies the same averaged gradient with the same optimizer, so the replicas stay identical.
+#
+# $$\text{global batch} = \text{micro-batch per rank} \times \text{ranks} \times \text{accumulation steps}$$
+#
+# The sampler shuffles with a shared seed and deals the permutation out round-robin, so two ranks with batch 2
+# see exactly the four examples one rank with batch 4 would see:
+
+# %%
+data = list(range(16))
+one_rank = list(DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0))
+two_ranks = [list(DistributedSampler(data, num_replicas=2, rank=r, shuffle=True, seed=0)) for r in (0, 1)]
+print("1 rank,  batch 4:", one_rank[:4])
+print("rank 0,  batch 2:", two_ranks[0][:2], "  rank 1, batch 2:", two_ranks[1][:2])
+assert sorted(two_ranks[0][:2] + two_ranks[1][:2]) == sorted(one_rank[:4])
+assert not set(two_ranks[0]) & set(two_ranks[1])  # disjoint shards
+
+# %% [markdown]
+# ## 2. Launching ranks from a notebook
+#
+# `mp.spawn` of a function defined in a notebook fails (the child processes cannot import `__main__`), and
+# `!torchrun ...` never fails a cell when a rank crashes. So the training code lives in a module,
+# `labkit.recipes.ddp`, and `labkit.dist.launch` runs it under `torchrun` as a subprocess:
+#
+# - a free `MASTER_PORT` on 127.0.0.1, `OMP_NUM_THREADS=1` per rank, logs streamed into the cell as they come
+#   (prefixed `[default0]:`, `[default1]:`);
+# - it returns the one JSON line rank 0 prints (`LABKIT_RESULT {...}`);
+# - on a failed rank or a timeout it kills every process of the launch and raises `LaunchError` carrying the
+#   failing rank's traceback.
+#
+# From a shell the same run is `torchrun --nproc_per_node 2 -m labkit.recipes.ddp --batch 64 --steps 12`; under
+# Slurm, `srun python -m labkit.recipes.ddp ...` (the recipe reads `SLURM_PROCID`/`SLURM_NTASKS`).
+#
+# The problem: an MLP (136 K parameters) regressing a smooth function, AdamW, 12 steps, global batch 128. First
+# 1 rank with batch 128, streaming its log:
+
+# %%
+caps = device.capabilities()
+DEV = "cuda" if caps.device_type == "cuda" and caps.gpu_count >= 2 else "cpu"  # 2 ranks need 2 GPUs
+BASE = ["--device", DEV, "--model", "mlp", "--hidden", "256", "--depth", "3", "--steps", "12", "--seed", "0"]
+work = Path(tempfile.mkdtemp(prefix="nb08-"))
+print("ranks run on:", DEV, "with backend", device.dist_backend(DEV))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+one = launch("labkit.recipes.ddp", nproc=1, args=[*BASE, "--batch", "128", "--log-every", "4"], timeout=180)
+
+# %% [markdown]
+# Now 2 ranks with batch 64 each, same global batch, checkpointing every 2 steps (used in section 7). This time
+# quietly: the result holds everything.
+
+# %%
+two = launch("labkit.recipes.ddp", nproc=2, args=[*BASE, "--batch", "64", "--ckpt-dir", str(work / "ref"),
+                                                  "--ckpt-every", "2"], timeout=180, stream=False)
+print("world size", two["world_size"], "| backend", two["backend"], "| global batch", two["global_batch"])
+print("gradient checksums identical on both ranks: ", len(set(two["grad_checksums"])) == 1)
+print("parameter checksums identical on both ranks:", len(set(two["param_checksums"])) == 1)
+assert two["world_size"] == 2 and two["global_batch"] == one["global_batch"] == 128
+assert two["grad_checksums"][0] == two["grad_checksums"][1] and two["param_sums"][0] == two["param_sums"][1]
+
+# %% [markdown]
+# The checksums are sha256 digests of the raw bytes: the two replicas are **bit-identical**, not merely close.
+# They are printed here (their values depend on the CPU's arithmetic, theirs being equal does not):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print("grad  checksums:", two["grad_checksums"], "  param checksums:", two["param_checksums"])
+
+# %% [markdown]
+# And 2 ranks × batch 64 is the same training as 1 rank × batch 128, up to rounding: the averaged gradient of
+# two halves is the gradient of the whole batch, summed in a different order.
+
+# %%
+rel = max(abs(a - b) / abs(b) for a, b in zip(two["losses"], one["losses"]))
+print(f"loss, step 1 → 12 (1 rank):  {one['losses'][0]:.3f} → {one['losses'][-1]:.3f}")
+print(f"loss, step 1 → 12 (2 ranks): {two['losses'][0]:.3f} → {two['losses'][-1]:.3f}")
+print("largest relative loss difference below 1e-5:", rel < 1e-5)
+assert rel < 1e-5 and two["losses"][-1] < two["losses"][0]
+
+# %% [markdown]
+# **Scaling efficiency.** With the global batch fixed, ideal data parallelism halves the step time on 2 ranks.
+# Efficiency = (measured speed-up) / (number of ranks).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+t1 = one["timings"]["step_s_median_per_rank"][0]
+t2 = max(two["timings"]["step_s_median_per_rank"])
+print(f"1 rank  × batch 128: {t1 * 1e3:6.1f} ms/step")
+print(f"2 ranks × batch  64: {t2 * 1e3:6.1f} ms/step   speed-up {t1 / t2:.2f}× (ideal 2×), efficiency {t1 / t2 / 2:.0%}")
+
+# %% [markdown]
+# Read this figure honestly: this machine has **2 CPU cores**, shared with the notebook kernel, `torchrun` and
+# anything else running. The two ranks compete for those cores and for memory bandwidth, and the "network" is
+# loopback inside one machine. So the efficiency here measures CPU contention and gloo's per-call overhead on a
+# 0.5 MB gradient, not a network. On GPUs the compute per rank is independent, and the question becomes whether
+# the all-reduce hides behind backward (section 5).
+#
+# ## 3. AMP inside DDP
+#
+# The order matters, and the recipe follows it:
+#
+# ```python
+# model = build_model().to(device)                  # same seed on every rank
+# opt = make_optimizer(model.parameters())
+# ddp = DDP(model, device_ids=...)                   # broadcasts rank 0's weights
+# scaler = torch.amp.GradScaler(device.type)         # fp16 only, created after DDP
+# with torch.amp.autocast(device_type=device.type, dtype=torch.float16):
+#     loss = loss_fn(ddp(x), y)                      # autocast around forward + loss only
+# scaler.scale(loss).backward()                      # DDP all-reduces the *scaled* gradients
+# scaler.step(opt); scaler.update()                  # unscale, inf check, step or skip, new scale
+# ```
+#
+# Every rank has its own GradScaler. They agree only because each one looks at the *all-reduced* gradients:
+# an inf on one rank becomes an inf on all ranks, so all of them skip the step and halve the scale together. If
+# the scalers ever disagreed (a scaler state restored on rank 0 only, an inf check before the all-reduce), one
+# rank would step while another skips, and the replicas would drift apart silently: DDP never re-broadcasts
+# weights. bf16 has fp32's exponent range and needs no scaler at all.
+#
+# An fp16 run on 2 ranks, with micro-batch 16 and 4 accumulation steps (global batch 16 × 2 × 4 = 128 again):
+
+# %%
+amp = launch("labkit.recipes.ddp", nproc=2, timeout=180, stream=False,
+             args=[*BASE, "--batch", "16", "--accum", "4", "--precision", "fp16"])
+print("loss scale on each rank:", amp["scaler_scales"], "| skipped steps on each rank:", amp["skipped_steps"])
+print("parameters identical on both ranks:", amp["param_checksums"][0] == amp["param_checksums"][1])
+print(f"final loss fp16 {amp['losses'][-1]:.2f} vs fp32 {two['losses'][-1]:.2f}")
+assert amp["scaler_scales"][0] == amp["scaler_scales"][1] and amp["skipped_steps"][0] == amp["skipped_steps"][1]
+assert amp["param_checksums"][0] == amp["param_checksums"][1] and amp["global_batch"] == 128
+
+# %% [markdown]
+# ## 4. Gradient accumulation with `no_sync()`
+#
+# Accumulating 4 micro-batches needs only one all-reduce, after the last one. Inside `ddp.no_sync()` DDP skips
+# the all-reduce and lets gradients add up locally:
+#
+# ```python
+# for i, (x, y) in enumerate(micro_batches):
+#     ctx = ddp.no_sync() if i < accum - 1 else contextlib.nullcontext()
+#     with ctx:
+#         scaler.scale(loss_fn(ddp(x), y) / accum).backward()
+# ```
+#
+# The recipe counts the all-reduces DDP really issues (a communication hook that counts, then all-reduces):
+
+# %%
+for name, r in [("fp32, accumulation 1", two), ("fp16, accumulation 4", amp)]:
+    calls, mib = r["allreduce_calls"][0], r["allreduce_bytes"][0] / 2**20
+    print(f"{name}: {r['micro_batches']:2d} micro-batches, {calls:2d} all-reduces, {mib:.1f} MiB all-reduced")
+assert amp["allreduce_calls"] == [12, 12] and amp["micro_batches"] == 48  # 48 micro-batches, 12 all-reduces
+assert two["allreduce_calls"] == [12, 12] and two["allreduce_bytes"] == amp["allreduce_bytes"]
+
+# %% [markdown]
+# Same global batch, same traffic, but 4× the micro-batches per all-reduce; without `no_sync()` it would be 48
+# all-reduces (`--sync-every-micro` runs that way). Gradients stay fp32 under autocast (the weights are fp32), so
+# fp16 compute does not shrink the all-reduce: 136 193 parameters × 4 bytes × 12 steps.
+#
+# ## 5. The all-reduce benchmark: algbw and busbw
+#
+# For a message of $S$ bytes that takes $t$ seconds, nccl-tests reports
+#
+# - **algbw** $= S / t$: what the caller sees;
+# - **busbw** $= \text{algbw} \times 2(n-1)/n$: a ring all-reduce sends (and receives) $2(n-1)/n \cdot S$ bytes
+#   per rank, so busbw is comparable with a link's hardware bandwidth whatever the number of ranks.
+#
+# `labkit.recipes.allreduce` measures both (slowest rank, median of repeats):
+
+# %%
+bench = launch("labkit.recipes.allreduce", nproc=2, timeout=180, stream=False,
+               args=["--device", DEV, "--sizes", "1K,4K,16K,64K,256K,1M,4M", "--iters", "10"])
+rows = bench["rows"]
+assert all(r["correct"] for r in rows) and bench["busbw_factor"] == ar.busbw_factor(2) == 1.0
+assert all(math.isclose(r["busbw_GBps"], ar.busbw(r["algbw_GBps"], 2)) for r in rows)
+assert rows[-1]["busbw_GBps"] > 10 * rows[0]["busbw_GBps"]  # large messages use the link far better
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"{'size':>6} {'time (us)':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}")
+for r in rows:
+    print(f"{r['size']:>6} {r['time_us']:10.1f} {r['algbw_GBps']:11.4f} {r['busbw_GBps']:11.4f}")
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 3.5))
+ax.loglog([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-")
+ax.set(xlabel="message size (bytes)", ylabel="busbw (GB/s)", title=f"all-reduce, {bench['world_size']} ranks, {bench['backend']}")
+ax.grid(True, which="both", alpha=0.3)
+plt.show()
+
+# %% [markdown]
+# A simple model explains the curve: $t(S) \approx \alpha + \frac{2(n-1)}{n}\frac{S}{B}$.
+#
+# - **Latency-bound** (small $S$): $\alpha$ dominates (here tens to hundreds of µs of loopback TCP and gloo
+#   bookkeeping), $t$ hardly changes with $S$, and busbw grows in proportion to $S$. This is why DDP packs
+#   gradients into ~25 MB buckets instead of all-reducing each tensor.
+# - **Bandwidth-bound** (large $S$): busbw flattens towards the link bandwidth $B$.
+#
+# What the hardware changes is $\alpha$ and $B$. GPUs in one node connected by NVLink reach busbw of hundreds
+# of GB/s with NCCL; across nodes one InfiniBand NDR port carries 400 Gb/s = 50 GB/s, and RDMA (GPUDirect) keeps
+# the CPU out of the path. Loopback TCP between two processes on this machine is a fraction of a GB/s. On a
+# GPU node, run this cell's launch there, or nccl-tests' `all_reduce_perf -b 8 -e 1G -f 2 -g <gpus>`.
+#
+# ## 6. NCCL: the knobs, the topology, slow ranks and timeouts
+#
+# On a GPU node the backend is NCCL (the device gate picks it). The environment variables worth knowing:
+#
+# | variable | what it does | typical use |
+# |---|---|---|
+# | `NCCL_DEBUG=INFO` | logs version, transports, rings/trees at start-up | **first thing to set** when something is slow or hangs; look for `NET/IB` vs `NET/Socket` and `P2P`/`SHM` lines |
+# | `NCCL_IB_DISABLE=1` | forbids InfiniBand/RoCE, falls back to TCP sockets | a debugging switch; left in a job script (often copied from a container recipe) it silently makes multi-node runs many times slower |
+# | `NCCL_SOCKET_IFNAME` | which interface sockets and bootstrap use | pin it (`ib0`, `eth0`) when a wrong one (`docker0`, `lo`) makes ranks hang at start |
+# | `NCCL_ALGO` | force `Ring`, `Tree`, ... | experiments only; NCCL's tuner picks per message size |
+# | `NCCL_BUFFSIZE` | bytes per channel buffer (default 4 MiB) | larger can help bandwidth, costs GPU memory |
+# | `NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_NTHREADS` | sockets and threads of the TCP transport (product ≤ 64) | only when there is no RDMA: more streams fill a fast Ethernet link |
+#
+# `nvidia-smi topo -m` prints how GPUs and NICs are connected: `NV#` (NVLink, # links), `PIX`/`PXB` (PCIe
+# switches), `PHB` (through the CPU's PCIe host bridge), `NODE`/`SYS` (across host bridges or CPU sockets).
+# NCCL uses NVLink where it exists; `SYS` between a GPU and its NIC means traffic crosses sockets.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if device.is_cuda():
+    print("NCCL version:", device.nccl_version())
+    print(subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, check=True).stdout)
+else:
+    print("No CUDA device: torch here has no NCCL, and there is no nvidia-smi. See the example below.")
+
+# %% [markdown]
+# *An explained example* (a typical 4-GPU node with one NIC; illustrative, not measured on this machine):
+#
+# ```
+#         GPU0  GPU1  GPU2  GPU3  NIC0   CPU Affinity  NUMA Affinity
+# GPU0     X    NV4   NV4   NV4   PXB    0-31          0
+# GPU1    NV4    X    NV4   NV4   PXB    0-31          0
+# GPU2    NV4   NV4    X    NV4   SYS    32-63         1
+# GPU3    NV4   NV4   NV4    X    SYS    32-63         1
+# ```
+#
+# Every GPU pair has 4 NVLinks (fast all-reduce inside the node). GPU0/1 reach the NIC through PCIe switches,
+# GPU2/3 only across the CPU sockets (`SYS`): inter-node traffic from them is slower, and NCCL's rings are
+# built around that.
+#
+# **The slow-rank effect.** A collective finishes only when the *last* rank arrives, so every step runs at the
+# pace of the slowest rank (a busy node, a thermally throttled GPU, a rank that also writes logs). Here rank 1
+# sleeps 50 ms per step in a bf16 run; watch rank 0's step time:
+
+# %%
+slow = launch("labkit.recipes.ddp", nproc=2, timeout=180, stream=False,
+              args=[*BASE, "--batch", "64", "--precision", "bf16", "--slow-rank", "1", "--slow-ms", "50"])
+step_ms = [t * 1e3 for t in slow["timings"]["step_s_median_per_rank"]]
+assert min(step_ms) >= 50 and slow["scaler_scales"] == [None, None]  # bf16: no GradScaler
+assert slow["param_checksums"][0] == slow["param_checksums"][1]
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"median step time: rank 0 {step_ms[0]:.1f} ms, rank 1 {step_ms[1]:.1f} ms "
+      f"(fast run: {max(two['timings']['step_s_median_per_rank']) * 1e3:.1f} ms)")
+
+# %% [markdown]
+# Rank 0 never sleeps, yet its steps take as long as rank 1's: it waits inside the all-reduce.
+#
+# **Barrier misuse.** Collectives (all-reduce, broadcast, `barrier()`) must be called by *every* rank, in the same
+# order. `if rank == 0: save(); dist.barrier()` leaves rank 0 waiting for partners that never come, or pairs its
+# barrier with someone else's next collective. The right pattern, used by the recipe: rank 0 saves, then *all*
+# ranks call `barrier()`. And barriers that are not needed only add slow-rank waits.
+#
+# **Timeouts.** A rank that never arrives makes the others wait until the process-group timeout (PyTorch's
+# default: 10 minutes for NCCL, 30 for gloo), after which NCCL's watchdog aborts the job with an error instead of
+# hanging forever. Set `timeout=` in `init_process_group` (the recipe's `--pg-timeout`) shorter when debugging.
+# Here rank 1 sleeps 6 s and the timeout is 2 s:
+
+# %%
+try:
+    launch("labkit.recipes.ddp", nproc=2, timeout=120, stream=False,
+           args=[*BASE, "--steps", "2", "--slow-rank", "1", "--slow-ms", "6000", "--pg-timeout", "2"])
+except LaunchError as err:
+    timeout_err = err
+print("failed rank:", timeout_err.rank, "| the error mentions a timeout:", "timed out" in str(timeout_err).lower())
+assert timeout_err.rank == 0 and "timed out" in timeout_err.rank_traceback.lower()
+
+# %% [markdown]
+# ## 7. When a rank dies: a clean error, then resume
+#
+# `--crash-rank 1 --crash-step 3` makes rank 1 raise at the start of step 3. The run checkpoints every 2 steps
+# (rank 0 writes atomically, then all ranks meet at a barrier), so step 2's checkpoint exists when it dies.
+# The launcher raises within seconds, with rank 1's traceback, and no process is left behind:
+
+# %%
+crash_args = [*BASE, "--batch", "64", "--ckpt-dir", str(work / "crash"), "--ckpt-every", "2"]
+try:
+    launch("labkit.recipes.ddp", nproc=2, args=[*crash_args, "--crash-rank", "1", "--crash-step", "3"],
+           timeout=180, stream=False)
+except LaunchError as err:
+    crash = err
+print(f"rank {crash.rank} failed:", crash.rank_traceback.splitlines()[-1])
+print("processes left behind:", crash.leftover)
+assert crash.rank == 1 and "injected crash" in crash.rank_traceback and crash.leftover == []
+
+# %% [markdown]
+# Resuming loads model, optimizer (and scaler) state and the step number from the last checkpoint; the
+# `DistributedSampler` is set to the right epoch and skips the batches already seen. On the CPU in fp32 every
+# operation is deterministic, so the resumed run must end in **exactly** the weights of the uninterrupted run
+# from section 2:
+
+# %%
+resumed = launch("labkit.recipes.ddp", nproc=2, args=[*crash_args, "--resume"], timeout=180, stream=False)
+a = train.load_checkpoint(work / "ref" / train.CHECKPOINT_NAME)["model"]
+b = train.load_checkpoint(work / "crash" / train.CHECKPOINT_NAME)["model"]
+print("resumed from step", resumed["resumed_from"], "| final weights bitwise equal:", all(torch.equal(a[k], b[k]) for k in a))
+assert resumed["resumed_from"] == 2 and resumed["losses"] == two["losses"]
+assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+# %% [markdown]
+# (On a GPU, bitwise equality additionally needs deterministic kernels and the same NCCL algorithm choice; in
+# fp16 the scaler state must come back too, which the checkpoint includes.)
+#
+# ## 8. Exercises
+#
+# **8.1** A job runs on 4 nodes × 8 GPUs, with micro-batch 16 per GPU and 4 gradient-accumulation steps. What is
+# the global batch per optimizer step?
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = 16 * (4 * 8) * 4
+### END SOLUTION
+check("08.global-batch", answer)
+
+# %% [markdown]
+# **8.2** The recipe was tuned with learning rate 3e-4 at global batch 256. With the linear scaling rule, which
+# learning rate goes with the global batch of 8.1?
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = 3e-4 * (16 * 32 * 4) / 256
+### END SOLUTION
+check("08.lr-scaling", answer)
+
+# %% [markdown]
+# **8.3** Write `busbw(algbw, n)`: the bus bandwidth nccl-tests reports for an all-reduce over `n` ranks, given
+# the measured algbw. (An 8-GPU all-reduce with algbw 120 GB/s should come out at 210 GB/s.)
+
+# %%
+def busbw(algbw, n):
+    ...
+    ### BEGIN SOLUTION
+    return algbw * 2 * (n - 1) / n
+    ### END SOLUTION
+
+
+check("08.busbw", busbw)
+
+# %% [markdown]
+# **8.4** Three ranks need 100, 100 and 160 ms of compute per step, and the all-reduce takes 20 ms once all have
+# arrived. How long is a step, in ms?
+
+# %%
+answer = ...
+### BEGIN SOLUTION
+answer = max(100, 100, 160) + 20
+### END SOLUTION
+check("08.slow-rank", answer)
+
+# %% [markdown]
+# ## Summary
+#
+# - Data parallelism = replicas + disjoint data shards + an all-reduce of gradients. The global batch is
+#   micro-batch × ranks × accumulation; 2 ranks × b trains like 1 rank × 2b, up to rounding.
+# - Launch ranks from a notebook as a `torchrun` subprocess with a timeout (`labkit.dist.launch`), never `!cmd`
+#   or `mp.spawn`; a failed rank must become an exception with its traceback, and no process may survive.
+# - With AMP: build model and optimizer, wrap in DDP, then create the GradScaler; scalers agree because they see
+#   all-reduced gradients. bf16 needs no scaler.
+# - `no_sync()` turns accumulation steps into local additions: one all-reduce per optimizer step.
+# - busbw = algbw × 2(n-1)/n makes all-reduce speed comparable with link bandwidth; small messages are
+#   latency-bound, large ones bandwidth-bound.
+# - NCCL: `NCCL_DEBUG=INFO` first, beware a stray `NCCL_IB_DISABLE=1`, read `nvidia-smi topo -m`. The slowest rank
+#   sets the pace; collectives must be called by all ranks; timeouts turn hangs into errors.
+# - Checkpoint atomically on rank 0 plus a barrier, and a crashed run resumes to bitwise the same weights.
+#
+# Next, notebook 09 shards the optimizer state, gradients and parameters across ranks with DeepSpeed ZeRO.
