@@ -7,6 +7,8 @@
   every candidate alike, and reports each one's time relative to a baseline.
 - On CUDA each call is timed with CUDA events (``labkit.device.event_timer``); elsewhere with
   ``time.perf_counter`` around the call followed by ``labkit.device.synchronize``.
+- :func:`peak_matmul_flops`, :func:`memory_bandwidth` and :func:`theoretical_peak` give the measured
+  ceilings and the formula's peak for notebook 07's roofline; ``python -m labkit.bench peak`` prints them.
 - :func:`amp_benchmark` measures bf16 (and optionally fp16) against fp32 for a matmul and for a tiny-GPT
   training step; ``python -m labkit.bench amp`` prints it.
 
@@ -16,6 +18,7 @@ Introduced in notebook 04.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -26,12 +29,24 @@ import torch
 from labkit import device as _device
 
 __all__ = [
+    "CUDA_FLOPS_PER_CLOCK_PER_SM",
+    "PEAK_DTYPES",
+    "Bandwidth",
     "Comparison",
+    "PeakFlops",
+    "TheoreticalPeak",
     "Timing",
     "amp_benchmark",
     "compare",
+    "cpu_flops_per_cycle",
+    "cuda_flops_per_clock_per_sm",
+    "default_peak_shapes",
     "main",
     "matmul_candidates",
+    "memory_bandwidth",
+    "peak_matmul_flops",
+    "peak_report",
+    "theoretical_peak",
     "time_fn",
     "train_step_candidates",
 ]
@@ -274,8 +289,288 @@ def amp_benchmark(
     return {"matmul": mm, "train_step": ts}
 
 
+# --- peaks: measured matmul FLOP/s and memory bandwidth, theoretical peak from the formula (notebook 07) ---
+
+#: dtype names the peak functions accept, and the torch dtype each one benchmarks.
+PEAK_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+#: Dense FLOPs per clock per SM by CUDA compute capability: fp32 on CUDA cores (2 per FMA), fp16/bf16/tf32
+#: on tensor cores. From NVIDIA's architecture whitepapers/datasheets (V100, T4, A100, A10/RTX 30, L4/L40,
+#: H100, B200); pro cards' fp32-accumulate rate (GeForce cards run fp16 with fp32 accumulate at half that).
+CUDA_FLOPS_PER_CLOCK_PER_SM: dict[tuple[int, int], dict[str, int | None]] = {
+    (7, 0): {"fp32": 128, "tf32": None, "fp16": 1024, "bf16": None},
+    (7, 5): {"fp32": 128, "tf32": None, "fp16": 1024, "bf16": None},
+    (8, 0): {"fp32": 128, "tf32": 1024, "fp16": 2048, "bf16": 2048},
+    (8, 6): {"fp32": 256, "tf32": 512, "fp16": 1024, "bf16": 1024},
+    (8, 9): {"fp32": 256, "tf32": 512, "fp16": 1024, "bf16": 1024},
+    (9, 0): {"fp32": 256, "tf32": 2048, "fp16": 4096, "bf16": 4096},
+    (10, 0): {"fp32": 256, "tf32": 4096, "fp16": 8192, "bf16": 8192},
+}
+
+
+def _peak_dtype(dtype: str | torch.dtype) -> tuple[str, torch.dtype]:
+    if isinstance(dtype, torch.dtype):
+        names = [k for k, v in PEAK_DTYPES.items() if v == dtype]
+        if not names:
+            raise ValueError(f"peak dtypes are {sorted(PEAK_DTYPES)}, got {dtype}")
+        return names[0], dtype
+    if not isinstance(dtype, str):
+        raise TypeError(f"dtype must be a name such as 'bf16' or a torch.dtype, got {type(dtype).__name__}")
+    if dtype not in PEAK_DTYPES:
+        raise ValueError(f"peak dtypes are {sorted(PEAK_DTYPES)}, got {dtype!r}")
+    return dtype, PEAK_DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    """The best matmul FLOP/s measured for one dtype, the shape that reached it, and every shape's figure.
+
+    Introduced in notebook 07.
+    """
+
+    dtype: str
+    flops_per_s: float
+    shape: tuple[int, int, int]
+    per_shape: dict[tuple[int, int, int], float]
+
+
+def default_peak_shapes(device: torch.device | str | None = None) -> tuple[tuple[int, int, int], ...]:
+    """Return the (m, n, k) matmul shapes :func:`peak_matmul_flops` searches by default on ``device``.
+
+    Square powers of two and a tall-skinny shape: small enough for 2 CPU cores, large enough to fill a GPU.
+    Introduced in notebook 07.
+    """
+    if _device.is_cuda(device):
+        return ((4096, 4096, 4096), (8192, 8192, 8192), (6144, 6144, 6144), (16384, 4096, 4096))
+    return ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 1024))
+
+
+def peak_matmul_flops(dtype: str | torch.dtype = "fp32", device: torch.device | str | None = None,
+                      shapes: Sequence[tuple[int, int, int]] | None = None, repeats: int = 3) -> PeakFlops:
+    """Measure the maximum achievable matmul FLOP/s for ``dtype``: time ``A @ B`` over several shapes, keep the best.
+
+    The best over a few shapes, not the datasheet, is the compute ceiling a real job can hope for (the
+    idea of stas00's "maximum achievable matmul FLOPs"). Each shape counts ``2*m*n*k`` FLOPs per
+    matmul and takes the median of ``repeats`` timed runs after a warm-up. Raises ``ValueError`` if the
+    device cannot compute in ``dtype``. Introduced in notebook 07.
+    """
+    name, dt = _peak_dtype(dtype)
+    dev = _device.pick_device() if device is None else torch.device(device)
+    if dt != torch.float32 and not _device.supports(dt, dev):
+        raise ValueError(f"{dev} does not compute in {name}; measure fp32 instead")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    shapes = tuple(default_peak_shapes(dev) if shapes is None else shapes)
+    if not shapes:
+        raise ValueError("shapes must list at least one (m, n, k)")
+    per: dict[tuple[int, int, int], float] = {}
+    for shape in shapes:
+        if len(shape) != 3 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
+            raise ValueError(f"each shape must be three positive ints (m, n, k), got {shape!r}")
+        m, n, k = shape
+        a = torch.randn(m, k, device=dev).to(dt)
+        b = torch.randn(k, n, device=dev).to(dt)
+        out = torch.empty(m, n, device=dev, dtype=dt)
+        sec = time_fn(lambda: torch.mm(a, b, out=out), warmup=1, repeats=repeats, device=dev).median
+        per[(m, n, k)] = 2.0 * m * n * k / sec
+        del a, b, out
+    best = max(per, key=per.__getitem__)
+    return PeakFlops(name, per[best], best, per)
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """Measured memory bandwidth: bytes read plus written per second by a large copy.
+
+    Introduced in notebook 07.
+    """
+
+    bytes_per_s: float
+    nbytes: int
+    seconds: float
+
+
+def memory_bandwidth(nbytes: int = 256 * 2**20, device: torch.device | str | None = None,
+                     repeats: int = 5) -> Bandwidth:
+    """Measure memory bandwidth from ``dst.copy_(src)`` of ``nbytes``: it reads ``nbytes`` and writes ``nbytes``.
+
+    The copy is counted as ``2 * nbytes`` moved (some tools quote only one side, which halves the
+    figure). Make ``nbytes`` several times the last-level cache, or the copy measures the cache.
+    Introduced in notebook 07.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 4096:
+        raise ValueError(f"nbytes must be an int >= 4096, got {nbytes!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    dev = _device.pick_device() if device is None else torch.device(device)
+    src = torch.ones(nbytes // 4, device=dev)
+    dst = torch.empty_like(src)
+    sec = time_fn(lambda: dst.copy_(src), warmup=1, repeats=repeats, device=dev).median
+    moved = 2 * src.nbytes
+    return Bandwidth(moved / sec, int(src.nbytes), sec)
+
+
+@dataclass(frozen=True)
+class TheoreticalPeak:
+    """A peak from the formula units x frequency x FLOPs per cycle, with the formula and its assumptions.
+
+    Introduced in notebook 07.
+    """
+
+    dtype: str
+    flops_per_s: float
+    formula: str
+    assumptions: tuple[str, ...]
+
+    def describe(self) -> str:
+        """Return the peak, the formula and the assumptions as printable lines."""
+        lines = [f"{self.dtype}: {self.flops_per_s / 1e9:,.1f} GFLOP/s = {self.formula}"]
+        return "\n".join(lines + [f"  assumes: {a}" for a in self.assumptions])
+
+
+def cpu_flops_per_cycle(dtype: str, isa: Sequence[str], fma_units: int = 2) -> tuple[int, str]:
+    """Return FLOPs per cycle per core for ``dtype`` given the CPU's ISA flags, and the unit that gives them.
+
+    fp32: AVX-512 ``16 lanes x 2 (FMA) x fma_units``; AVX2+FMA ``8 x 2 x fma_units``; else SSE ``4 x 2``.
+    bf16: AMX-BF16 tiles do 1024 FLOPs/cycle/core (Intel's figure for 4th-gen Xeon); without AMX,
+    AVX512-BF16 dot products ``16 lanes x 4 x fma_units``; else as fp32 (converted). fp16: AMX-FP16 1024;
+    AVX512-FP16 ``32 lanes x 2 x fma_units``; else as fp32. Introduced in notebook 07.
+    """
+    if isinstance(fma_units, bool) or not isinstance(fma_units, int) or fma_units < 1:
+        raise ValueError(f"fma_units must be a positive int, got {fma_units!r}")
+    name, _ = _peak_dtype(dtype)
+    have = set(isa)
+    if name == "bf16" and "amx_bf16" in have:
+        return 1024, "AMX-BF16 tile unit (1024 FLOP/cycle/core)"
+    if name == "fp16" and "amx_fp16" in have:
+        return 1024, "AMX-FP16 tile unit (1024 FLOP/cycle/core)"
+    if name == "bf16" and "avx512_bf16" in have:
+        return 16 * 4 * fma_units, f"AVX512-BF16 dot product (16 lanes x 4 FLOP x {fma_units} units)"
+    if name == "fp16" and "avx512_fp16" in have:
+        return 32 * 2 * fma_units, f"AVX512-FP16 FMA (32 lanes x 2 FLOP x {fma_units} units)"
+    if "avx512f" in have:
+        return 16 * 2 * fma_units, f"AVX-512 FMA (16 fp32 lanes x 2 FLOP x {fma_units} units)"
+    if "avx2" in have and "fma" in have:
+        return 8 * 2 * fma_units, f"AVX2 FMA (8 fp32 lanes x 2 FLOP x {fma_units} units)"
+    return 8, "SSE (4 fp32 lanes x (1 add + 1 mul))"
+
+
+def cuda_flops_per_clock_per_sm(capability: tuple[int, int], dtype: str) -> int | None:
+    """Return dense FLOPs per clock per SM for a CUDA capability and dtype, or None where unknown/unsupported.
+
+    Introduced in notebook 07.
+    """
+    name = dtype if dtype == "tf32" else _peak_dtype(dtype)[0]
+    row = CUDA_FLOPS_PER_CLOCK_PER_SM.get(tuple(capability))  # type: ignore[arg-type]
+    return None if row is None else row.get(name)
+
+
+def _cpu_cores_in_use() -> tuple[int, str]:
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = set()
+    for c in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as fh:
+                cores.add(fh.read().strip())
+        except OSError:
+            cores.add(str(c))
+    n = min(len(cores), torch.get_num_threads())
+    return n, (f"{n} physical cores: {len(cpus)} logical CPUs usable, {len(cores)} physical, "
+               f"torch uses {torch.get_num_threads()} threads")
+
+
+def _cpu_ghz() -> tuple[float, str]:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as fh:
+            return int(fh.read()) / 1e6, "the maximum (turbo) frequency from cpufreq"
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("cpu MHz"):
+                    return float(line.split(":")[1]) / 1e3, "the clock /proc/cpuinfo reports (a VM shows its nominal clock)"
+    except (OSError, ValueError):
+        pass
+    raise ValueError("cannot read the CPU frequency (no cpufreq and no /proc/cpuinfo); pass it in")
+
+
+def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | str | None = None,
+                     fma_units: int = 2) -> TheoreticalPeak:
+    """Return the theoretical peak FLOP/s from units x frequency x FLOPs per cycle, with the assumptions.
+
+    CPU: physical cores in use x clock x FLOPs/cycle/core from the ISA (:func:`cpu_flops_per_cycle`).
+    CUDA: SM count x max SM clock x dense FLOPs/clock/SM for the architecture
+    (:data:`CUDA_FLOPS_PER_CLOCK_PER_SM`). Raises ``ValueError`` for an architecture or dtype the table
+    lacks. Introduced in notebook 07.
+    """
+    name, _ = _peak_dtype(dtype)
+    dev = _device.pick_device() if device is None else torch.device(device)
+    if _device.is_cuda(dev):
+        props = _device.cuda_properties(dev)
+        assert props is not None
+        per_sm = cuda_flops_per_clock_per_sm(props["capability"], name)  # type: ignore[arg-type]
+        if per_sm is None:
+            raise ValueError(f"no FLOPs/clock/SM figure for {name} on compute capability {props['capability']}")
+        if not props["clock_khz"]:
+            raise ValueError("this torch build does not report the GPU's SM clock")
+        ghz = float(props["clock_khz"]) / 1e6  # type: ignore[arg-type]
+        sms = int(props["sm_count"])  # type: ignore[arg-type]
+        unit = "CUDA cores" if name == "fp32" else "tensor cores, dense"
+        return TheoreticalPeak(name, sms * ghz * 1e9 * per_sm,
+                               f"{sms} SMs x {ghz:.2f} GHz x {per_sm} FLOP/clock/SM",
+                               (f"{props['name']}, compute capability {props['capability']}",
+                                f"{unit}; fp32 here is without TF32",
+                                "the maximum SM clock the driver reports; sustained clocks under load are lower",
+                                "dense math (no 2:4 sparsity)"))
+    if dev.type != "cpu":
+        raise ValueError(f"theoretical peaks are known for CPU and CUDA devices, not {dev.type}")
+    cores, core_note = _cpu_cores_in_use()
+    ghz, ghz_note = _cpu_ghz()
+    per, unit = cpu_flops_per_cycle(name, _device.cpu_isa_flags(), fma_units)
+    notes = [core_note, f"{ghz:.2f} GHz: {ghz_note}; AVX-512/AMX code may run at a lower clock", unit]
+    if "units" in unit:
+        notes.append(f"{fma_units} FMA units per core (Xeon Gold/Platinum; some SKUs have 1)")
+    return TheoreticalPeak(name, cores * ghz * 1e9 * per, f"{cores} cores x {ghz:.2f} GHz x {per} FLOP/cycle",
+                           tuple(notes))
+
+
+def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.device | str | None = None,
+                bandwidth_bytes: int = 512 * 2**20, shapes: Sequence[tuple[int, int, int]] | None = None) -> str:
+    """Return a printable report: measured vs theoretical peak per dtype, and the measured copy bandwidth.
+
+    dtypes the device cannot compute in are listed as skipped. Introduced in notebook 07.
+    """
+    dev = _device.pick_device() if device is None else torch.device(device)
+    lines = [f"labkit peak report on {dev} ({_device.capabilities(dev).device_name})", ""]
+    for name in dtypes:
+        _, dt = _peak_dtype(name)
+        if dt != torch.float32 and not _device.supports(dt, dev):
+            lines.append(f"{name}: skipped ({dev} does not compute in {name})")
+            continue
+        meas = peak_matmul_flops(name, dev, shapes)
+        try:
+            theo: TheoreticalPeak | None = theoretical_peak(name, dev)
+        except ValueError as exc:
+            theo, why = None, str(exc)
+        shape = "x".join(map(str, meas.shape))
+        lines.append(f"{name}: measured {meas.flops_per_s / 1e9:,.1f} GFLOP/s (best shape {shape})")
+        if theo is None:
+            lines.append(f"  theoretical: unknown ({why})")
+        else:
+            lines.append(f"  theoretical {theo.flops_per_s / 1e9:,.1f} GFLOP/s = {theo.formula}"
+                         f"  -> measured is {meas.flops_per_s / theo.flops_per_s:.0%} of it")
+            lines += [f"    assumes: {a}" for a in theo.assumptions]
+    bw = memory_bandwidth(bandwidth_bytes, dev)
+    lines += ["", f"memory: {bw.bytes_per_s / 1e9:,.1f} GB/s (copy of {bw.nbytes / 2**20:.0f} MiB, read + write counted)"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m labkit.bench amp [--device D] [--dtypes bf16,fp16] [--size N] [--repeats R]``.
+
+    ``python -m labkit.bench peak [--device D] [--dtypes fp32,bf16,fp16]`` prints measured vs theoretical
+    peak FLOP/s and the copy bandwidth (notebook 07).
 
     Introduced in notebook 04.
     """
@@ -289,9 +584,20 @@ def main(argv: list[str] | None = None) -> int:
     amp.add_argument("--repeats", type=int, default=10)
     amp.add_argument("--batch-size", type=int, default=64, help="tiny-GPT batch size for the train step")
     amp.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for a CPU run")
+    peak = sub.add_parser("peak", help="measured vs theoretical peak FLOP/s (fp32, bf16, fp16) and copy bandwidth")
+    peak.add_argument("--device", default=None, help="cpu, cuda, ... (default: labkit.device.pick_device())")
+    peak.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma-separated peak dtypes")
+    peak.add_argument("--bandwidth-mib", type=int, default=512, help="size of the copied tensor in MiB")
+    peak.add_argument("--sizes", default=None, help="comma-separated square matmul sizes (default: a few per device)")
+    peak.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for a CPU run")
     args = ap.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.suite == "peak":
+        names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+        shapes = None if args.sizes is None else [(int(v),) * 3 for v in args.sizes.split(",") if v.strip()]
+        print(peak_report(names, _device.pick_device(args.device), args.bandwidth_mib * 2**20, shapes))
+        return 0
     dev = _device.pick_device(args.device)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     caps = _device.capabilities(dev)
