@@ -139,7 +139,7 @@ SlurmdParameters=config_overrides
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 ReturnToService=2
 MailProg=/bin/true
-KillWait=5
+KillWait=30
 # sbatch --wait polls every 2 s only while that is under MinJobAge/2; the default (300) grows it to 32 s.
 MinJobAge=4
 {comm}GresTypes=gpu

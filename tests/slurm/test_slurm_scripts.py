@@ -208,10 +208,12 @@ def test_jupyter_two_jobs_token_and_scancel(slurm_cluster: LocalCluster, job_env
     wait_for("the kernel process", lambda: any("ipykernel" in c for c in job_pids(slurm_cluster, job1).values()),
              30, interval=0.1)
 
-    # a second job on the same node: another port, and both answer
-    job2, info2, t2 = start_jupyter(slurm_cluster, env, tmp_path)
+    # a second job on the same node, told to use job 1's port or the next one: it must skip the taken
+    # port (the collision), and both answer
+    env2 = dict(env, LABKIT_JUPYTER_PORT_MIN=str(info1["port"]), LABKIT_JUPYTER_PORT_MAX=str(info1["port"] + 1))
+    job2, info2, t2 = start_jupyter(slurm_cluster, env2, tmp_path)
     print(f"jupyter.sbatch (second job): {t2:.2f} s")
-    assert info2["node"] == info1["node"] and info2["port"] != info1["port"]
+    assert info2["node"] == info1["node"] and info2["port"] == info1["port"] + 1
     assert info2["token"] != info1["token"]
     for info in (info1, info2):
         assert http_status(f"{base_url(info)}/api/status?token={info['token']}")[0] == 200
