@@ -20,10 +20,10 @@ Introduced in notebook 07.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from labkit import device as D
+from labkit import bench, device as D
 from labkit.roofline import OpCost, dtype_bytes
 
 __all__ = [
@@ -235,26 +235,17 @@ def interleaved_times(fns: dict[str, Callable[..., Any]], *args: Any, repeats: i
                       device: torch.device | str | None = None) -> dict[str, float]:
     """Time several functions on the same arguments, round-robin, and return each one's median seconds.
 
-    Round-robin (a, b, c, a, b, c, ...) exposes every candidate to the same background load, so the
-    *ratios* are fair even on a busy machine. Introduced in notebook 07.
+    Round-robin (a, b, c, b, c, a, ...; :func:`labkit.bench.compare`) exposes every candidate to the same
+    background load, so the *ratios* are fair even on a busy machine. Introduced in notebook 07.
     """
     if not fns or not all(callable(f) for f in fns.values()):
         raise TypeError("fns must be a non-empty dict of name -> callable")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     dev = D.pick_device() if device is None else torch.device(device)
-    for _ in range(warmup):
-        for f in fns.values():
-            f(*args)
-    D.synchronize(dev)
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, f in fns.items():
-            t0 = time.perf_counter()
-            f(*args)
-            D.synchronize(dev)
-            times[name].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    cmp = bench.compare({k: functools.partial(f, *args) for k, f in fns.items()}, warmup=warmup, repeats=repeats,
+                        device=dev)
+    return {k: t.median for k, t in cmp.timings.items()}
 
 
 def launch_overhead(n_ops: int = 2000, size: int = 64, repeats: int = 5,
