@@ -13,8 +13,8 @@ import numpy as np
 
 from labkit import formats as F
 
-__all__ = ["FORMAT_COLORS", "format_ranges", "grad_histogram", "memory_bars", "relative_spacing", "scale_history",
-           "value_grid"]
+__all__ = ["FORMAT_COLORS", "format_ranges", "grad_histogram", "loss_curves", "memory_bars", "relative_spacing",
+           "scale_history", "value_grid"]
 
 FORMAT_COLORS = {"fp64": "#6d6d6d", "fp32": "#1f77b4", "tf32": "#17becf", "fp16": "#d62728",
                  "bf16": "#2ca02c", "e4m3fn": "#9467bd", "e5m2": "#ff7f0e"}
@@ -198,4 +198,35 @@ def memory_bars(breakdowns: dict[str, dict[str, float]], unit: float = 1.0, ylab
     ax.legend(fontsize=8, ncol=2)
     if title:
         ax.set_title(title)
+    return ax
+
+
+def loss_curves(curves: dict[str, Sequence[float]], ax: Any = None, title: str | None = None, logy: bool = True,
+                styles: dict[str, str] | None = None) -> Any:
+    """Overlay loss curves, one per label; a curve that turns inf/NaN is cut there and marked with an x.
+
+    ``curves[label]`` is the loss per step (e.g. ``TrainResult.loss``); ``styles[label]`` an optional
+    matplotlib format string such as ``"--"``. Introduced in notebook 04.
+    """
+    if not isinstance(curves, dict) or not curves:
+        raise ValueError("curves must be a non-empty dict of label -> sequence of losses")
+    ax = _axes(ax, (9, 3.6))
+    for label, values in curves.items():
+        y = np.asarray(values, dtype=np.float64)
+        if y.ndim != 1 or y.size == 0:
+            raise ValueError(f"curve {label!r} must be a non-empty 1-D sequence")
+        bad = np.flatnonzero(~np.isfinite(y))
+        name = label if bad.size == 0 else f"{label} (non-finite from step {int(bad[0])})"
+        (line,) = ax.plot(np.arange(y.size), np.where(np.isfinite(y), y, np.nan), (styles or {}).get(label, "-"),
+                          label=name, lw=1.5)
+        if bad.size:
+            last = int(bad[0]) - 1
+            if last >= 0:
+                ax.plot([last], [y[last]], "x", color=line.get_color(), ms=8)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title or "Training loss")
+    ax.legend(loc="best", fontsize=8)
     return ax

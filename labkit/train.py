@@ -46,10 +46,13 @@ from torch import nn
 from labkit import device as _device
 
 __all__ = [
+    "AUTOCAST_OPS",
     "CHECKPOINT_NAME",
+    "CUDA_AUTOCAST_REFERENCE",
     "POLICIES",
     "Policy",
     "TrainResult",
+    "autocast_op_dtypes",
     "default_loss",
     "get_policy",
     "grad_norm",
@@ -108,6 +111,64 @@ def get_policy(policy: str | Policy) -> Policy:
     if policy not in POLICIES:
         raise ValueError(f"unknown precision policy {policy!r}; choose one of {list(POLICIES)}")
     return POLICIES[policy]
+
+
+def _op_inputs(dev: torch.device, low: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(4, 8, generator=g).to(dev)
+    return {"a": a.to(dtype) if low else a, "w": torch.randn(8, 8, generator=g).to(dev),
+            "t": torch.randint(8, (4,), generator=g).to(dev)}
+
+
+#: Ops measured by :func:`autocast_op_dtypes`: name -> (feeds low-precision input?, function of inputs).
+#: Matmul-like ops get fp32 inputs (autocast casts them down); the others get the autocast dtype, as
+#: they do in a network where they follow a matmul.
+AUTOCAST_OPS: dict[str, tuple[bool, Callable[[dict[str, torch.Tensor]], torch.Tensor]]] = {
+    "matmul": (False, lambda d: d["a"] @ d["w"]),
+    "linear": (False, lambda d: F.linear(d["a"], d["w"])),
+    "bmm": (False, lambda d: torch.bmm(d["a"][None], d["w"][None])),
+    "relu": (True, lambda d: torch.relu(d["a"])),
+    "gelu": (True, lambda d: F.gelu(d["a"])),
+    "add": (True, lambda d: d["a"] + d["a"]),
+    "mean": (True, lambda d: d["a"].mean()),
+    "sum": (True, lambda d: d["a"].sum()),
+    "exp": (True, lambda d: torch.exp(d["a"])),
+    "pow": (True, lambda d: torch.pow(d["a"], 2)),
+    "softmax": (True, lambda d: torch.softmax(d["a"], -1)),
+    "log_softmax": (True, lambda d: torch.log_softmax(d["a"], -1)),
+    "layer_norm": (True, lambda d: F.layer_norm(d["a"], (8,))),
+    "cross_entropy": (True, lambda d: F.cross_entropy(d["a"], d["t"])),
+    "mse_loss": (True, lambda d: F.mse_loss(d["a"], d["a"] * 0.5)),
+}
+
+#: What CUDA autocast does with those ops, from the PyTorch AMP docs ("autocast op reference"):
+#: "low" = runs in the autocast dtype (fp16/bf16), "fp32" = autocast runs it in float32, "input" = not in
+#: any list, runs in its input's dtype. Reference data for machines without a GPU.
+CUDA_AUTOCAST_REFERENCE: dict[str, str] = {
+    "matmul": "low", "linear": "low", "bmm": "low",
+    "relu": "input", "gelu": "input", "add": "input", "mean": "input",
+    "sum": "fp32", "exp": "fp32", "pow": "fp32", "softmax": "fp32", "log_softmax": "fp32",
+    "layer_norm": "fp32", "cross_entropy": "fp32", "mse_loss": "fp32",
+}
+
+
+def autocast_op_dtypes(
+    device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16
+) -> dict[str, tuple[torch.dtype, torch.dtype]]:
+    """Run each op of :data:`AUTOCAST_OPS` under ``torch.autocast(device, dtype)``: ``{op: (input, output dtype)}``.
+
+    This is a measurement on ``device``, not a lookup: CPU and CUDA autocast keep different op lists.
+    Introduced in notebook 04.
+    """
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"autocast dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+    dev = _device.pick_device() if device is None else torch.device(device)
+    out: dict[str, tuple[torch.dtype, torch.dtype]] = {}
+    for name, (low, fn) in AUTOCAST_OPS.items():
+        inputs = _op_inputs(dev, low, dtype)
+        with torch.no_grad(), torch.autocast(device_type=dev.type, dtype=dtype):
+            out[name] = (inputs["a"].dtype, fn(inputs).dtype)
+    return out
 
 
 def default_loss(model: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -154,3 +154,80 @@ def test_bad_arguments(task, tmp_path):
         _run(task, steps=3, policy="bf16", checkpoint_dir=tmp_path, resume=True)
     with pytest.raises(FileNotFoundError):
         train.load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_autocast_op_table_measured_on_cpu():
+    table = train.autocast_op_dtypes("cpu", torch.bfloat16)
+    assert set(table) == set(train.CUDA_AUTOCAST_REFERENCE) == set(train.AUTOCAST_OPS)
+    for op in ("matmul", "linear", "bmm"):
+        assert table[op] == (torch.float32, torch.bfloat16)  # autocast casts matmuls down
+    assert table["cross_entropy"][1] == torch.float32  # CPU autocast keeps losses in fp32
+    assert table["relu"] == (torch.bfloat16, torch.bfloat16)
+    # torch 2.13 CPU autocast does not upcast softmax/layer_norm, unlike CUDA autocast
+    assert table["softmax"][1] == torch.bfloat16 and train.CUDA_AUTOCAST_REFERENCE["softmax"] == "fp32"
+    with pytest.raises(ValueError):
+        train.autocast_op_dtypes("cpu", torch.float32)
+
+
+def test_loss_curves_plot_marks_divergence():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from labkit import plots
+
+    ax = plots.loss_curves({"ok": [2.0, 1.0, 0.5], "bad": [2.0, float("nan"), float("nan")]})
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["ok", "bad (non-finite from step 1)"]
+    with pytest.raises(ValueError):
+        plots.loss_curves({})
+
+
+# --- exercises of notebook 04: the graders accept the reference and reject the classic mistakes ---
+
+def _evaluate(ex_id, answer):
+    from labkit.check import evaluate
+
+    return evaluate(ex_id, answer).status
+
+
+def test_exercise_amp_step():
+    from labkit.exercises import nb04
+    from labkit.models import lm_loss
+
+    assert _evaluate("04.amp-step", nb04.reference_amp_step) == "correct"
+
+    def clip_before_unscale(model, opt, scaler, x, y, dtype):
+        opt.zero_grad()
+        with torch.autocast(device_type="cpu", dtype=dtype):
+            loss = lm_loss(model(x), y)
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+
+    def plain_step(model, opt, scaler, x, y, dtype):
+        opt.zero_grad()
+        with torch.autocast(device_type="cpu", dtype=dtype):
+            loss = lm_loss(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        scaler.update()
+
+    assert _evaluate("04.amp-step", clip_before_unscale) == "wrong"
+    assert _evaluate("04.amp-step", plain_step) == "wrong"
+    assert _evaluate("04.amp-step", ...) == "not attempted"
+
+
+def test_exercise_pick_dtype_island_and_lost_update():
+    from labkit.exercises import nb04
+
+    assert _evaluate("04.pick-dtype", nb04.reference_pick_amp) == "correct"
+    assert _evaluate("04.pick-dtype", lambda caps: ("fp16", True)) == "wrong"
+    assert _evaluate("04.fp32-island", nb04.reference_island_softmax) == "correct"
+    naive = lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True)  # noqa: E731
+    assert _evaluate("04.fp32-island", naive) == "wrong"
+    assert _evaluate("04.lost-update", 2.0**-8) == "correct"
+    assert _evaluate("04.lost-update", 2.0**-7) == "wrong"
+    assert _evaluate("04.lost-update", 2.0**-9) == "wrong"
