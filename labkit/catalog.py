@@ -65,7 +65,7 @@ NOTEBOOKS: list[Notebook] = [
              "CPU profiler and roofline", "CUDA time columns, GPU roofline", "memory bandwidth"),
     Notebook("08", "08_ddp", "DDP and communication",
              "data parallelism, all-reduce, gradient accumulation, torchrun from a notebook",
-             "2 ranks on gloo", "NCCL", "communication"),
+             "2 ranks on gloo", "NCCL", "communication", True),
     Notebook("09", "09_deepspeed_zero", "DeepSpeed and ZeRO",
              "ZeRO stages 0-3 in bf16/fp16, per-rank memory vs the model, offload",
              "DeepSpeed CPU accelerator, gloo", "CUDA + NCCL", "memory + communication", True),
