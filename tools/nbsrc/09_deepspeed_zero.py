@@ -86,7 +86,8 @@ except ValueError as err:
 # `labkit.recipes.zero` trains the tiny GPT on the `reverse` task with each config. Each `stage:dtype[:offload]`
 # entry of `--runs` gets a **fresh model and a fresh DeepSpeed engine** inside the same two processes, which
 # saves the process start-up per run. Every run uses the same seed, data and AdamW (`torch_adam`, so no C++
-# compile). We add one stage-2 run with the optimizer offloaded to the CPU, for section 5.
+# compile). Two more runs ride along in the same launch: stage 2 with the optimizer offloaded to the CPU (section
+# 5), and stage 2 in fp16 (section 4). The fp16 run is included only where the device gate says fp16 computes.
 #
 # Rank 0 reports the losses, each rank's checksum of the final parameters, and each rank's **exact model-state
 # bytes**. These are counted from the storages of the tensors the engine and its optimizer hold, taken after the
@@ -103,10 +104,13 @@ except ValueError as err:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+fp16_ok = device.supports(torch.float16)  # the device gate: does fp16 really compute here?
+run_list = "0:bf16,1:bf16,2:bf16,3:bf16,2:bf16:cpu" + (",2:fp16" if fp16_ok else "")
 res = launch("labkit.recipes.zero", nproc=2, timeout=300, stream=False,
-             args=["--runs", "0:bf16,1:bf16,2:bf16,3:bf16,2:bf16:cpu", "--steps", "6", "--micro-batch", "8",
-                   "--grad-accum", "2", "--bucket", "32768"])
-runs = {(r["stage"], r["offload"]): r for r in res["runs"]}
+             args=["--runs", run_list, "--steps", "8", "--micro-batch", "8", "--grad-accum", "2",
+                   "--bucket", "32768", "--initial-scale-power", "21", "--loss-scale-window", "2",
+                   "--hysteresis", "1"])
+runs = {(r["stage"], r["offload"], r["dtype"]): r for r in res["runs"]}
 print(f"DeepSpeed {res['deepspeed']} on {res['accelerator']}, backend {res['backend']}, "
       f"world size {res['world_size']}: {res['timings']['total_s']:.1f} s in the ranks")
 
@@ -115,7 +119,7 @@ print(f"DeepSpeed {res['deepspeed']} on {res['accelerator']}, backend {res['back
 # steps, gathering the final parameters gives the same checksum on both ranks:
 
 # %%
-bf16_runs = [runs[(s, "none")] for s in range(4)]
+bf16_runs = [runs[(s, "none", "bf16")] for s in range(4)]
 for r in bf16_runs:
     same = r["checksums"][0] == r["checksums"][1]
     print(f"ZeRO-{r['stage']}: {r['optimizer']:<30} ranks identical: {same}")
@@ -135,8 +139,8 @@ for r in bf16_runs:
 ref = bf16_runs[0]["losses"]
 worst = max(abs(a - b) / b for r in bf16_runs[1:] for a, b in zip(r["losses"], ref))
 print("first loss identical at every stage:", all(r["losses"][0] == ref[0] for r in bf16_runs))
-print("largest relative difference to stage 0 over 6 steps < 2e-3:", worst < 2e-3)
-assert worst < 2e-3 and ref[-1] < ref[0]
+print("largest relative difference to stage 0 over 8 steps < 0.5%:", worst < 5e-3)
+assert worst < 5e-3 and ref[-1] < ref[0]
 
 # %% [markdown]
 # ### Memory per rank: measured vs predicted
@@ -223,19 +227,17 @@ assert res["shm_files_left"] == []
 # | `hysteresis` | (always 1) | overflows tolerated before halving; every overflowing step is skipped |
 # | `min_loss_scale` | (none) | a floor; DeepSpeed stops if it overflows there |
 #
-# We start deliberately too high (2**24) with window 2 and hysteresis 1, so the trace shows both directions.
-# Whether fp16 really computes on this device comes from the device gate, never from an assumption:
+# The fp16 run of section 3 started deliberately too high (2**21), with window 2 and hysteresis 1, so the trace
+# shows both directions. Whether fp16 really computes on this device came from the device gate, never from an
+# assumption:
 
 # %%
-fp16_ok = device.supports(torch.float16)
 print("fp16 computes on this device:", fp16_ok)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fp16_args = ["--runs", "2:fp16", "--steps", "12", "--initial-scale-power", "24", "--loss-scale-window", "2",
-             "--hysteresis", "1"]
 if fp16_ok:
-    fp = launch("labkit.recipes.zero", nproc=2, timeout=300, stream=False, args=fp16_args)["runs"][0]
+    fp = runs[(2, "none", "fp16")]
     print("overflow:", fp["overflow"])
     print("scale after each step:", [f"2^{int(s).bit_length() - 1}" for s in fp["loss_scales"]])
 else:
@@ -250,7 +252,7 @@ else:
 
 # %%
 if fp is not None:
-    replay = scaling.deepspeed_scale_sequence(fp["overflow"], initial_scale_power=24, loss_scale_window=2,
+    replay = scaling.deepspeed_scale_sequence(fp["overflow"], initial_scale_power=21, loss_scale_window=2,
                                               hysteresis=1)
     assert fp["loss_scales"] == replay[1:] and fp["skipped_steps"] == sum(fp["overflow"])
     assert fp["checksums"][0] == fp["checksums"][1]
@@ -275,7 +277,7 @@ print("DeepSpeed's trace == the replayed rule:", fp is not None or "not run (no 
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-on, off = runs[(2, "cpu")], runs[(2, "none")]
+on, off = runs[(2, "cpu", "bf16")], runs[(2, "none", "bf16")]
 for name, r in (("ZeRO-2", off), ("ZeRO-2 + offload", on)):
     t = r["timings"]
     print(f"{name:<17} step {1e3 * t['step_s_median']:6.1f} ms (median)   init {t['init_s']:5.2f} s")
@@ -283,7 +285,7 @@ print(f"offload costs {on['timings']['step_s_median'] / off['timings']['step_s_m
 
 # %%
 print("same losses with and without offload (to bf16 rounding):",
-      max(abs(a - b) / b for a, b in zip(on["losses"], off["losses"])) < 2e-3)
+      max(abs(a - b) / b for a, b in zip(on["losses"], off["losses"])) < 5e-3)
 print("where the offloaded run's tensors live:", sorted(on["bytes_per_rank"][0]["by_device"]))
 
 # %% [markdown]
