@@ -305,6 +305,7 @@ conn = Path(tempfile.mkdtemp()) / "jupyter-123456.json"
 write_connection(conn, example)
 info = read_connection(conn)
 print(f"mode {oct(stat.S_IMODE(conn.stat().st_mode))}\n" + json.dumps(info, indent=1))
+shutil.rmtree(conn.parent)
 
 # %% [markdown]
 # To reach it, run on **your laptop** an ssh tunnel through the login node to the compute node:
