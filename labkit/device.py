@@ -29,6 +29,7 @@ __all__ = [
     "nccl_version",
     "pick_device",
     "reset_peak_memory_stats",
+    "set_current_device",
     "set_rng_state",
     "set_tf32",
     "supports",
@@ -154,6 +155,17 @@ def dist_backend(device: torch.device | str | None = None) -> str:
     Introduced in notebook 08.
     """
     return "nccl" if is_cuda(device) else "gloo"
+
+
+def set_current_device(device: torch.device | str) -> None:
+    """Make ``device`` this process's current CUDA device (a no-op on CPU and MPS).
+
+    A DDP rank calls it with ``cuda:LOCAL_RANK`` before joining an NCCL group, so that object collectives and
+    barriers use its own GPU rather than GPU 0. Introduced in notebook 08.
+    """
+    dev = _as_device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
 
 
 def synchronize(device: torch.device | str | None = None) -> None:

@@ -322,3 +322,11 @@ def test_nb08_exercises_grade_the_idea():
     assert "slowest" in evaluate("08.slow-rank", 140).message
     for ex in ("08.global-batch", "08.lr-scaling", "08.busbw", "08.slow-rank"):
         assert evaluate(ex, ...).status == "not attempted"
+
+
+def test_set_current_device_is_a_no_op_on_cpu():
+    from labkit import device
+
+    assert device.set_current_device("cpu") is None
+    with pytest.raises((TypeError, ValueError)):
+        device.set_current_device(3.5)

@@ -201,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     renv = ldist.rank_env()
     if dev_gate.is_cuda(dev):
         dev = torch.device("cuda", renv.local_rank)
+    dev_gate.set_current_device(dev)
     renv = ldist.init_process_group(dev_gate.dist_backend(dev), timeout_s=args.pg_timeout,
                                     device=dev if dev_gate.is_cuda(dev) else None)
     try:

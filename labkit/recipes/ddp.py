@@ -193,6 +193,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         want = torch.bfloat16 if args.precision == "bf16" else torch.float16
         if not dev_gate.supports(want, device):
             raise ValueError(f"--precision {args.precision}: autocast to {want} does not work on {device}")
+    dev_gate.set_current_device(device)  # object collectives and barriers then use this rank's GPU
     renv = ldist.init_process_group(backend, timeout_s=args.pg_timeout,
                                     device=device if dev_gate.is_cuda(device) else None)
     rank, world = renv.rank, renv.world_size
