@@ -177,45 +177,67 @@ def _descendants(pid: int) -> list[Any]:
         return []
 
 
+def _alive(procs: list[Any]) -> list[Any]:
+    """The processes of ``procs`` that still run (psutil checks pid *and* start time, so no pid reuse)."""
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
 def _kill_all(proc: subprocess.Popen, known: dict[int, Any]) -> list[int]:
-    """SIGTERM then SIGKILL torchrun, its process group, and every rank's group; return survivors."""
+    """SIGTERM, then SIGKILL, torchrun and every process it started, with their process groups.
+
+    torchrun starts each rank in a session of its own, so signalling torchrun's group is not enough:
+    every recorded descendant's group is signalled too (a rank's own children share its group).
+    Returns the pids still alive afterwards (empty unless something outlived SIGKILL).
+    """
     import psutil
 
     for p in _descendants(proc.pid):
         known.setdefault(p.pid, p)
-    everyone = [p for p in known.values()]
-    try:
-        everyone.append(psutil.Process(proc.pid))
-    except psutil.Error:
-        pass
-    groups = {proc.pid}
-    for p in everyone:
-        try:
-            groups.add(os.getpgid(p.pid))
-        except OSError:
-            pass
-    groups.discard(os.getpgrp())  # never signal our own (the notebook kernel's) group
+    everyone = list(known.values())
+    mine = os.getpgrp()
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        targets = _alive(everyone)
+        if not targets and proc.poll() is not None:
+            break
+        groups = {proc.pid} if proc.poll() is None else set()  # torchrun leads its own session/group
+        for p in targets:
+            try:
+                groups.add(os.getpgid(p.pid))
+            except OSError:
+                pass
+        groups.discard(mine)  # never signal our own (the notebook kernel's) group
         for g in groups:
             try:
                 os.killpg(g, sig)
             except OSError:
                 pass
-        for p in everyone:
+        for p in targets:
             try:
                 p.send_signal(sig)
             except psutil.Error:
+                pass
+        if proc.poll() is None:
+            try:
+                proc.send_signal(sig)
+            except OSError:
                 pass
         deadline = time.monotonic() + (_GRACE_S if sig == signal.SIGTERM else 10.0)
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-        _, alive = psutil.wait_procs(everyone, timeout=max(0.0, deadline - time.monotonic()))
-        if not alive and proc.poll() is not None:
-            break
-    _, alive = psutil.wait_procs(everyone, timeout=0.1)
-    return [p.pid for p in alive if p.pid != proc.pid or proc.poll() is None]
+        psutil.wait_procs(targets, timeout=max(0.0, deadline - time.monotonic()))
+    left = [p.pid for p in _alive(everyone)]
+    return left + ([proc.pid] if proc.poll() is None else [])
 
 
 def _rank_files(log_dir: Path, rank: int, name: str) -> list[Path]:
