@@ -22,6 +22,7 @@ __all__ = [
     "cuda_properties",
     "dist_backend",
     "event_timer",
+    "fp32_matmul_settings",
     "get_rng_state",
     "is_cuda",
     "max_memory_allocated",
@@ -30,6 +31,7 @@ __all__ = [
     "pick_device",
     "reset_peak_memory_stats",
     "set_current_device",
+    "set_float32_matmul_precision",
     "set_rng_state",
     "set_tf32",
     "supports",
@@ -282,6 +284,50 @@ def set_tf32(enabled: bool) -> dict[str, object]:
               "float32_matmul_precision": torch.get_float32_matmul_precision()}
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
+    return before
+
+
+_MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
+def fp32_matmul_settings() -> dict[str, object]:
+    """Return what decides how fp32 matmuls compute: the TF32 flags, the precision, and each backend's view.
+
+    ``float32_matmul_precision`` is ``"mixed"`` where the legacy and the per-backend settings disagree
+    (torch then refuses to report one value). ``cuda_matmul``/``mkldnn_matmul`` are the per-backend
+    ``fp32_precision`` ("none" = follows the global setting, "ieee", "tf32", "bf16"; oneDNN on a CPU
+    with AMX/AVX-512 BF16 really computes fp32 matmuls in bf16 under "medium"). ``env_override`` is $TORCH_ALLOW_TF32_CUBLAS_OVERRIDE, which
+    NVIDIA's NGC containers set so that TF32 is on by default. Introduced in notebook 05.
+    """
+    try:
+        precision = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        precision = "mixed"
+    mkldnn = getattr(torch.backends, "mkldnn", None)
+    return {
+        "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": precision,
+        "cuda_matmul": getattr(torch.backends.cuda.matmul, "fp32_precision", None),
+        "mkldnn_matmul": getattr(getattr(mkldnn, "matmul", None), "fp32_precision", None),
+        "env_override": os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"),
+    }
+
+
+def set_float32_matmul_precision(precision: str) -> dict[str, object]:
+    """Set ``torch.set_float32_matmul_precision`` ("highest", "high" or "medium"); return the previous settings.
+
+    "high" allows TF32 (and sets ``allow_tf32``), "medium" also allows bf16, "highest" is plain fp32. It sets
+    every backend at once, so it also repairs a "mixed" state. Restore with
+    ``set_float32_matmul_precision(before["float32_matmul_precision"])`` (``"highest"`` if that was "mixed").
+    Introduced in notebook 05.
+    """
+    if not isinstance(precision, str):
+        raise TypeError(f"precision must be a str, got {type(precision).__name__}")
+    if precision not in _MATMUL_PRECISIONS:
+        raise ValueError(f"precision must be one of {_MATMUL_PRECISIONS}, got {precision!r}")
+    before = fp32_matmul_settings()
+    torch.set_float32_matmul_precision(precision)
     return before
 
 
