@@ -475,7 +475,7 @@ def _cpu_cores_in_use() -> tuple[int, str]:
         except OSError:
             cores.add(str(c))
     n = min(len(cores), torch.get_num_threads())
-    return n, (f"{n} physical cores: {len(cpus)} logical CPUs usable, {len(cores)} physical, "
+    return n, (f"{n} physical core{'s' if n != 1 else ''}: {len(cpus)} logical CPUs usable, {len(cores)} physical, "
                f"torch uses {torch.get_num_threads()} threads")
 
 

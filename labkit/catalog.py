@@ -62,7 +62,7 @@ NOTEBOOKS: list[Notebook] = [
              "exact tensor bytes", "torch.cuda peak memory", "memory", True),
     Notebook("07", "07_profiling_and_fusion", "Profiling and fusion",
              "torch.profiler, launch overhead, fusion and torch.compile, roofline",
-             "CPU profiler and roofline", "CUDA time columns, GPU roofline", "memory bandwidth"),
+             "CPU profiler and roofline", "CUDA time columns, GPU roofline", "memory bandwidth", True),
     Notebook("08", "08_ddp", "DDP and communication",
              "data parallelism, all-reduce, gradient accumulation, torchrun from a notebook",
              "2 ranks on gloo", "NCCL", "communication", True),
