@@ -181,6 +181,20 @@ def test_hanging_launch_is_killed_at_its_timeout(tmp_path):
     assert w.leftovers() == [] and info.value.leftover == []
 
 
+def test_interrupting_the_cell_still_kills_everything(tmp_path):
+    """Ctrl-C in a notebook raises KeyboardInterrupt inside launch(); nothing may survive it."""
+    script = _write(tmp_path, "hang.py", HANG_SCRIPT)
+
+    def interrupt_once_rank1_runs(line: str) -> None:
+        if "rank 1 waiting forever" in line:
+            raise KeyboardInterrupt
+
+    with ProcessWatcher() as w, pytest.raises(KeyboardInterrupt):
+        launch(script, nproc=2, timeout=120, stream=interrupt_once_rank1_runs)
+    assert len(w.seen) >= 4, w.seen
+    assert w.leftovers() == []
+
+
 @pytest.mark.parametrize(
     "kwargs, exc",
     [
