@@ -188,3 +188,17 @@ def test_bad_input():
         fp8.scaled_mm(torch.ones(2, 3), torch.ones(2, 3))
     with pytest.raises(ValueError):
         fp8.amax(torch.ones(0))
+
+
+def test_nb05_exercises_tell_reference_from_wrong():
+    from labkit.check import evaluate
+    from labkit.exercises import nb05
+
+    for ex in nb05.EXERCISES:
+        assert evaluate(ex.id, ex.reference).status == "correct", ex.id
+        assert evaluate(ex.id, ex.wrong).status == "wrong", ex.id
+        assert evaluate(ex.id, ...).status == "not attempted", ex.id
+    assert evaluate("05.choose-format", {k: "bf16" for k in nb05.WORKLOADS}).status == "wrong"
+    assert evaluate("05.choose-format", {**nb05.EXERCISES[0].reference, "fp8-forward": "e4m3"}).status == "correct"
+    assert "Upside down" in evaluate("05.fp8-scale", fp8.amax(nb05.exercise_tensor()) / 448.0).message
+    assert evaluate("05.delayed-scale", lambda h, n, m, k: ...).status == "not attempted"
