@@ -110,7 +110,8 @@ labkit_activate() {
         *) labkit_die "LABKIT_ENV must be auto, venv, conda, module or none, not '${kind}'" ;;
     esac
     command -v python >/dev/null 2>&1 || labkit_die "no python after activating '${kind}'"
-    python -c 'import labkit' 2>/dev/null || labkit_die "python ($(command -v python)) cannot import labkit; install it with: pip install -e ${LABKIT_ROOT}"
+    # From / : in the checkout, `import labkit` would find ./labkit even where it is not installed.
+    (cd / && python -c 'import labkit') 2>/dev/null || labkit_die "python ($(command -v python)) cannot import labkit; install it with: pip install -e ${LABKIT_ROOT}"
     labkit_log "environment: ${kind} ($(command -v python))"
 }
 

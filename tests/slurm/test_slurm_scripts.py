@@ -9,6 +9,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -331,3 +332,41 @@ def test_notebook_10_live_cells_run_against_slurm(slurm_cluster: LocalCluster, j
     assert "Slurm reachable from this kernel: True" in text
     assert "task 1 of 2 on" in text and "task 1 on" in text and "is gone from the queue" in text
     assert "✗" not in text
+
+
+# ---- slurm/env.sh on its own (no cluster needed) -----------------------------------------------------
+def _activate(**settings: str) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "LABKIT_ROOT": str(ROOT), **settings}
+    script = 'source slurm/env.sh && labkit_locate_root && labkit_activate && echo "PY=$(command -v python)"'
+    return subprocess.run(["/bin/bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_env_sh_venv_and_none():
+    if sys.prefix != sys.base_prefix:
+        r = _activate(LABKIT_ENV="venv", LABKIT_VENV=sys.prefix)
+        assert r.returncode == 0 and f"PY={sys.prefix}/bin/python" in r.stdout, r.stderr
+    r = _activate(LABKIT_ENV="none", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    assert r.returncode == 0 and "environment: none" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"LABKIT_ENV": "pip"}, "LABKIT_ENV must be auto, venv, conda, module or none"),
+    ({"LABKIT_ENV": "venv", "LABKIT_VENV": "/nonexistent"}, "no virtual environment at LABKIT_VENV=/nonexistent"),
+    ({"LABKIT_ENV": "conda", "PATH": "/usr/bin:/bin"}, "no conda on PATH"),
+    ({"LABKIT_MODULES": "cuda/12.4", "PATH": "/usr/bin:/bin"}, "no 'module' command"),
+    ({"LABKIT_ENV": "none", "PATH": "/nonexistent"}, "no python"),
+    ({"LABKIT_ROOT": "/nonexistent"}, "has no slurm/ folder"),
+])
+def test_env_sh_explains_what_is_wrong(settings, message):
+    r = _activate(**settings)
+    assert r.returncode == 1 and message in r.stderr, (r.stdout, r.stderr)
+
+
+def test_env_sh_says_when_labkit_is_not_installed(tmp_path: Path):
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if system_python is None:
+        pytest.skip("no system python3 to stand in for an environment without labkit")
+    (tmp_path / "python").symlink_to(system_python)
+    r = _activate(LABKIT_ENV="none", PATH=f"{tmp_path}:/usr/bin:/bin")
+    assert r.returncode == 1 and "cannot import labkit" in r.stderr and "pip install -e" in r.stderr, r.stderr
