@@ -69,7 +69,7 @@ NOTEBOOKS: list[Notebook] = [
     Notebook("09", "09_deepspeed_zero", "DeepSpeed and ZeRO",
              "ZeRO stages 0-3 in bf16/fp16, per-rank memory vs the model, offload",
              "DeepSpeed CPU accelerator, gloo", "CUDA + NCCL", "memory + communication", True),
-    Notebook("10", "10_cluster", "Working on a cluster",
+    Notebook("10", "10_cluster_workflow", "Working on a cluster",
              "Slurm, JupyterLab on a compute node, multi-node DDP and DeepSpeed jobs",
              "full; live sinfo/sbatch/srun/scancel where a Slurm is reachable", "the same scripts on GPU nodes",
              "communication", True),

@@ -324,7 +324,7 @@ def test_notebook_10_live_cells_run_against_slurm(slurm_cluster: LocalCluster, j
     import nbformat
     from nbclient import NotebookClient
 
-    nb = ROOT / "notebooks" / "10_cluster.ipynb"
+    nb = ROOT / "notebooks" / "10_cluster_workflow.ipynb"
     book = nbformat.read(nb, as_version=4)
     NotebookClient(book, timeout=120, kernel_name="python3",
                    resources={"metadata": {"path": str(nb.parent)}}).execute(env=job_env)
