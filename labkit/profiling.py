@@ -27,14 +27,16 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from labkit import bench, device as D
+from labkit import bench
+from labkit import device as D
 from labkit.roofline import OpCost, dtype_bytes
 
 __all__ = [
@@ -201,7 +203,7 @@ def read_chrome_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     data = json.loads(Path(path).read_text())
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise ValueError(f"{path} is not a Chrome trace (no traceEvents list)")
+        raise ValueError(f"{path} is not a Chrome trace (no traceEvents list)")  # noqa: TRY004 (bad file content)
     return data
 
 

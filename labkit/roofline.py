@@ -23,8 +23,9 @@ Introduced in notebook 07.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = [
     "DTYPE_BYTES",

@@ -8,7 +8,7 @@ import random
 from labkit import roofline as R
 from labkit.check import Exercise
 
-__all__ = ["EXERCISES", "H100_BF16_FLOPS", "H100_BANDWIDTH", "PROFILE_TABLE"]
+__all__ = ["EXERCISES", "H100_BANDWIDTH", "H100_BF16_FLOPS", "PROFILE_TABLE"]
 
 #: A profile of a transformer training step as key_averages reports it: (op, self ms, total ms, calls).
 #: Total time includes the ops an op calls; self time does not.
