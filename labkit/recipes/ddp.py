@@ -20,11 +20,16 @@ What happens, in order (the order matters):
 2. build the model (same seed on every rank), then the optimizer;
 3. wrap the model in DDP (which broadcasts rank 0's weights), register an all-reduce-counting hook;
 4. create the GradScaler (fp16 only) *after* DDP, so every rank's scaler starts from the same state;
-5. restore model/optimizer/scaler/step from the newest checkpoint if ``--resume``;
+5. with ``--resume``, restore model/optimizer/scaler/step/loss history from ``CKPT_DIR/last.pt``
+   (:mod:`labkit.train`'s checkpoint format) if it exists; the sampler then skips the batches already seen;
 6. each step: ``accum`` micro-batches from a DistributedSampler; all but the last under
    ``model.no_sync()`` (no all-reduce), autocast around forward+loss, ``scaler.scale(loss).backward()``;
-   then ``scaler.step(opt)``/``scaler.update()``; rank 0 saves a checkpoint every ``--ckpt-every``
-   steps, followed by a barrier.
+   then ``scaler.step(opt)``/``scaler.update()``; rank 0 saves a checkpoint atomically every
+   ``--ckpt-every`` steps (and at the end), followed by a barrier on all ranks.
+
+Precision policies are :mod:`labkit.train`'s ``fp32``, ``bf16`` and ``fp16`` (fp32 master weights in all
+three). Under ``srun`` without torchrun the rank layout comes from ``SLURM_PROCID``/``SLURM_NTASKS``/
+``SLURM_LOCALID`` (see :func:`labkit.dist.rank_env`); multi-node runs must export ``MASTER_ADDR``.
 
 Rank 0 prints ``LABKIT_RESULT {json}`` with the global mean loss per step, every rank's gradient and
 parameter checksums (sha256 of the raw bytes, so "equal" means bit-identical), all-reduce counts,
