@@ -313,8 +313,9 @@ try:
            args=[*BASE, "--steps", "2", "--slow-rank", "1", "--slow-ms", "6000", "--pg-timeout", "2"])
 except LaunchError as err:
     timeout_err = err
-print("failed rank:", timeout_err.rank, "| the error mentions a timeout:", "timed out" in str(timeout_err).lower())
-assert timeout_err.rank == 0 and "timed out" in timeout_err.rank_traceback.lower()
+said = (timeout_err.rank_traceback + timeout_err.log).lower()
+print("failed rank:", timeout_err.rank, "| it reports a timeout:", any(w in said for w in ("timed out", "timeout")))
+assert timeout_err.rank == 0 and any(w in said for w in ("timed out", "timeout"))
 
 # %% [markdown]
 # ## 7. When a rank dies: a clean error, then resume
@@ -344,9 +345,11 @@ assert crash.rank == 1 and "injected crash" in crash.rank_traceback and crash.le
 resumed = launch("labkit.recipes.ddp", nproc=2, args=[*crash_args, "--resume"], timeout=180, stream=False)
 a = train.load_checkpoint(work / "ref" / train.CHECKPOINT_NAME)["model"]
 b = train.load_checkpoint(work / "crash" / train.CHECKPOINT_NAME)["model"]
-print("resumed from step", resumed["resumed_from"], "| final weights bitwise equal:", all(torch.equal(a[k], b[k]) for k in a))
-assert resumed["resumed_from"] == 2 and resumed["losses"] == two["losses"]
-assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+bitwise = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+print("resumed from step", resumed["resumed_from"], "| final weights bitwise equal:", bitwise)
+assert resumed["resumed_from"] == 2 and all(torch.allclose(a[k], b[k]) for k in a)
+if DEV == "cpu":  # fp32 on the CPU: exactly the same weights and losses
+    assert bitwise and resumed["losses"] == two["losses"]
 
 # %% [markdown]
 # (On a GPU, bitwise equality additionally needs deterministic kernels and the same NCCL algorithm choice; in
