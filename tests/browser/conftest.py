@@ -26,9 +26,9 @@ from labdriver import (
     CHROMIUM,
     CHROMIUM_ARGS,
     EXPECT_TIMEOUT_MS,
-    NOTEBOOKS,
     Lab,
     LabServer,
+    mirror_worktree,
 )
 
 
@@ -47,11 +47,13 @@ def lab_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def lab_server(tmp_path_factory: pytest.TempPathFactory, lab_home: Path) -> Iterator[LabServer]:
-    """JupyterLab on 127.0.0.1:<free port> with a token, serving a temporary copy of notebooks/."""
+    """JupyterLab on 127.0.0.1:<free port> with a token, serving a temporary copy of notebooks/.
+
+    The copy sits inside a copy of the checkout, so a notebook that reads ../slurm/ finds it.
+    """
     _require_browser()
     base = tmp_path_factory.mktemp("lab-root")
-    root = base / "notebooks"
-    shutil.copytree(NOTEBOOKS, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "_out"))
+    root = mirror_worktree(base / "checkout")
     server = LabServer.start(root=root, home=lab_home, log_path=base / "jupyter-server.log")
     try:
         yield server

@@ -20,9 +20,11 @@ conftest turns those skips into failures.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,7 +54,7 @@ CHROMIUM_ARGS = [
 #: Playwright's default timeout for locators and ``expect`` (ms).
 EXPECT_TIMEOUT_MS = 60_000
 #: How long Run All may take for one notebook (s); notebooks must run in < 60 s on 2 cores.
-RUN_TIMEOUT_S = float(os.environ.get("LABKIT_BROWSER_RUN_TIMEOUT", "300"))
+RUN_TIMEOUT_S = float(os.environ.get("LABKIT_BROWSER_RUN_TIMEOUT", "600"))
 ARTIFACTS = Path(os.environ.get("LABKIT_BROWSER_ARTIFACTS", REPO / "build" / "browser-artifacts"))
 KERNEL_IDLE = "Python 3 (ipykernel) | Idle"
 STDERR_MIME = "application/vnd.jupyter.stderr"
@@ -81,6 +83,36 @@ def notebook_by_number(number: str) -> str | None:
 def stored_cells(name: str, root: Path = NOTEBOOKS) -> list[dict[str, Any]]:
     """The cells of a stored .ipynb as plain JSON dicts."""
     return json.loads((root / name).read_text())["cells"]
+
+
+_IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache__",
+                                  ".pytest_cache", ".ruff_cache", ".hypothesis", ".ipynb_checkpoints", "_out")
+
+
+def mirror_worktree(dest: Path) -> Path:
+    """Copy the checkout (git's tracked + untracked, unignored files) to ``dest``; return dest/notebooks.
+
+    Notebooks may read files next to notebooks/ (notebook 10 reads slurm/), so the server root is a copy
+    of notebooks/ inside a copy of the checkout, not a lone folder. ``NOTEBOOKS`` replaces notebooks/.
+    """
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                                cwd=REPO, capture_output=True, check=True, timeout=60).stdout
+        files: list[str] | None = [f for f in listed.decode().split("\0") if f]
+    except (OSError, subprocess.SubprocessError):
+        files = None
+    if files is None:
+        shutil.copytree(REPO, dest, ignore=_IGNORED, symlinks=True, dirs_exist_ok=True)
+    else:
+        for rel in files:
+            src = REPO / rel
+            if src.is_file() and not src.is_symlink():
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / rel)
+    root = dest / "notebooks"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(NOTEBOOKS, root, ignore=_IGNORED)
+    return root
 
 
 def free_port() -> int:
@@ -235,24 +267,41 @@ class LabServer:
 
 # JavaScript run in the page: the state of the notebook panel showing `path`.
 _STATE_JS = r"""
-(path) => {
+([path, full]) => {
   const app = window.jupyterapp;
   if (!app) return null;
   const panels = Array.from(app.shell.widgets('main'));
   const panel = panels.find(w => w.context && w.context.path === path);
   if (!panel || !panel.content) return null;
   const kernel = panel.sessionContext.session ? panel.sessionContext.session.kernel : null;
+  const clip = (t) => (Array.isArray(t) ? t.join('') : String(t)).slice(0, 4000);
+  // Outputs without image payloads (they are large); image mime keys are kept.
+  const summarize = (o) => {
+    const s = { output_type: o.output_type };
+    if (o.name !== undefined) s.name = o.name;
+    if (o.text !== undefined) s.text = clip(o.text);
+    if (o.ename !== undefined) { s.ename = o.ename; s.evalue = clip(o.evalue); }
+    if (o.data) {
+      s.data = {};
+      for (const k of Object.keys(o.data)) s.data[k] = k.startsWith('image/') ? '<image>' : clip(
+        typeof o.data[k] === 'string' || Array.isArray(o.data[k]) ? o.data[k] : JSON.stringify(o.data[k]));
+    }
+    return s;
+  };
   const cells = panel.content.widgets.map((cell, index) => {
     const m = cell.model;
-    const out = { index, type: m.type, source: m.sharedModel.getSource(),
+    const source = m.sharedModel.getSource();
+    const out = { index, type: m.type, source: full ? source : '', blank: !source.trim(),
                   tags: m.getMetadata('tags') || [] };
     if (m.type === 'code') {
       out.executionCount = m.executionCount;
       out.prompt = cell.promptNode ? cell.promptNode.textContent : '';
-      out.outputs = m.outputs.toJSON();
+      const outputs = m.outputs.toJSON();
+      out.outputs = full ? outputs.map(summarize)
+                         : outputs.filter(o => o.output_type === 'error').map(summarize);
       out.stderrNodes = cell.node.querySelectorAll(
         '[data-mime-type="application/vnd.jupyter.stderr"]').length;
-      out.images = Array.from(cell.node.querySelectorAll(
+      out.images = !full ? [] : Array.from(cell.node.querySelectorAll(
           '.jp-RenderedImage img, .jp-RenderedSVG svg, .jp-RenderedSVG img'))
         .map(el => el.tagName.toLowerCase() === 'img'
              ? { tag: 'img', complete: el.complete, width: el.naturalWidth, height: el.naturalHeight }
@@ -290,6 +339,7 @@ class NotebookRun:
     page: Any
     state: dict[str, Any]
     seconds: float
+    open_seconds: float = 0.0
     console: list[str] = field(default_factory=list)
 
     def cell(self, index: int) -> Any:
@@ -303,10 +353,12 @@ class NotebookRun:
                 return self.cell(c["index"])
         raise LookupError(f"{self.name}: no code cell contains {text!r}")
 
-    def refresh(self) -> dict[str, Any]:
-        """Re-read the notebook's state from the page."""
-        self.state = self.page.evaluate(_STATE_JS, self.name)
-        return self.state
+    def refresh(self, full: bool = True) -> dict[str, Any]:
+        """Re-read the notebook's state from the page (``full=False``: counts and errors only, cheap)."""
+        state = self.page.evaluate(_STATE_JS, [self.name, full])
+        if full:
+            self.state = state
+        return state
 
 
 @dataclass
@@ -317,7 +369,8 @@ class Lab:
     browser: Any
     current: NotebookRun | None = None
     pages: list[Any] = field(default_factory=list)
-    _runs: dict[str, NotebookRun | BaseException] = field(default_factory=dict)
+    _runs: dict[str, NotebookRun] = field(default_factory=dict)
+    _failed: dict[str, BaseException] = field(default_factory=dict)
 
     def new_page(self, with_token: bool = True) -> Any:
         """A page in a fresh browser context (no cookies), tracked for failure screenshots."""
@@ -334,10 +387,8 @@ class Lab:
     def close_pages(self) -> None:
         """Close every open page and shut down all kernels."""
         for page in self.pages:
-            try:
+            with contextlib.suppress(Exception):  # a crashed page must not stop the cleanup
                 page.context.close()
-            except Exception:  # noqa: BLE001 - a crashed page must not stop the cleanup
-                pass
         self.pages.clear()
         self.current = None
         self.server.shutdown_sessions()
@@ -357,53 +408,55 @@ class Lab:
 
     def run_notebook(self, name: str) -> NotebookRun:
         """Open ``name``, clear it, Run All and wait for every code cell's execution count (cached)."""
+        if name in self._failed:
+            raise AssertionError(f"{name}: the earlier Run All of this session failed") from self._failed[name]
         cached = self._runs.get(name)
-        if isinstance(cached, BaseException):
-            raise RuntimeError(f"{name}: the earlier Run All of this session failed") from cached
         if cached is not None and self.current is cached:
             return cached
         self.close_pages()
         self._runs.clear()
+        self._failed.clear()
         try:
             run = self._run(name)
         except BaseException as exc:
-            self._runs[name] = exc
+            self._failed[name] = exc
             raise
         self._runs[name] = run
         self.current = run
         return run
 
     def _run(self, name: str) -> NotebookRun:
+        t_open = time.monotonic()
         page = self.open_notebook(name)
         t0 = time.monotonic()
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
-        state = page.evaluate(_STATE_JS, name)
+        state = page.evaluate(_STATE_JS, [name, True])
         stale = [c["index"] for c in state["cells"] if c["type"] == "code" and c["executionCount"]]
         assert not stale, f"{name}: cells {stale} kept their execution count after clearing"
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        run = NotebookRun(name=name, page=page, state=state, seconds=0.0,
+        run = NotebookRun(name=name, page=page, state=state, seconds=0.0, open_seconds=t0 - t_open,
                           console=page._labkit_console)  # type: ignore[attr-defined]
         self.current = run
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        started = time.monotonic()
         while True:
-            state = run.refresh()
-            code = [c for c in state["cells"] if c["type"] == "code" and c["source"].strip()]
+            light = run.refresh(full=False)
+            code = [c for c in light["cells"] if c["type"] == "code" and not c["blank"]]
             missing = [c["index"] for c in code if not c["executionCount"]]
             pending = [c["index"] for c in code if "*" in c["prompt"]]
-            if not missing and state["kernelStatus"] == "idle":
+            if not missing and light["kernelStatus"] == "idle":
                 break
-            if (missing and not pending and state["kernelStatus"] == "idle"
-                    and time.monotonic() - started > 5):
-                errors = {c["index"]: error_outputs(c) for c in code if error_outputs(c)}
+            if missing and not pending and light["kernelStatus"] == "idle" and time.monotonic() - t0 > 5:
+                state = run.refresh()
+                errors = {c["index"]: error_outputs(c) for c in state["cells"] if error_outputs(c)}
                 raise AssertionError(f"{name}: Run All stopped; cells {missing} never ran. "
                                      f"Errors: {errors}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"{name}: Run All did not finish in {RUN_TIMEOUT_S:.0f} s; "
                                      f"cells {missing} have no execution count (pending {pending}, "
-                                     f"kernel {state['kernelStatus']})")
+                                     f"kernel {light['kernelStatus']})")
             time.sleep(0.5)
         run.seconds = time.monotonic() - t0
+        run.refresh()
         return run
 
 

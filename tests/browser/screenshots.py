@@ -8,15 +8,14 @@ start with ``test_``, so the normal test run does not collect it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from labdriver import REPO, Lab, NotebookRun, notebook_by_number
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-from playwright.sync_api import expect  # noqa: E402
+from playwright.sync_api import expect
 
 IMG = REPO / "docs" / "img"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from labdriver import Lab, LabServer
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
