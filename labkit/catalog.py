@@ -56,7 +56,7 @@ NOTEBOOKS: list[Notebook] = [
              "full (CPU autocast)", "CUDA autocast op table and timings", "compute"),
     Notebook("05", "05_bf16_tf32_fp8", "BF16, TF32, FP8",
              "bf16 vs fp16 training, TF32 emulated and measured, FP8 scaling with amax history",
-             "TF32 emulated, fp8 casts + _scaled_mm", "real TF32 timing, fp8 matmul on cc >= 8.9", "compute"),
+             "TF32 emulated, fp8 casts + _scaled_mm", "real TF32 timing, fp8 matmul on cc >= 8.9", "compute", True),
     Notebook("06", "06_memory", "Where memory goes",
              "params, grads, master weights, optimizer states, activations; ZeRO memory model",
              "exact tensor bytes", "torch.cuda peak memory", "memory", True),
