@@ -53,7 +53,7 @@ NOTEBOOKS: list[Notebook] = [
              "full (fp16 autocast + GradScaler('cpu'))", "same with CUDA autocast", "compute", True),
     Notebook("04", "04_amp_training", "AMP training",
              "the torch.amp recipe, which ops run in which dtype, fp16/bf16/pure-half training compared",
-             "full (CPU autocast)", "CUDA autocast op table and timings", "compute"),
+             "full (CPU autocast)", "CUDA autocast op table and timings", "compute", True),
     Notebook("05", "05_bf16_tf32_fp8", "BF16, TF32, FP8",
              "bf16 vs fp16 training, TF32 emulated and measured, FP8 scaling with amax history",
              "TF32 emulated, fp8 casts + _scaled_mm", "real TF32 timing, fp8 matmul on cc >= 8.9", "compute", True),

@@ -205,24 +205,26 @@ def loss_curves(curves: dict[str, Sequence[float]], ax: Any = None, title: str |
                 styles: dict[str, str] | None = None) -> Any:
     """Overlay loss curves, one per label; a curve that turns inf/NaN is cut there and marked with an x.
 
-    ``curves[label]`` is the loss per step (e.g. ``TrainResult.loss``); ``styles[label]`` an optional
-    matplotlib format string such as ``"--"``. Introduced in notebook 04.
+    ``curves[label]`` is the loss per step from step 0 (e.g. ``TrainResult.loss``) or a ``(steps, losses)``
+    pair for a curve that starts later; ``styles[label]`` an optional matplotlib format string such as
+    ``"--"``. Introduced in notebook 04.
     """
     if not isinstance(curves, dict) or not curves:
         raise ValueError("curves must be a non-empty dict of label -> sequence of losses")
     ax = _axes(ax, (9, 3.6))
     for label, values in curves.items():
-        y = np.asarray(values, dtype=np.float64)
-        if y.ndim != 1 or y.size == 0:
-            raise ValueError(f"curve {label!r} must be a non-empty 1-D sequence")
+        if isinstance(values, tuple) and len(values) == 2:
+            x, y = np.asarray(values[0], dtype=np.float64), np.asarray(values[1], dtype=np.float64)
+        else:
+            y = np.asarray(values, dtype=np.float64)
+            x = np.arange(y.size, dtype=np.float64)
+        if y.ndim != 1 or y.size == 0 or x.shape != y.shape:
+            raise ValueError(f"curve {label!r} must be a non-empty 1-D sequence (or a (steps, losses) pair)")
         bad = np.flatnonzero(~np.isfinite(y))
-        name = label if bad.size == 0 else f"{label} (non-finite from step {int(bad[0])})"
-        (line,) = ax.plot(np.arange(y.size), np.where(np.isfinite(y), y, np.nan), (styles or {}).get(label, "-"),
-                          label=name, lw=1.5)
-        if bad.size:
-            last = int(bad[0]) - 1
-            if last >= 0:
-                ax.plot([last], [y[last]], "x", color=line.get_color(), ms=8)
+        name = label if bad.size == 0 else f"{label} (non-finite from step {int(x[bad[0]])})"
+        (line,) = ax.plot(x, np.where(np.isfinite(y), y, np.nan), (styles or {}).get(label, "-"), label=name, lw=1.5)
+        if bad.size and bad[0] > 0:
+            ax.plot([x[bad[0] - 1]], [y[bad[0] - 1]], "x", color=line.get_color(), ms=8)
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel("step")

@@ -178,6 +178,8 @@ def test_loss_curves_plot_marks_divergence():
     ax = plots.loss_curves({"ok": [2.0, 1.0, 0.5], "bad": [2.0, float("nan"), float("nan")]})
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["ok", "bad (non-finite from step 1)"]
+    ax = plots.loss_curves({"later": ([5, 6, 7], [1.0, float("inf"), 0.5])})
+    assert ax.get_legend().get_texts()[0].get_text() == "later (non-finite from step 6)"
     with pytest.raises(ValueError):
         plots.loss_curves({})
 

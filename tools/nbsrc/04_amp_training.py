@@ -1,0 +1,404 @@
+# %% [markdown]
+# # 04 · AMP training: precision policies side by side
+#
+# **Objectives**
+# - write the three-step AMP recipe with `torch.amp` and say what each line does;
+# - measure **which op runs in which dtype** under autocast on this device, and compare with CUDA autocast;
+# - train the same tiny GPT under six precision policies and explain why two of them fail;
+# - break a hand-written attention softmax in half precision, and fix it with an **fp32 island**;
+# - clip gradients *after* unscaling, and resume a run from a checkpoint, scaler included, identically.
+#
+# **Prerequisites:** notebook 03 (loss scaling, `GradScaler`).
+#
+# **Estimated time:** 45 min
+
+# %%
+import math
+import tempfile
+
+import matplotlib.pyplot as plt
+import torch
+
+from labkit import data, device, models, plots, train
+from labkit.check import check
+
+torch.set_num_threads(1)  # tiny models: one thread is fastest, and fair on a shared machine
+DEV = device.pick_device()
+AMP = torch.float16 if device.supports(torch.float16, DEV) else torch.bfloat16
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+caps = device.capabilities(DEV)
+print(f"device: {DEV} ({caps.device_name}); bf16 autocast {caps.bf16}, fp16 autocast {caps.fp16}")
+
+# %% [markdown]
+# ## 1. The task and the model
+#
+# `labkit.data.make_token_task("reverse")` makes seeded sequences `d1 … d6 SEP a1 … a6` where the answer is the
+# prompt reversed. The model reads the sequence and is scored only on the answer tokens (the prompt targets are
+# `-100`, ignored by the loss). `labkit.models.TinyGPT` is a 2-layer decoder with hand-written attention.
+
+# %%
+task = data.make_token_task("reverse", n=4096, n_digits=6, vocab_size=12, seed=0)
+batches = data.Batches(task.inputs, task.targets, batch_size=64, seed=0)  # batches(step) -> (x, y)
+print("input :", task.inputs[0].tolist())
+print("target:", task.targets[0].tolist())
+make_model = lambda: models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, seed=0)  # noqa: E731
+print(f"TinyGPT: {models.count_parameters(make_model()):,} parameters")
+
+# %% [markdown]
+# ## 2. The AMP recipe in three steps
+#
+# 1. **A scaler**, created once: `torch.amp.GradScaler(device_type)` (FP16 only; BF16 needs none).
+# 2. **Autocast** around the forward pass *and the loss*: eligible ops (matmuls) run in FP16, others stay
+#    FP32. The weights stay FP32: autocast casts copies on the fly.
+# 3. **Scaled backward, then step through the scaler**: `scaler.scale(loss).backward()` multiplies the loss by
+#    `S` so small gradients survive FP16; `scaler.step(opt)` unscales them, skips the step on inf/NaN, and
+#    `scaler.update()` adapts `S`.
+
+# %%
+model = make_model().to(DEV)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+scaler = torch.amp.GradScaler(DEV.type)                          # (1) once
+for step in range(3):
+    x, y = (t.to(DEV) for t in batches(step))
+    opt.zero_grad()
+    with torch.autocast(device_type=DEV.type, dtype=AMP):        # (2) forward + loss
+        logits = model(x)
+        loss = models.lm_loss(logits, y)
+    scaler.scale(loss).backward()                                # (3) scaled backward,
+    scaler.step(opt)                                             #     unscale + (maybe) step,
+    scaler.update()                                              #     adapt the scale
+
+# %%
+w = model.blocks[0].mlp[0].weight
+print("logits:", logits.dtype, "| loss:", loss.dtype, "| weights:", w.dtype, "| grads:", w.grad.dtype)
+print("scale:", scaler.get_scale())
+assert logits.dtype == AMP and loss.dtype == torch.float32 and w.dtype == w.grad.dtype == torch.float32
+
+# %% [markdown]
+# The logits come out of a matmul, so they are FP16; `cross_entropy` is on autocast's FP32 list, so the loss is
+# FP32. The weights and their gradients are FP32: the FP32 "master" copy is the model itself.
+#
+# ## 3. Which op runs in which dtype?
+#
+# Autocast keeps op lists: ops that *can* run in low precision (matmuls, convolutions), ops that must run in
+# FP32 (reductions, `exp`, norms, losses), and the rest, which follow their inputs. The lists differ by device,
+# so we **measure** them here: each op gets the input it would get in a network (matmuls get FP32 tensors;
+# everything else gets the output of a matmul, i.e. a low-precision tensor), and we read the output dtype.
+
+# %%
+short = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+low = [dt for dt in (torch.bfloat16, torch.float16) if device.supports(dt, DEV)]
+measured = {short[dt]: train.autocast_op_dtypes(DEV, dt) for dt in low}
+ref = {"low": "low", "fp32": "fp32", "input": "= input"}
+print(f"{'op':<14}" + "".join(f"{DEV.type + ' ' + k:>12}" for k in measured) + f"{'CUDA (ref.)':>14}")
+for op in train.AUTOCAST_OPS:
+    cells = "".join(f"{short[i] + '->' + short[o]:>12}" for i, o in (m[op] for m in measured.values()))
+    print(f"{op:<14}{cells}{ref[train.CUDA_AUTOCAST_REFERENCE[op]]:>14}")
+
+# %%
+if device.is_cuda(DEV):  # measured on this GPU: it must agree with PyTorch's documented CUDA lists
+    for op, kind in train.CUDA_AUTOCAST_REFERENCE.items():
+        out = measured[short[AMP]][op][1]
+        assert out == {"low": AMP, "fp32": torch.float32, "input": AMP}[kind], op
+    print("CUDA column: measured on this GPU, and it matches the reference lists")
+else:
+    print("CUDA column: reference data (PyTorch AMP docs, 'CUDA Ops that can autocast to float32'), "
+          "not measured: no GPU here")
+    some = measured[short[AMP]]
+    assert some["softmax"][1] == AMP and some["layer_norm"][1] == AMP      # CPU autocast: stays low
+    assert some["cross_entropy"][1] == torch.float32                        # ...but losses go FP32
+
+# %% [markdown]
+# On **CUDA**, `softmax`, `log_softmax`, `layer_norm`, `exp`, `sum`, `pow` and the losses are upcast to FP32
+# whatever their input. On this **CPU** (torch 2.13) only the losses are: softmax and layer_norm run in
+# BF16/FP16. So "autocast protects my softmax" is true on a GPU and false here, and any op you write yourself
+# (section 5) is protected by nothing. Never assume a table: measure it on the device you train on.
+#
+# ## 4. Six precision policies, one model
+#
+# `labkit.train.train(model, batches, policy=...)` runs the same loop under a policy (`train.POLICIES`):
+#
+# | policy | compute | weights / optimizer state | loss scaling |
+# |---|---|---|---|
+# | `fp32` | FP32 | FP32 | none |
+# | `fp16` | FP16 autocast | FP32 | `GradScaler` |
+# | `fp16-noscale` | FP16 autocast | FP32 | none |
+# | `bf16` | BF16 autocast | FP32 | none |
+# | `fp16-pure` / `bf16-pure` | FP16 / BF16 | FP16 / BF16, no FP32 master | none |
+#
+# **A realistic gradient size.** A real LLM step averages its loss over ~10^5–10^6 tokens, so each logit's
+# gradient is ~1/tokens. Our batch has 384 scored tokens. `loss_weight=2**-10` multiplies the loss by 1/1024,
+# giving every gradient the size it would have in a batch of ~390 K tokens. That is exactly the regime where
+# FP16 needs a loss scale (and a power of two changes no mantissa bit).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+W = 2.0**-10
+names = [p for p in train.POLICIES if device.supports(train.get_policy(p).compute_dtype, DEV)]
+runs = {p: train.train(make_model(), batches, policy=p, steps=60, lr=3e-3, loss_weight=W, device=DEV, desc=p)
+        for p in names}  # a tqdm bar per run while it trains
+
+# %%
+ax = plots.loss_curves({p: r.loss for p, r in runs.items()}, styles={"fp16": "--", "bf16": ":"},
+                       title="Tiny GPT, reverse task: one model, six precision policies")
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+base = runs["fp32"].median_step_time()
+print(f"{'policy':<13} {'final loss':>10} {'skipped':>8} {'time/step vs fp32':>18} {'memory MB':>10}")
+for p, r in runs.items():
+    mem = f"{r.peak_memory / 2**20:.2f}" if r.peak_memory is not None else "n/a"
+    print(f"{p:<13} {r.final_loss():>10.4f} {r.n_skipped:>8} {r.median_step_time() / base:>18.2f} {mem:>10}")
+print("memory:", runs["fp32"].memory_source)
+
+# %% [markdown]
+# Final losses and times depend on this machine's kernels, so that table is not checked; the verdicts below are.
+# Time ratios on a CPU say little about a GPU: with one thread and tiny matrices, casts cost as much as they save
+# (notebook 05 measures where BF16 *is* faster here). On the CPU, "memory" is a count of tensor bytes (weights,
+# gradients, optimizer state, and the activations autograd saved), not an allocator peak; on a GPU it is
+# `torch.cuda.max_memory_allocated`.
+
+# %%
+final = {p: r.final_loss() for p, r in runs.items()}
+verdict = lambda v: "diverged (NaN)" if math.isnan(v) else ("learned" if v < 0.1 else "stuck")  # noqa: E731
+for p, v in final.items():
+    print(f"{p:<13} {verdict(v)}")
+good = [final[p] for p in ("fp32", "fp16", "bf16") if p in final]
+assert max(good) < 0.1                                          # the three AMP-safe policies learn it
+if "fp16-noscale" in final:
+    assert final["fp16-noscale"] > 1.0 > max(good)              # no scale: stuck near ln(11) = 2.4
+    assert not final["fp16-pure"] < 1.0                         # pure fp16: NaN (or stuck)
+assert runs["bf16-pure"].peak_memory < runs["bf16"].peak_memory < runs["fp32"].peak_memory
+
+# %% [markdown]
+# **Why `fp16-noscale` is stuck.** With gradients of realistic size, the gradients flowing back through the FP16
+# matmuls fall below FP16's smallest subnormal (6e-8) and become exactly zero. Most weights get no gradient;
+# the model learns only what the last layer can (roughly the digit frequencies: loss ≈ ln 11). The same run
+# with a `GradScaler` (`fp16`) keeps them, and `bf16`, with FP32's exponent range, never loses them.
+
+# %%
+def zero_grad_fraction(r):
+    g = torch.cat([p.grad.flatten() for p in r.model.parameters() if p.grad is not None])
+    return (g == 0).float().mean().item()
+
+if "fp16-noscale" in runs:
+    z = {p: zero_grad_fraction(runs[p]) for p in ("fp16", "fp16-noscale")}
+    print(f"gradients exactly zero in the last step: fp16 {z['fp16']:.0%}, fp16-noscale {z['fp16-noscale']:.0%}")
+    assert z["fp16-noscale"] > 0.5 > z["fp16"]
+
+# %% [markdown]
+# **Why `fp16-pure` diverges.** Without an FP32 master copy the optimizer state is FP16 too. Adam divides by
+# `sqrt(v) + eps` where `v` averages `g²`: with `g ~ 1e-5`, `g² = 1e-10` underflows to 0, and `eps = 1e-8`
+# is itself 0 in FP16. The update becomes `m / 0 = inf`, and the weights turn to NaN after one step.
+
+# %%
+g = torch.tensor(1e-5, dtype=torch.float16)
+print("g*g in fp16:", (g * g).item(), "| eps=1e-8 in fp16:", torch.tensor(1e-8, dtype=torch.float16).item())
+if "fp16-pure" in runs:
+    first_bad = next(i for i, v in enumerate(runs["fp16-pure"].loss) if not math.isfinite(v))
+    print("fp16-pure: first non-finite loss at step", first_bad)
+    assert first_bad <= 5
+
+# %% [markdown]
+# **Lost updates in `bf16-pure`.** BF16 has FP32's range, so nothing overflows or underflows, but only 8
+# significant bits: the spacing between BF16 numbers just above 1.0 is 2^-7 ≈ 0.0078. Adam's steps are about
+# `lr = 0.003`, less than half of that, so a weight at 1.0 (every LayerNorm gain starts there) rounds back
+# to 1.0: the update is **lost**. An FP32 master copy accumulates those small steps instead.
+
+# %%
+def frac_ln_gains_at_one(r):
+    gains = [p for n, p in r.model.named_parameters() if ".ln" in n and n.endswith("weight")]
+    return torch.cat([(p == 1).flatten() for p in gains]).float().mean().item()
+
+print("1.0 + 0.003 in bf16 =", (torch.tensor(1.0, dtype=torch.bfloat16) + 0.003).item())
+lost = {p: frac_ln_gains_at_one(runs[p]) for p in ("fp32", "bf16-pure")}
+print(f"LayerNorm gains never updated (still exactly 1.0) after 60 steps: fp32 {lost['fp32']:.0%}, "
+      f"bf16-pure {'more' if lost['bf16-pure'] > 0.3 else 'less'} than 30%")
+assert lost["fp32"] == 0 and lost["bf16-pure"] > 0.3
+
+# %% [markdown]
+# ## 5. A hand-written softmax in half precision, and the fp32 island
+#
+# Custom attention code often writes the softmax out: `exp(s) / sum(exp(s))`. In FP16, `exp(s)` overflows to
+# `inf` as soon as `s > 11.09` (e^11.09 ≈ 65504), and `inf / inf = NaN`. `labkit.models.softmax` has the
+# variants: `naive`, `stable` (subtract the row max first), and `fp32` (an **fp32 island**: autocast off,
+# upcast, stable softmax, cast back).
+
+# %%
+s = torch.tensor([[12.0, 1.0, 0.0]], dtype=torch.float16)
+for impl in ("naive", "stable", "fp32"):
+    out = models.softmax(s, impl)
+    print(f"{impl:<7}", [float(f"{v:.3g}") for v in out.float().flatten().tolist()], out.dtype)
+
+# %% [markdown]
+# Does that happen in a real model? After training, attention scores are much sharper than at initialisation.
+# We take the FP32-trained model, copy it in FP16, and run the naive softmax, then the fp32 island. (A pure FP16
+# copy fails on every device; under CUDA *autocast* `exp` and `sum` would be upcast for you, but a fused or
+# custom kernel gets no such help.)
+
+# %%
+trained = runs["fp32"].model
+x, y = (t.to(DEV) for t in batches(10_000))
+with torch.no_grad():
+    trained(x)
+    print("largest |attention score|:", round(max(a.last_scores_absmax for a in trained.attentions)), "> 11.09")
+    half = make_model().to(DEV)
+    half.load_state_dict(trained.state_dict())
+    half = half.half()
+
+# %%
+with torch.no_grad():
+    for impl in ("naive", "fp32"):
+        half.set_softmax(impl)
+        out = half(x)
+        print(f"{impl:<6} NaN logits {torch.isnan(out).float().mean().item():.0%}, "
+              f"answer accuracy {task.answer_accuracy(out.float(), y):.0%}")
+assert torch.isfinite(out).all() and task.answer_accuracy(out.float(), y) > 0.95
+
+# %% [markdown]
+# The fix costs two casts on a small tensor and nothing else: keep the matmuls in half precision, and compute
+# the one numerically fragile op in FP32. That is exactly what CUDA autocast's FP32 list does for built-in ops.
+#
+# ## 6. Gradient clipping goes *after* `unscale_`
+#
+# After `scaler.scale(loss).backward()` the gradients are multiplied by `S`. Clipping them then would compare
+# `S × ‖g‖` with `max_norm`: with `S = 65536` the clip always fires and shrinks the true gradient by a huge
+# factor. `scaler.unscale_(opt)` divides by `S` in place (and `scaler.step` knows not to do it twice).
+
+# %%
+m = make_model().to(DEV)
+opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+scaler = torch.amp.GradScaler(DEV.type)
+x, y = (t.to(DEV) for t in batches(0))
+with torch.autocast(device_type=DEV.type, dtype=AMP):
+    loss = models.lm_loss(m(x), y)
+scaler.scale(loss).backward()
+scaled_norm = train.grad_norm(m.parameters())      # what clipping here would see
+
+# %%
+scaler.unscale_(opt)                               # true gradients from here on
+true_norm = torch.nn.utils.clip_grad_norm_(m.parameters(), max_norm=1.0).item()
+scaler.step(opt)
+scaler.update()
+print(f"norm seen before unscale / true norm = {scaled_norm / true_norm:.0f} = scale {scaler.get_scale():.0f}")
+assert math.isclose(scaled_norm / true_norm, 65536.0, rel_tol=1e-2)
+
+# %% [markdown]
+# `train.train(..., clip_grad_norm=1.0)` does the same inside its loop. Here a clipped FP16 run still learns:
+
+# %%
+clipped = train.train(make_model(), batches, policy="fp16", steps=30, lr=3e-3, loss_weight=W,
+                      clip_grad_norm=1.0, device=DEV, progress=False)
+print("clipped fp16 run: loss below 1 after 30 steps:", clipped.final_loss() < 1.0)
+assert clipped.final_loss() < 1.0 < clipped.loss[0]
+
+# %% [markdown]
+# ## 7. Checkpoint, crash, resume: the curve continues identically
+#
+# `train.train` writes a checkpoint every `checkpoint_every` steps **atomically** (to a temporary file, then
+# `os.replace`, so a crash mid-write never leaves a torn file). It holds the model, the optimizer, the
+# `GradScaler` state (its scale and growth tracker), the RNG state and the history. Batches are a function of
+# the step number, so the resumed run sees the same data. We let the scale grow every 10 steps so that the
+# scaler state matters.
+
+# %%
+kw = dict(policy="fp16", lr=3e-3, loss_weight=W, device=DEV, progress=False, scaler_kwargs={"growth_interval": 10})
+full = train.train(make_model(), batches, steps=30, **kw)
+with tempfile.TemporaryDirectory() as ckpt:
+    part = train.train(make_model(), batches, steps=20, checkpoint_dir=ckpt, checkpoint_every=5, **kw)
+    # ... the job is killed here; a new process starts from scratch and resumes:
+    resumed = train.train(make_model(), batches, steps=30, checkpoint_dir=ckpt, checkpoint_every=5, resume=True,
+                          **kw)
+
+# %%
+print("resumed from step", resumed.resumed_from, "| scale at the end:", resumed.scale[-1])
+same = resumed.loss == full.loss and resumed.scale == full.scale
+print("loss and scale curves identical to the uninterrupted run:", same)
+if device.is_cuda(DEV):   # GPU kernels may be non-deterministic: compare closely instead of bitwise
+    assert resumed.scale == full.scale and all(math.isclose(a, b, rel_tol=1e-3) for a, b in zip(resumed.loss, full.loss))
+else:
+    assert same and resumed.scale[-1] > resumed.scale[0]
+
+# %%
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.4))
+plots.loss_curves({"uninterrupted": full.loss, "resumed at step 20": (resumed.steps[20:], resumed.loss[20:])},
+                  ax=a1, styles={"resumed at step 20": "--"}, title="Loss")
+plots.scale_history(resumed.scale, resumed.skipped, ax=a2, title="GradScaler scale, restored at step 20")
+plt.show()
+
+# %% [markdown]
+# ## 8. Exercises
+#
+# **8.1** Write `amp_step(model, opt, scaler, x, y, dtype)`: one AMP training step of a TinyGPT with
+# `models.lm_loss`, clipping the gradient norm to 1.0. The checker runs it against fresh models, including one
+# whose scaled loss overflows.
+
+# %%
+amp_step = ...  # your function: def amp_step(model, opt, scaler, x, y, dtype): ...
+### BEGIN SOLUTION
+def amp_step(model, opt, scaler, x, y, dtype):
+    opt.zero_grad()
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        loss = models.lm_loss(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    scaler.step(opt)
+    scaler.update()
+### END SOLUTION
+check("04.amp-step", amp_step)
+
+# %% [markdown]
+# **8.2** Write `pick_amp(caps)`: given a device's capabilities (a dict with at least `bf16` and `fp16`, as
+# `device.capabilities().as_dict()` returns), return `(dtype_name, use_scaler)`, e.g. `("fp16", True)`.
+
+# %%
+pick_amp = ...  # your function: def pick_amp(caps): ... return dtype_name, use_scaler
+### BEGIN SOLUTION
+def pick_amp(caps):
+    if caps["bf16"]:
+        return "bf16", False
+    if caps["fp16"]:
+        return "fp16", True
+    return "fp32", False
+### END SOLUTION
+check("04.pick-dtype", pick_amp)
+
+# %% [markdown]
+# **8.3** Write `island_softmax(scores)`: the softmax over the last dimension, computed in an fp32 island and
+# returned in the input's dtype, finite for any FP16 scores (including masked `-inf` entries) and inside autocast.
+
+# %%
+island_softmax = ...  # your function: def island_softmax(scores): ...
+### BEGIN SOLUTION
+def island_softmax(scores):
+    with torch.autocast(device_type=scores.device.type, enabled=False):
+        return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+### END SOLUTION
+check("04.fp32-island", island_softmax)
+
+# %% [markdown]
+# **8.4** What is the largest power of two `u` for which `1.0 + u == 1.0` in BF16 (the update is lost)?
+
+# %%
+u = ...
+### BEGIN SOLUTION
+u = 2.0**-8
+### END SOLUTION
+check("04.lost-update", u)
+
+# %% [markdown]
+# ## Summary
+#
+# - AMP = a `GradScaler` (FP16 only) + `torch.autocast` around forward and loss + `scale → backward → unscale_ →
+#   clip → step → update`. Weights and optimizer state stay FP32.
+# - Autocast's op lists depend on the device: CUDA upcasts softmax, layer_norm, exp, sum to FP32; CPU autocast
+#   (torch 2.13) does not. Measure the table on the device you use.
+# - At realistic gradient sizes FP16 without a loss scale loses most gradients; BF16 does not need a scale.
+#   Pure half precision breaks the optimizer (FP16: Adam's `g²` and `eps` underflow) or loses small updates
+#   (BF16: 8 significant bits), which is why mixed precision keeps an FP32 master copy.
+# - Write fragile ops (softmax, norms, exp) as fp32 islands in custom code.
+# - Checkpoint the scaler with the model and optimizer, atomically; a resumed run then continues identically.
