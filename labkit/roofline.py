@@ -294,20 +294,23 @@ def plot(peaks: dict[str, float], bandwidth: float, points: Sequence[RooflinePoi
         lo_i, hi_i = intensity_range
     xs = np.logspace(math.log10(lo_i), math.log10(hi_i), 200)
     top = max(peaks.values())
-    ax.plot(xs, np.minimum(xs * bw, top), color="k", lw=1.0, alpha=0.4)
-    ax.plot(xs, xs * bw, color="k", lw=1.0, ls=":", label=f"memory {bw / 1e9:.1f} GB/s")
+    slope = xs[xs * bw <= top * 1.5]
+    ax.plot(slope, slope * bw, color="k", lw=1.0, ls=":", label=f"memory {bw / 1e9:.1f} GB/s")
     for i, (label, peak) in enumerate(sorted(peaks.items(), key=lambda kv: kv[1])):
         c = f"C{i}"
         ax.plot(xs, np.minimum(xs * bw, peak), color=c, lw=2, label=f"{label} {peak / 1e9:.0f} GFLOP/s")
         ax.axvline(peak / bw, color=c, lw=0.6, ls="--", alpha=0.6)
-    for p in points:
+    offsets = ((6, 6), (6, -13), (6, 18), (6, -26))  # staggered so that neighbouring labels do not collide
+    for i, p in enumerate(sorted(points, key=lambda q: q.intensity)):
         ax.plot(p.intensity, p.achieved_flops, "o", ms=7, mec="k", mfc="none" if p.bound == "memory" else "k")
-        ax.annotate(p.name, (p.intensity, p.achieved_flops), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        dx, dy = offsets[i % len(offsets)]
+        ax.annotate(p.name, (p.intensity, p.achieved_flops), textcoords="offset points", xytext=(dx, dy),
+                    fontsize=8, ha="left" if dx > 0 else "right")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("FLOP/s")
     ax.set_title(title or "Roofline (measured ceilings, measured ops)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
     return ax
