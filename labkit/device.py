@@ -26,6 +26,7 @@ __all__ = [
     "get_rng_state",
     "is_cuda",
     "max_memory_allocated",
+    "memory_allocated",
     "memory_summary",
     "nccl_version",
     "pick_device",
@@ -225,6 +226,15 @@ def memory_summary(device: torch.device | str | None = None) -> str | None:
     return torch.cuda.memory_summary(dev, abbreviated=True) if dev.type == "cuda" else None
 
 
+def memory_allocated(device: torch.device | str | None = None) -> int | None:
+    """Return the bytes torch currently has allocated on a CUDA device, or ``None`` elsewhere.
+
+    Introduced in notebook 04.
+    """
+    dev = _as_device(device)
+    return int(torch.cuda.memory_allocated(dev)) if dev.type == "cuda" else None
+
+
 def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
     """Reset the peak-memory counter on a CUDA device (a no-op elsewhere). Introduced in notebook 04."""
     dev = _as_device(device)
@@ -281,7 +291,7 @@ def set_tf32(enabled: bool) -> dict[str, object]:
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be True or False, got {type(enabled).__name__}")
     before = {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32,
-              "float32_matmul_precision": torch.get_float32_matmul_precision()}
+              "float32_matmul_precision": fp32_matmul_settings()["float32_matmul_precision"]}
     torch.backends.cuda.matmul.allow_tf32 = enabled
     torch.backends.cudnn.allow_tf32 = enabled
     return before
@@ -400,7 +410,7 @@ def capabilities(device: torch.device | str | None = None) -> Capabilities:
         autocast_dtype=str(autocast_dtype(dev)).replace("torch.", "") if (bf16 or fp16) else None,
         tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
         tf32_cudnn=bool(torch.backends.cudnn.allow_tf32),
-        float32_matmul_precision=torch.get_float32_matmul_precision(),
+        float32_matmul_precision=str(fp32_matmul_settings()["float32_matmul_precision"]),
         fp8_dtypes=hasattr(torch, "float8_e4m3fn") and hasattr(torch, "float8_e5m2"),
         fp8_matmul=fp8,
         cpu_isa=cpu_isa_flags(),

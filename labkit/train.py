@@ -228,7 +228,9 @@ class TrainResult:
     ``loss`` is the unscaled, unweighted loss, ``grad_norm`` the global norm of the back-propagated
     gradients after unscaling and before clipping (``loss_weight`` included), ``scale`` the loss scale used for that step (1.0 without a scaler), ``skipped`` whether the
     optimizer step was skipped because the scaler found inf/NaN gradients, ``step_time`` seconds per step
-    (device synchronised). ``peak_memory`` is bytes, and ``memory_source`` says what was measured.
+    (device synchronised). ``peak_memory`` is bytes, and ``memory_source`` says what was measured: on
+    CUDA the allocator's peak during the run above what was allocated before it; on other devices the
+    bytes of weights, gradients, optimizer state and tensors saved for backward, counted once.
     After a resume the lists hold the whole run, the part before the checkpoint included.
 
     Introduced in notebook 04.
@@ -452,6 +454,11 @@ def train(
             raise ValueError(f"policy {pol.name!r} needs {dt} compute, which does not work on {dev}")
     loss_fn = default_loss if loss_fn is None else loss_fn
 
+    cuda = _device.is_cuda(dev)
+    if cuda:  # the peak is measured above what was allocated before this run (earlier runs' tensors)
+        _device.synchronize(dev)
+        _device.reset_peak_memory_stats(dev)
+        mem_before = _device.memory_allocated(dev) or 0
     model.to(device=dev, dtype=pol.param_dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     if callable(optimizer) and not isinstance(optimizer, str):
@@ -481,9 +488,6 @@ def train(
             setattr(result, k, list(v))
         start = result.resumed_from = int(state["step"])
 
-    cuda = _device.is_cuda(dev)
-    if cuda:
-        _device.reset_peak_memory_stats(dev)
     activation_bytes = 0
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
@@ -544,8 +548,9 @@ def train(
     bar.close()
 
     if cuda:
-        result.peak_memory = _device.max_memory_allocated(dev)
-        result.memory_source = "torch.cuda.max_memory_allocated (allocator peak during the run)"
+        result.peak_memory = (_device.max_memory_allocated(dev) or 0) - mem_before
+        result.memory_source = ("torch.cuda.max_memory_allocated during the run, minus what was allocated "
+                                "before it (a model already on the GPU counts as 'before')")
     elif start < steps:
         result.peak_memory = _state_bytes(model, opt) + activation_bytes
         result.memory_source = ("tensor bytes counted on the CPU: weights + gradients + optimizer state + "

@@ -140,3 +140,18 @@ def test_matmul_precision_settings_roundtrip():
         device.set_float32_matmul_precision("low")
     with pytest.raises(TypeError):
         device.set_float32_matmul_precision(3)
+
+
+def test_mixed_legacy_and_new_precision_settings_do_not_crash_the_gate():
+    """set_float32_matmul_precision("high") then allow_tf32=False leaves torch refusing to report one precision."""
+    try:
+        device.set_float32_matmul_precision("high")
+        device.set_tf32(False)
+        assert device.fp32_matmul_settings()["float32_matmul_precision"] == "mixed"
+        assert device.capabilities("cpu").float32_matmul_precision == "mixed"
+        assert device.set_tf32(True)["float32_matmul_precision"] == "mixed"
+    finally:
+        device.set_tf32(True)
+        device.set_float32_matmul_precision("highest")  # back to PyTorch's defaults
+    s = device.fp32_matmul_settings()
+    assert (s["float32_matmul_precision"], s["allow_tf32"], s["cudnn_allow_tf32"]) == ("highest", False, True)

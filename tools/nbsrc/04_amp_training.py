@@ -171,7 +171,9 @@ assert max(good) < 0.1                                          # the three AMP-
 if "fp16-noscale" in final:
     assert final["fp16-noscale"] > 1.0 > max(good)              # no scale: stuck near ln(11) = 2.4
     assert not final["fp16-pure"] < 1.0                         # pure fp16: NaN (or stuck)
-assert runs["bf16-pure"].peak_memory < runs["bf16"].peak_memory < runs["fp32"].peak_memory
+assert runs["bf16-pure"].peak_memory < runs["fp32"].peak_memory  # half the bytes per weight
+if not device.is_cuda(DEV):  # tensor bytes: autocast also halves the saved activations
+    assert runs["bf16-pure"].peak_memory < runs["bf16"].peak_memory < runs["fp32"].peak_memory
 
 # %% [markdown]
 # **Why `fp16-noscale` is stuck.** With gradients of realistic size, the gradients flowing back through the FP16
