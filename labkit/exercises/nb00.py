@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from labkit.check import Exercise
 
 __all__ = ["EXERCISES"]
@@ -26,6 +28,40 @@ def _grade_dtype(answer: object) -> bool:
     return str(answer).strip().lower().replace("torch.", "") == str(want).replace("torch.", "")
 
 
+class _AtGradeTime:
+    """An answer computed when it is graded, not on import: the right (or a wrong) value on this machine."""
+
+    def __init__(self, fn: Callable[[], str], what: str) -> None:
+        self._fn, self._what = fn, what
+
+    def __str__(self) -> str:
+        return self._fn()
+
+    def __repr__(self) -> str:
+        return f"<{self._what}>"
+
+
+def _picked() -> str:
+    from labkit.device import pick_device
+
+    return pick_device().type
+
+
+def _not_picked() -> str:
+    return "cuda" if _picked() != "cuda" else "cpu"
+
+
+def _autocast_name() -> str:
+    from labkit.device import autocast_dtype
+
+    return str(autocast_dtype()).replace("torch.", "")
+
+
+def _other_dtype() -> str:
+    # the typical mistake: the other half-precision dtype
+    return "float16" if _autocast_name() != "float16" else "bfloat16"
+
+
 _BOTTLENECKS = {"compute", "memory bandwidth", "communication"}
 _SCENARIOS = {
     "a 8192x8192 bf16 matmul": "compute",
@@ -47,10 +83,16 @@ def _grade_bottlenecks(answer: object) -> tuple[bool, str]:
 
 EXERCISES = [
     Exercise("00.device", "Which device type does labkit.device.pick_device() choose on this machine?",
-             _grade_device, "Run labkit.device.pick_device() and read its .type: 'cpu', 'cuda' or 'mps'."),
+             _grade_device, "Run labkit.device.pick_device() and read its .type: 'cpu', 'cuda' or 'mps'.",
+             reference=_AtGradeTime(_picked, "pick_device().type"),
+             wrong=_AtGradeTime(_not_picked, "a device type that pick_device() does not choose")),
     Exercise("00.autocast-dtype", "Which dtype does autocast use here by default?", _grade_dtype,
-             "labkit.device.autocast_dtype() answers it; bf16 where the hardware computes it, else fp16."),
+             "labkit.device.autocast_dtype() answers it; bf16 where the hardware computes it, else fp16.",
+             reference=_AtGradeTime(_autocast_name, "autocast_dtype()"),
+             wrong=_AtGradeTime(_other_dtype, "the other half-precision dtype")),
     Exercise("00.bottlenecks", "Name the bottleneck of each scenario.", _grade_bottlenecks,
              "A big matmul does ~n FLOPs per byte; an elementwise add does < 1; moving data between "
-             "machines waits on the network."),
+             "machines waits on the network.",
+             reference=dict(_SCENARIOS),
+             wrong={**_SCENARIOS, "adding a bias to a 1 GB activation tensor": "compute"}),
 ]

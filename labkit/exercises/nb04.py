@@ -51,13 +51,42 @@ def reference_island_softmax(scores: torch.Tensor) -> torch.Tensor:
         return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
 
 
+def _clip_before_unscale(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                         x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> None:
+    """A typical mistake: clipping the still-scaled gradients, before ``scaler.unscale_``."""
+    from labkit.models import lm_loss
+
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, dtype=dtype):
+        loss = lm_loss(model(x), y)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    scaler.step(opt)
+    scaler.update()
+
+
+def _fp16_first(caps: dict[str, Any]) -> tuple[str, bool]:
+    """A typical mistake: fp16 wherever it works, even where bf16 (no scaler needed) does too."""
+    if caps.get("fp16"):
+        return "fp16", True
+    if caps.get("bf16"):
+        return "bf16", False
+    return "fp32", False
+
+
+def _island_no_cast_back(scores: torch.Tensor) -> torch.Tensor:
+    """A typical mistake: the fp32 island that forgets to cast its result back to the input dtype."""
+    with torch.autocast(device_type=scores.device.type, enabled=False):
+        return torch.softmax(scores.float(), dim=-1)
+
+
 def _amp_dtype() -> torch.dtype:
     from labkit import device
 
     return torch.float16 if device.supports(torch.float16, "cpu") else torch.bfloat16
 
 
-def _grade_amp_step(answer: Any) -> tuple[bool, str]:
+def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
         return False, "Define a function amp_step(model, opt, scaler, x, y, dtype) and pass it."
     from labkit import data, models
@@ -77,6 +106,8 @@ def _grade_amp_step(answer: Any) -> tuple[bool, str]:
 
     ref, ref_scale = run(reference_amp_step, 2.0**10, 2)
     got, got_scale = run(answer, 2.0**10, 2)
+    if got_scale == 2.0**10 and all(torch.equal(p, q) for p, q in zip(got.parameters(), base.parameters())):
+        return None  # it changed nothing at all: still a stub, "not attempted yet"
     if got_scale != ref_scale:
         return False, (f"after two clean steps the scale should be {ref_scale:g} (scaler.update() grows it), "
                        f"got {got_scale:g}.")
@@ -92,7 +123,7 @@ def _grade_amp_step(answer: Any) -> tuple[bool, str]:
     return True, "Scaled backward, unscale, clip, step and update, in that order."
 
 
-def _grade_pick_amp(answer: Any) -> tuple[bool, str]:
+def _grade_pick_amp(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
         return False, "Define a function pick_amp(caps) returning e.g. ('bf16', False)."
     from labkit import device
@@ -108,12 +139,14 @@ def _grade_pick_amp(answer: Any) -> tuple[bool, str]:
     for caps in cases:
         want = reference_pick_amp(caps)
         got = answer(dict(caps))
-        if tuple(got) != want:
+        if got is None or got is Ellipsis:
+            return None  # still a stub: "not attempted yet"
+        if not isinstance(got, (tuple, list)) or tuple(got) != want:
             return False, f"for {caps['device_name']} (bf16={caps['bf16']}, fp16={caps['fp16']}) expected {want}, got {got}."
     return True, "bf16 where it computes (no scaler needed), fp16 + GradScaler otherwise, else fp32."
 
 
-def _grade_island(answer: Any) -> tuple[bool, str]:
+def _grade_island(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
         return False, "Define a function island_softmax(scores) and pass it."
     g = torch.Generator().manual_seed(4)
@@ -121,6 +154,8 @@ def _grade_island(answer: Any) -> tuple[bool, str]:
     scores[0, 0, 3:] = float("-inf")  # a causal mask
     want = reference_island_softmax(scores)
     got = answer(scores)
+    if got is None or got is Ellipsis:
+        return None  # still a stub: "not attempted yet"
     if not isinstance(got, torch.Tensor) or got.shape != scores.shape:
         return False, "return a tensor of the same shape as scores."
     if got.dtype != scores.dtype:
@@ -162,23 +197,31 @@ EXERCISES = [
         grade=_grade_amp_step,
         hint="zero_grad; autocast(forward + lm_loss); scaler.scale(loss).backward(); scaler.unscale_(opt); "
              "clip_grad_norm_(..., 1.0); scaler.step(opt); scaler.update().",
+        reference=reference_amp_step,
+        wrong=_clip_before_unscale,
     ),
     Exercise(
         id="04.pick-dtype",
         prompt="Write pick_amp(caps) -> (dtype name, use_scaler) for a device's capabilities.",
         grade=_grade_pick_amp,
         hint="Prefer bf16 (fp32's range, no scaler); fall back to fp16 with a GradScaler; else fp32.",
+        reference=reference_pick_amp,
+        wrong=_fp16_first,
     ),
     Exercise(
         id="04.fp32-island",
         prompt="Write island_softmax(scores): a softmax that never overflows in half precision.",
         grade=_grade_island,
         hint="Inside torch.autocast(..., enabled=False): softmax of scores.float(), then .to(scores.dtype).",
+        reference=reference_island_softmax,
+        wrong=_island_no_cast_back,
     ),
     Exercise(
         id="04.lost-update",
         prompt="The largest power of two u for which 1.0 + u == 1.0 in bf16.",
         grade=_grade_lost_update,
         hint="bf16 keeps 7 fraction bits: the ulp of 1.0 is 2^-7. What happens exactly halfway?",
+        reference=2.0**-8,
+        wrong=2.0**-7,
     ),
 ]

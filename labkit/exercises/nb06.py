@@ -45,7 +45,18 @@ def _smallest_stage(answer: object) -> tuple[bool, str]:
     return False, "A smaller stage already fits."
 
 
-def _per_gpu_function(fn: Any) -> tuple[bool, str]:
+def _reference_per_gpu(n_params: int, stage: int, world_size: int) -> float:
+    psi, n = n_params, world_size
+    return [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n][stage]
+
+
+def _stage2_shards_everything(n_params: int, stage: int, world_size: int) -> float:
+    """A typical mistake: stage 2 treated like stage 3 (the 16-bit weights are still whole at stage 2)."""
+    psi, n = n_params, world_size
+    return [16 * psi, 4 * psi + 12 * psi / n, 16 * psi / n, 16 * psi / n][stage]
+
+
+def _per_gpu_function(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
         return False, "Define a function per_gpu_bytes(n_params, stage, world_size) and pass the function."
     rng = random.Random(6)
@@ -56,7 +67,7 @@ def _per_gpu_function(fn: Any) -> tuple[bool, str]:
         want = M.model_state_bytes(n, "mixed", "adam", stage=stage, world_size=ws).device_total
         got = fn(n, stage, ws)
         if got is None or got is Ellipsis:
-            return False, "per_gpu_bytes returns nothing yet: fill in its body."
+            return None  # still a stub: "not attempted yet"
         if not isinstance(got, (int, float)) or abs(got - want) > 16 + 1e-9 * want:
             return False, f"per_gpu_bytes({n}, {stage}, {ws}) returned {got!r}; expected {want}."
     return True, "It reproduces the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB."
@@ -67,16 +78,19 @@ EXERCISES = [
              "Bytes per parameter of model state: bf16 weights and bf16 grads, fp32 master weights, "
              "SGD with momentum (fp32), no ZeRO.",
              _bytes_per_param,
-             "Add 2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 master) + 4 per fp32 optimizer state."),
+             "Add 2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 master) + 4 per fp32 optimizer state.",
+             reference=2 + 2 + 4 + 4, wrong=16),
     Exercise("06.smallest-stage",
              "Smallest ZeRO stage at which the model states of a 7B model (16 B/param, Adam) fit on "
              "8 GPUs of 32 GB each.",
              _smallest_stage,
-             "Per GPU: stage 1 = 4Ψ + 12Ψ/N, stage 2 = 2Ψ + 14Ψ/N, stage 3 = 16Ψ/N, with Ψ = 7e9, N = 8."),
+             "Per GPU: stage 1 = 4Ψ + 12Ψ/N, stage 2 = 2Ψ + 14Ψ/N, stage 3 = 16Ψ/N, with Ψ = 7e9, N = 8.",
+             reference=2, wrong=1),
     Exercise("06.zero-per-gpu",
              "A function per_gpu_bytes(n_params, stage, world_size) giving the ZeRO paper's per-GPU "
              "model-state bytes (16 B/param: 2 + 2 + K, K = 12).",
              _per_gpu_function,
              "Stage 0: 16Ψ. Stage 1 shards K: (2 + 2)Ψ + KΨ/N. Stage 2 also the grads: 2Ψ + (2 + K)Ψ/N. "
-             "Stage 3 everything: 16Ψ/N."),
+             "Stage 3 everything: 16Ψ/N.",
+             reference=_reference_per_gpu, wrong=_stage2_shards_everything),
 ]

@@ -50,7 +50,35 @@ def _grade_config(answer: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def _grade_per_rank(answer: Any) -> tuple[bool, str]:
+def _reference_config() -> dict[str, Any]:
+    from labkit import zero
+
+    s = CONFIG_SETUP
+    return zero.config(s["stage"], "fp16", micro_batch=s["micro_batch"], grad_accum=s["grad_accum"],
+                       world_size=s["world_size"], initial_scale_power=s["initial_scale_power"],
+                       hysteresis=s["hysteresis"], loss_scale_window=s["loss_scale_window"],
+                       gradient_clipping=s["gradient_clipping"], overlap_comm=s["overlap_comm"])
+
+
+def _wrong_config() -> dict[str, Any]:
+    """A typical mistake: DeepSpeed's default hysteresis (2) left in place of the asked-for 1."""
+    cfg = _reference_config()
+    cfg["fp16"] = {**cfg["fp16"], "hysteresis": 2}
+    return cfg
+
+
+def _reference_per_rank(n_params: int, stage: int, world_size: int) -> int:
+    shard = -(-n_params // world_size)
+    return (2 * (shard if stage >= 3 else n_params) + 2 * (shard if stage >= 2 else n_params)
+            + 12 * (shard if stage >= 1 else n_params))
+
+
+def _stage2_shards_params(n_params: int, stage: int, world_size: int) -> int:
+    """A typical mistake: stage 2 sharding the 16-bit parameters too (that is stage 3)."""
+    return _reference_per_rank(n_params, 3 if stage == 2 else stage, world_size)
+
+
+def _grade_per_rank(answer: Any) -> tuple[bool, str] | None:
     from labkit import memory
 
     if not callable(answer):
@@ -62,6 +90,8 @@ def _grade_per_rank(answer: Any) -> tuple[bool, str]:
     for n, stage, ws in cases:
         want = memory.model_state_bytes(n, "mixed", "adam", stage=stage, world_size=ws).device_total
         got = answer(n, stage, ws)
+        if got is None or got is Ellipsis:
+            return None  # still a stub: "not attempted yet"
         if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isclose(
                 float(got), want, rel_tol=1e-6):
             hint = ""
@@ -96,6 +126,8 @@ EXERCISES = [
         hint="zero.config(stage, 'fp16', micro_batch=..., grad_accum=..., world_size=..., "
              "initial_scale_power=..., hysteresis=..., loss_scale_window=..., overlap_comm=True) builds it.",
         success="DeepSpeed would accept it, and every knob says what the setup asks.",
+        reference=_reference_config(),
+        wrong=_wrong_config(),
     ),
     Exercise(
         id="09.per-rank-bytes",
@@ -105,6 +137,8 @@ EXERCISES = [
         hint="Stage 1 divides the 12 optimizer bytes by the ranks, stage 2 also the 2 gradient bytes, stage 3 "
              "also the 2 parameter bytes; use ceil(n / world_size) elements per shard.",
         success="Stage 2 keeps 2 bytes/param whole; stage 3 divides everything.",
+        reference=_reference_per_rank,
+        wrong=_stage2_shards_params,
     ),
     Exercise(
         id="09.comm-volume",
@@ -114,5 +148,7 @@ EXERCISES = [
         hint="An all-reduce is a reduce-scatter (Ψ) plus an all-gather (Ψ). Which collectives does stage 3 "
              "add for its sharded parameters?",
         success="2Ψ, like plain DDP, and 3Ψ (1.5x) once the parameters are sharded too.",
+        reference=(2, 3),
+        wrong=(1, 3),
     ),
 ]

@@ -299,25 +299,44 @@ def _grade_problems(answer: object) -> tuple[bool, str]:
     return (not missed and not extra), "; ".join(msg)
 
 
+_REFERENCE_HEADER = """#!/bin/bash
+#SBATCH --job-name=gpt-ddp
+#SBATCH --partition=gpu
+#SBATCH --account=proj123
+#SBATCH --nodes=2
+#SBATCH --gpus-per-node=4
+#SBATCH --ntasks-per-node=4
+#SBATCH --cpus-per-task=8
+#SBATCH --time=01:30:00
+"""
+# A typical mistake: --gpus=4 asks for 4 GPUs for the whole job, not 4 on each node.
+_WRONG_HEADER = _REFERENCE_HEADER.replace("--gpus-per-node=4", "--gpus=4")
+
 EXERCISES = [
     Exercise("10.sbatch-header",
              "Write the #SBATCH header for the job described in JOB.",
              _grade_header,
              "One option per '#SBATCH' line, before the first command: --job-name, --partition, --account, "
              "--nodes, --gpus-per-node (or --gres=gpu:N), --ntasks-per-node, --cpus-per-task, --time.",
-             success="sbatch would read exactly that; labkit checked it with the same rules."),
+             success="sbatch would read exactly that; labkit checked it with the same rules.",
+             reference=_REFERENCE_HEADER, wrong=_WRONG_HEADER),
     Exercise("10.global-batch",
              f"The global batch (examples per optimizer step) of: {LAUNCH}",
              _grade_global,
              "ranks = nodes × ranks per node; global batch = --batch × ranks × --accum.",
-             success=f"3 nodes × 4 ranks × 32 × 2 = {_GLOBAL}."),
+             success=f"3 nodes × 4 ranks × 32 × 2 = {_GLOBAL}.",
+             reference=_GLOBAL, wrong=4 * 32 * 2),
     Exercise("10.tunnel",
              "Write the ssh command, run on your laptop, that makes JupyterLab of CONNECTION reachable.",
              _grade_tunnel,
-             "ssh -N -L <local port>:<compute node>:<jupyter port> <you>@<login node>"),
+             "ssh -N -L <local port>:<compute node>:<jupyter port> <you>@<login node>",
+             reference="ssh -N -L 24817:gpu017:24817 alice@login.hpc.example",
+             wrong="ssh -N -L 24817:localhost:24817 alice@login.hpc.example"),
     Exercise("10.whats-wrong",
              "Which PROBLEMS labels describe real mistakes in TRANSCRIPT?",
              _grade_problems,
              "Look at where each command runs, what the job asks Slurm for, and what happens when a second "
-             "person's job lands on the same node."),
+             "person's job lands on the same node.",
+             reference={"login-node", "missing-gpus", "fixed-port"},
+             wrong={"login-node", "missing-gpus", "hostname-bind"}),
 ]
