@@ -304,8 +304,9 @@ assert max(stats[n]["grad E4M3, scaled"].underflow for n in names) > 10 * max(
 #   2^-16 ≈ 1.5·10⁻⁵): without a scale **all of them flush to zero** (relative error 1). With a per-tensor scale, E5M2
 #   holds them at ~5 % error: 2 mantissa bits.
 # - **E4M3 for gradients** would be more precise (~2.6 %), but its 17 binades are too few for some gradients: in
-#   at least one layer a sizable share of values still flushes to zero even with the best scale. That is why
-#   the recipe uses E5M2 backward: range over precision, the same trade as bf16 over fp16.
+#   at least one layer a sizable share of values still flushes to zero even with the best scale (see the table).
+#   The norm barely shows it, because the lost values are the smallest; but each of them is a contribution that
+#   no longer reaches the weight gradients or the layers below. That is why the recipe uses E5M2 backward: range over precision, the same trade as bf16 over fp16.
 #
 # ### Delayed scaling: the scale from an amax history
 #
