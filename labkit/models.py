@@ -33,10 +33,10 @@ from torch import nn
 
 __all__ = [
     "ACTIVATIONS",
+    "MLP",
     "SOFTMAX_IMPLS",
     "CausalSelfAttention",
     "GPTConfig",
-    "MLP",
     "TinyGPT",
     "count_parameters",
     "lm_loss",
@@ -110,8 +110,8 @@ class MLP(nn.Module):
             raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
         if not (isinstance(init_scale, (int, float)) and init_scale > 0 and math.isfinite(init_scale)):
             raise ValueError(f"init_scale must be a positive finite number, got {init_scale!r}")
-        self.config = dict(in_features=in_features, hidden=hidden, out_features=out_features,
-                           depth=depth, activation=activation, init_scale=float(init_scale))
+        self.config = {"in_features": in_features, "hidden": hidden, "out_features": out_features,
+                       "depth": depth, "activation": activation, "init_scale": float(init_scale)}
         layers: list[nn.Module] = []
         with torch.random.fork_rng(devices=[]):  # a seeded init leaves the global RNG untouched
             if seed is not None:
