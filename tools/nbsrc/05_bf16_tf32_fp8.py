@@ -89,6 +89,7 @@ assert last < 0.1 * first                                       # it learned
 for name in ("fp16", "bf16"):
     assert abs(runs[name].final_loss() - last) < 0.25 * last    # both track fp32
 assert runs["bf16"].scale == [1.0] * STEPS                      # bf16 needs no loss scale at all
+assert runs["fp16"].n_skipped == 0                              # the scaler kept fp16's gradients in range
 
 # %% [markdown]
 # ### Where bf16 is noisier
@@ -121,9 +122,9 @@ for name, (dl, dg) in noise.items():
 assert noise["bf16"][1] > 3 * noise["fp16"][1]  # 3 fewer mantissa bits: about 8x the gradient error
 
 # %% [markdown]
-# The bf16 gradient is about **8 times** further from the fp32 one than the fp16 gradient: 2^3, for 3 fewer
-# mantissa bits. (On this CPU the gap is larger than on a GPU, because CPU autocast also runs softmax and
-# layer norm in bf16, where CUDA autocast upcasts them; see notebook 04.) When does it show in the curves?
+# The bf16 gradient is about an order of magnitude further from the fp32 one than the fp16 gradient: 2^3 = 8 for
+# 3 fewer mantissa bits. (Part of both errors comes from softmax and layer norm, which CPU autocast runs in low
+# precision and CUDA autocast upcasts to fp32; see notebook 04.) When does it show in the curves?
 #
 # - **Late in training**, when the loss improves by less per step than the noise: bf16 curves look ragged where
 #   fp16 and fp32 still look smooth. Compare runs by averages over windows, never by single steps.
@@ -232,8 +233,9 @@ else:
 # FP8 training (Hopper, Ada and later) keeps master weights in fp32 and computes in 16 bits, but casts the
 # **inputs of each matmul** to 8 bits: activations and weights to **E4M3** (3 mantissa bits, range 2^-9 to 448) in the
 # forward pass, and the output gradients to **E5M2** (2 mantissa bits, range 2^-16 to 57344) in the backward pass.
-# 17 binades (E4M3) or 32 (E5M2) are far too few for raw values, so every tensor gets its own **scale**: the tensor is
-# multiplied by `scale` before the cast and divided by it after.
+# 18 binades (E4M3) or 32 (E5M2) hold a tensor only if it sits at the right height, and tensors sit anywhere from
+# 10⁻⁷ to 10³, so every tensor gets its own **scale**: it is multiplied by `scale` before the cast and divided by
+# it after.
 #
 # First, the casts themselves, which are real on a CPU. Overflow is where libraries disagree: torch **saturates**
 # E4M3FN to ±448 (it has no inf), ml_dtypes and the OCP spec's non-saturating mode give **NaN**, and E5M2 overflows
@@ -303,7 +305,7 @@ assert max(stats[n]["grad E4M3, scaled"].underflow for n in names) > 10 * max(
 # - **Gradients** of a mean loss over a batch are tiny (amax around 10⁻⁶ here, below E5M2's smallest subnormal
 #   2^-16 ≈ 1.5·10⁻⁵): without a scale **all of them flush to zero** (relative error 1). With a per-tensor scale, E5M2
 #   holds them at ~5 % error: 2 mantissa bits.
-# - **E4M3 for gradients** would be more precise (~2.6 %), but its 17 binades are too few for some gradients: in
+# - **E4M3 for gradients** would be more precise (~2.6 %), but its 18 binades are too few for some gradients: in
 #   at least one layer a sizable share of values still flushes to zero even with the best scale (see the table).
 #   The norm barely shows it, because the lost values are the smallest; but each of them is a contribution that
 #   no longer reaches the weight gradients or the layers below. That is why the recipe uses E5M2 backward: range over precision, the same trade as bf16 over fp16.
