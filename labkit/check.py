@@ -7,11 +7,14 @@ solutions stripped, still runs top to bottom.
 
 from __future__ import annotations
 
+import re
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["NOT_GIVEN", "Exercise", "Verdict", "check", "contains_ellipsis", "evaluate", "results", "reset_results"]
+__all__ = ["NOT_GIVEN", "Exercise", "Verdict", "check", "contains_ellipsis", "evaluate", "export_results", "load_results",
+           "reset_results", "results"]
 
 
 class _NotGiven:
@@ -126,3 +129,74 @@ def results() -> dict[str, str]:
 def reset_results() -> None:
     """Forget all recorded results. Introduced in notebook 01."""
     _RESULTS.clear()
+
+
+_RANK = {"not attempted": 0, "wrong": 1, "correct": 2}
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def export_results(path: str | Path = ".", name: str | None = None) -> Path:
+    """Save this kernel's check results to ``<path>/<name>.json`` (or to ``path`` if it ends in .json).
+
+    ``name`` defaults to the login name. An existing file is merged, keeping each exercise's best
+    status (correct > wrong > not attempted), so a student can export after every notebook into the
+    same file, e.g. a class folder the instructor reads with :func:`load_results`. The file is written
+    atomically with mode 0644 (results are not secret; the folder's permissions decide who may write).
+    Returns the file's path. Raises ``ValueError`` for a name that is not a plain file name.
+    Introduced in notebook 00.
+    """
+    import getpass
+    import json
+    import os
+    import tempfile
+    import time
+
+    who = name if name is not None else getpass.getuser()
+    if not isinstance(who, str) or not _NAME_OK.match(who):
+        raise ValueError(f"name must be a plain file name (letters, digits, . _ -), got {who!r}")
+    target = Path(path).expanduser()
+    if target.suffix != ".json":
+        target.mkdir(parents=True, exist_ok=True)
+        target = target / f"{who}.json"
+    merged: dict[str, str] = {}
+    if target.exists():
+        old = json.loads(target.read_text())
+        if not isinstance(old, dict) or not isinstance(old.get("results"), dict):
+            raise ValueError(f"{target} is not a labkit results file; not overwriting it")
+        merged = {k: v for k, v in old["results"].items() if v in _RANK}
+    for ex_id, status in _RESULTS.items():
+        if _RANK[status] >= _RANK.get(merged.get(ex_id, "not attempted"), 0):
+            merged[ex_id] = status
+    doc = {"name": who, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "results": dict(sorted(merged.items()))}
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_results(folder: str | Path) -> dict[str, dict[str, str]]:
+    """Read every results file that :func:`export_results` wrote into ``folder``: {name: {exercise id: status}}.
+
+    Files that are not labkit results files are skipped. Introduced in notebook 00.
+    """
+    import json
+
+    out: dict[str, dict[str, str]] = {}
+    d = Path(folder).expanduser()
+    if not d.is_dir():
+        raise ValueError(f"{d} is not a folder")
+    for f in sorted(d.glob("*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("results"), dict):
+            out[str(doc.get("name", f.stem))] = {k: v for k, v in doc["results"].items() if v in _RANK}
+    return out
