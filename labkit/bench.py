@@ -477,7 +477,7 @@ def _cpu_cores_in_use() -> tuple[int, str]:
             cores.add(str(c))
     n = min(len(cores), torch.get_num_threads())
     return n, (f"{n} physical core{'s' if n != 1 else ''}: {len(cpus)} logical CPUs usable, {len(cores)} physical, "
-               f"torch uses {torch.get_num_threads()} threads")
+               f"torch uses {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''}")
 
 
 def _cpu_ghz() -> tuple[float, str]:

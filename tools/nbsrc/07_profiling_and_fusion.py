@@ -163,7 +163,7 @@ assert cost_fused.bytes * 10 < cost_unfused.bytes and cost_fused.flops == cost_u
 # %%
 # NBVAL_IGNORE_OUTPUT
 chain_compiled, first_call_s = P.compile_timed(P.gelu_chain_unfused, x, bias, mask, p)
-print(f"torch.compile first call (trace + codegen + C++ compile): {first_call_s:.1f} s")
+print(f"torch.compile first call (trace, generate and compile the kernel): {first_call_s:.1f} s")
 notes.append(("torch.compile first call", f"{first_call_s:.1f} s"))
 
 # %% [markdown]
