@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -82,13 +83,30 @@ def test_set_tf32_roundtrip():
         D.set_tf32("yes")
 
 
+def _cuda_accesses(source: str) -> list[int]:
+    """Line numbers of code (not strings) that reaches torch.cuda or torch.backends.cuda."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "cuda":
+            inner = node.value
+            chain = []
+            while isinstance(inner, ast.Attribute):
+                chain.append(inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name) and inner.id == "torch" and chain in ([], ["backends"]):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
 def test_only_the_gate_touches_torch_cuda():
     """The device gate is the one place that checks CUDA directly."""
     offenders = []
     for p in LABKIT.rglob("*.py"):
         if p.name == "device.py":
             continue
-        text = p.read_text()
-        if "torch.cuda." in text or "torch.backends.cuda" in text:
-            offenders.append(str(p.relative_to(LABKIT.parent)))
+        hits = _cuda_accesses(p.read_text())
+        if hits:
+            offenders.append(f"{p.relative_to(LABKIT.parent)}:{hits}")
     assert not offenders, f"use labkit.device instead of torch.cuda in {offenders}"
+    assert _cuda_accesses("import torch\ntorch.cuda.synchronize()\nx = torch.backends.cuda.matmul") == [2, 3]
+    assert _cuda_accesses("s = 'torch.cuda.is_available()'") == []
