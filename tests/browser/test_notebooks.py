@@ -7,6 +7,8 @@ from labdriver import IMAGE_MIMES, NOTEBOOKS, Lab, error_outputs, notebook_names
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
+pytestmark = pytest.mark.slow  # a JupyterLab server, Chromium and whole notebooks
+
 NAMES = notebook_names()
 
 

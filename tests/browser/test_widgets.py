@@ -15,6 +15,8 @@ from labdriver import Lab, NotebookRun, notebook_by_number
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 from playwright.sync_api import expect
 
+pytestmark = pytest.mark.slow  # a JupyterLab server, Chromium and whole notebooks
+
 LABEL = re.compile(r"^(?P<fmt>\w+) 0x(?P<hex>[0-9a-f]+) = (?P<value>\S+)$")
 NP_DTYPES = {"fp16": (np.float16, np.uint16), "bf16": (ml_dtypes.bfloat16, np.uint16),
              "e4m3fn": (ml_dtypes.float8_e4m3fn, np.uint8), "e5m2": (ml_dtypes.float8_e5m2, np.uint8)}
