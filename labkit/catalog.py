@@ -121,13 +121,17 @@ class Topic:
 def load_coverage(path: str | Path | None = None) -> list[Topic]:
     """Read the seed-coverage file (default ``docs/seed_coverage.toml``) into a list of :class:`Topic`.
 
-    Needs Python >= 3.11 (``tomllib``). Raises ``FileNotFoundError`` if the file is missing and
+    Needs Python >= 3.11 (``tomllib``; on 3.10 the ``tomli`` package). Raises ``FileNotFoundError`` if the file is missing and
     ``ValueError`` (or ``TypeError``) for a malformed entry. Introduced in notebook 00.
     """
     try:
         import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-        raise RuntimeError("reading docs/seed_coverage.toml needs Python >= 3.11 (tomllib)") from None
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10: the same parser as the tomli package
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise RuntimeError("reading docs/seed_coverage.toml needs Python >= 3.11 (tomllib) or the "
+                               "tomli package on Python 3.10") from None
     p = Path(path) if path is not None else COVERAGE_FILE
     if not p.is_file():
         raise FileNotFoundError(f"no seed-coverage file at {p} (it lives in the repository's docs/)")
