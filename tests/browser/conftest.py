@@ -29,6 +29,7 @@ from labdriver import (
     Lab,
     LabServer,
     mirror_worktree,
+    private_env,
 )
 
 
@@ -62,13 +63,14 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory, lab_home: Path) -> Iter
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    """Debian's Chromium, headless, launched once per session through Playwright."""
+def browser(lab_home: Path) -> Iterator[Any]:
+    """Debian's Chromium, headless, launched once per session through Playwright (HOME in lab_home)."""
     _require_browser()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                                      env=private_env(lab_home / "browser"))
         try:
             yield chromium
         finally:
