@@ -121,8 +121,9 @@ class Topic:
 def load_coverage(path: str | Path | None = None) -> list[Topic]:
     """Read the seed-coverage file (default ``docs/seed_coverage.toml``) into a list of :class:`Topic`.
 
-    Needs Python >= 3.11 (``tomllib``; on 3.10 the ``tomli`` package). Raises ``FileNotFoundError`` if the file is missing and
-    ``ValueError`` (or ``TypeError``) for a malformed entry. Introduced in notebook 00.
+    Needs Python >= 3.11 (``tomllib``; on 3.10 the ``tomli`` package). Raises ``FileNotFoundError`` if
+    the file is missing and ``ValueError`` (or ``TypeError``) for a malformed entry.
+    Introduced in notebook 00.
     """
     try:
         import tomllib
@@ -191,7 +192,8 @@ def update_readme(path: str | Path = "README.md") -> bool:
     text = p.read_text()
     if _START not in text or _END not in text:
         raise ValueError(f"{p} has no {_START} ... {_END} block")
-    new = re.sub(re.escape(_START) + ".*?" + re.escape(_END), lambda m: _START + "\n" + markdown_table() + "\n" + _END,
+    nb_map = _START + "\n" + markdown_table() + "\n" + _END
+    new = re.sub(re.escape(_START) + ".*?" + re.escape(_END), lambda m: nb_map,
                  text, flags=re.DOTALL)
     if _COV_START in new and _COV_END in new:
         block = _COV_START + "\n" + coverage_table() + "\n" + _COV_END
