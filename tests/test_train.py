@@ -55,6 +55,15 @@ def test_every_policy_runs_and_records(task, policy):
         assert not any(math.isnan(v) for v in r.loss)
 
 
+def test_custom_policy_bf16_with_scaler_and_resume(task, tmp_path):
+    pol = train.Policy("bf16+scaler", torch.bfloat16, torch.float32, True, "bf16 autocast + GradScaler")
+    full = _run(task, policy=pol, steps=4)
+    assert full.policy == "bf16+scaler" and full.scale[0] == 65536.0
+    _run(task, policy=pol, steps=2, checkpoint_dir=tmp_path, checkpoint_every=2)
+    resumed = _run(task, policy=pol, steps=4, checkpoint_dir=tmp_path, resume=True)
+    assert resumed.loss == full.loss
+
+
 def test_good_policies_learn_and_agree(task):
     res = {p: _run(task, policy=p, steps=30) for p in ("fp32", "fp16", "bf16")}
     for r in res.values():
