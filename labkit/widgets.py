@@ -15,6 +15,13 @@ __all__ = ["FIELD_COLORS", "BitExplorer", "bit_explorer"]
 
 FIELD_COLORS = {"sign": "#ef9a9a", "exponent": "#a5d6a7", "mantissa": "#90caf9"}
 EXPLORER_FORMATS = ("fp32", "tf32", "fp16", "bf16", "e4m3fn", "e5m2")
+_ON_COLORS = {"sign": "#e53935", "exponent": "#43a047", "mantissa": "#1e88e5"}
+# ToggleButton styles have no button_color, so the explorer colours its bits with a stylesheet: pale when the
+# bit is 0, strong when it is 1 (JupyterLab marks a pressed ToggleButton with .mod-active).
+EXPLORER_CSS = "<style>" + "".join(
+    f".lk-bits .lk-bit.lk-{k} {{background-color: {FIELD_COLORS[k]}; color: #222;}}"
+    f".lk-bits .lk-bit.lk-{k}.mod-active {{background-color: {_ON_COLORS[k]}; color: white; font-weight: bold;}}"
+    for k in FIELD_COLORS) + "</style>"
 
 
 def _parse_number(text: str) -> float:
@@ -58,8 +65,8 @@ class BitExplorer:
         self.bit_box.add_class("lk-bits")
         self.format_picker.observe(self._on_format, names="value")
         self.number.observe(self._on_number, names="value")
-        self.widget = W.VBox([W.HBox([self.format_picker, self.number]), self.bit_box, self.value_label,
-                              self.details])
+        self.widget = W.VBox([W.HTML(EXPLORER_CSS), W.HBox([self.format_picker, self.number]), self.bit_box,
+                              self.value_label, self.details])
         self._build_buttons()
         self._refresh()
 
@@ -105,7 +112,6 @@ class BitExplorer:
             field = "sign" if i == 0 else ("exponent" if i <= f.exp_bits else "mantissa")
             b = W.ToggleButton(description="0", tooltip=f"{field} bit {pos}",
                                layout=W.Layout(width="26px", padding="0", margin="1px"))
-            b.style.button_color = FIELD_COLORS[field]
             b.add_class("lk-bit")
             b.add_class(f"lk-{field}")
             b.observe(lambda change, pos=pos: self._on_click(pos, change), names="value")
