@@ -17,6 +17,7 @@ __all__ = [
     "catalog",
     "check",
     "data",
+    "debug",
     "device",
     "dist",
     "env",

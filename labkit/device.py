@@ -21,12 +21,14 @@ __all__ = [
     "cpu_isa_flags",
     "cuda_properties",
     "dist_backend",
+    "empty_cache",
     "event_timer",
     "fp32_matmul_settings",
     "get_rng_state",
     "is_cuda",
     "max_memory_allocated",
     "memory_allocated",
+    "memory_reserved",
     "memory_summary",
     "nccl_version",
     "pick_device",
@@ -233,6 +235,26 @@ def memory_allocated(device: torch.device | str | None = None) -> int | None:
     """
     dev = _as_device(device)
     return int(torch.cuda.memory_allocated(dev)) if dev.type == "cuda" else None
+
+
+def memory_reserved(device: torch.device | str | None = None) -> int | None:
+    """Return the bytes torch's CUDA caching allocator holds (allocated + cached), or ``None`` off CUDA.
+
+    Introduced in notebook 06.
+    """
+    dev = _as_device(device)
+    return int(torch.cuda.memory_reserved(dev)) if dev.type == "cuda" else None
+
+
+def empty_cache(device: torch.device | str | None = None) -> None:
+    """Return the CUDA caching allocator's unused cached blocks to the driver (a no-op off CUDA).
+
+    Introduced in notebook 06.
+    """
+    dev = _as_device(device)
+    if dev.type == "cuda":
+        with torch.cuda.device(dev):
+            torch.cuda.empty_cache()
 
 
 def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:

@@ -60,6 +60,7 @@ __all__ = [
     "get_optimizer",
     "get_policy",
     "gpt_activation_bytes",
+    "graph_saved_bytes",
     "k_factor",
     "measure_model_state",
     "measure_saved_tensors",
@@ -725,6 +726,47 @@ def measure_saved_tensors(fn: Callable[[], Any], params: Iterable[torch.Tensor] 
         if kind == "activations":
             by_dtype[dt] = by_dtype.get(dt, 0) + nbytes
     return out, SavedTensors(by_dtype=dict(sorted(by_dtype.items())), **totals)
+
+
+_WRAPPED_NUMBER_DTYPES = (torch.float64, torch.int64, torch.complex128)
+
+
+def graph_saved_bytes(t: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Return the bytes of the tensors that the autograd graph behind ``t`` still keeps alive for backward.
+
+    Walks ``t.grad_fn`` and every node it reaches, and counts the distinct storages of their saved
+    tensors, skipping storages shared with ``exclude`` (pass the model's parameters: the model holds
+    them anyway). After ``backward()`` the graph has freed its saved tensors and this returns 0, but the
+    graph itself lives as long as ``t`` does: a loss kept without ``.item()`` or ``.detach()`` before
+    backward keeps every activation of its step. 0-dim float64/int64 tensors are skipped: they are the
+    Python numbers of ops like ``x * 0.5``, a few bytes each, which saved-tensor hooks never see either.
+
+    Introduced in notebook 06.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t must be a tensor, got {type(t).__name__}")
+    skip = {p.untyped_storage().data_ptr() for p in exclude}
+    seen: dict[int, int] = {}
+    stack, visited = [t.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # freed by backward
+                continue
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(v, torch.Tensor) and not (v.dim() == 0 and v.dtype in _WRAPPED_NUMBER_DTYPES):
+                    s = v.untyped_storage()
+                    if s.data_ptr() not in skip:
+                        seen[s.data_ptr()] = s.nbytes()
+        stack.extend(f for f, _ in node.next_functions)
+    return sum(seen.values())
 
 
 class _Checkpointed(nn.Module):

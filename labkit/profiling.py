@@ -42,14 +42,18 @@ from labkit.roofline import OpCost, dtype_bytes
 __all__ = [
     "CHAIN_STEPS",
     "OpShare",
+    "busy_fraction",
     "compile_timed",
+    "count_flops",
     "gelu_chain_cost",
     "gelu_chain_fused",
     "gelu_chain_reference",
     "gelu_chain_unfused",
+    "gpt_train_flops",
     "interleaved_times",
     "launch_overhead",
     "make_gpt_step",
+    "mfu",
     "op_table",
     "ops_to_cover",
     "profile_steps",
@@ -205,6 +209,88 @@ def read_chrome_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ValueError(f"{path} is not a Chrome trace (no traceEvents list)")  # noqa: TRY004 (bad file content)
     return data
+
+
+def _union_length(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def busy_fraction(events: Sequence[dict[str, Any]], category: str = "cpu_op", window: str = "train_step") -> float:
+    """Return the fraction of the ``window`` spans of a Chrome trace during which at least one ``category``
+    event ran.
+
+    This is what nvidia-smi's "GPU-Util" reports for a GPU (``category="kernel"``): the share of time at
+    least one kernel was running, however few of the SMs it kept busy. On a CPU trace (``"cpu_op"``) it is
+    the share of the step spent inside aten ops; the rest is Python and framework overhead between them.
+    Overlapping events count once; events are clipped to the windows. Introduced in notebook 07.
+    """
+    if not isinstance(category, str) or not isinstance(window, str):
+        raise TypeError("category and window must be event names (str)")
+    wins = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+            if e.get("ph") == "X" and e.get("name") == window and "dur" in e]
+    wins = [w for w in wins if w[1] > w[0]]
+    if not wins:
+        raise ValueError(f"the trace has no {window!r} span to measure within")
+    ops = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+           if e.get("ph") == "X" and e.get("cat") == category and "dur" in e]
+    clipped = [(max(a, wa), min(b, wb)) for a, b in ops for wa, wb in wins if min(b, wb) > max(a, wa)]
+    return _union_length(clipped) / _union_length(wins)
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """Run ``fn()`` under ``torch.utils.flop_counter.FlopCounterMode`` and return the FLOPs it counted.
+
+    The counter knows matmuls, convolutions and attention kernels (forward and backward), and counts
+    nothing for elementwise ops, norms or the optimizer: it counts *model* FLOPs, as MFU does.
+    Introduced in notebook 07.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def gpt_train_flops(config: Any, batch: int, seq_len: int | None = None) -> int:
+    """Return the matmul FLOPs of one TinyGPT training step (forward + backward) on ``batch`` sequences.
+
+    The textbook count: 6 FLOPs per matmul weight per token (2 forward, 4 backward) plus attention's
+    ``12 * n_layers * seq_len * d_model`` per token (QKᵀ and AV, three passes), as in the PaLM paper's
+    MFU appendix. Embeddings are lookups, not matmuls, and count nothing. ``seq_len`` defaults to the
+    config's. Introduced in notebook 07.
+    """
+    for name in ("d_model", "n_layers", "vocab_size", "mlp_ratio", "seq_len"):
+        if not isinstance(getattr(config, name, None), int):
+            raise TypeError(f"config must be a GPTConfig (no int {name!r})")
+    t = config.seq_len if seq_len is None else seq_len
+    for name, v in (("batch", batch), ("seq_len", t)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    d, layers = config.d_model, config.n_layers
+    matmul_weights = layers * (3 * d * d + d * d + 2 * config.mlp_ratio * d * d) + d * config.vocab_size
+    tokens = batch * t
+    return 6 * matmul_weights * tokens + 12 * layers * t * d * tokens
+
+
+def mfu(model_flops: float, seconds: float, peak_flops_per_s: float) -> float:
+    """Return the model FLOPs utilisation: ``model_flops / seconds`` as a fraction of ``peak_flops_per_s``.
+
+    ``model_flops`` counts the model's arithmetic once (recomputation under activation checkpointing
+    does not count; counting it gives the *hardware* FLOPs utilisation, HFU). Introduced in notebook 07.
+    """
+    for name, v in (("model_flops", model_flops), ("seconds", seconds), ("peak_flops_per_s", peak_flops_per_s)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be positive and finite, got {v!r}")
+    return model_flops / seconds / peak_flops_per_s
 
 
 def make_gpt_step(batch: int = 32, seed: int = 0, device: torch.device | str | None = None,

@@ -110,3 +110,8 @@ def test_only_the_gate_touches_torch_cuda():
     assert not offenders, f"use labkit.device instead of torch.cuda in {offenders}"
     assert _cuda_accesses("import torch\ntorch.cuda.synchronize()\nx = torch.backends.cuda.matmul") == [2, 3]
     assert _cuda_accesses("s = 'torch.cuda.is_available()'") == []
+
+
+def test_allocator_queries_off_cuda():
+    assert D.memory_reserved("cpu") is None and D.memory_allocated("cpu") is None
+    assert D.empty_cache("cpu") is None  # a no-op, no error

@@ -622,3 +622,19 @@ def test_memory_bars_plot():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["params", "grads", "master", "optimizer"]
     with pytest.raises(ValueError, match="unknown memory categories"):
         plots.memory_bars({"x": {"weights": 1}})
+
+
+def test_graph_saved_bytes_matches_the_saved_tensor_hooks_and_drops_after_backward():
+    cfg = models.GPTConfig(vocab_size=12, seq_len=12)
+    model = models.TinyGPT(cfg, seed=0)
+    x = torch.randint(0, 12, (8, 12))
+    loss, saved = M.measure_saved_tensors(lambda: models.lm_loss(model(x), x), model.parameters())
+    assert M.graph_saved_bytes(loss, exclude=model.parameters()) == saved.activations + saved.weight_copies
+    assert M.graph_saved_bytes(loss) == saved.activations + saved.weight_copies + saved.params
+    loss.backward()
+    assert M.graph_saved_bytes(loss) == 0  # backward freed them; the graph nodes remain while `loss` lives
+    assert M.graph_saved_bytes(loss.detach()) == 0
+    with torch.no_grad():
+        assert M.graph_saved_bytes(models.lm_loss(model(x), x)) == 0
+    with pytest.raises(TypeError):
+        M.graph_saved_bytes(3.0)  # type: ignore[arg-type]

@@ -192,3 +192,49 @@ def test_compile_timed_eager_backend_gives_the_same_result():
     torch.testing.assert_close(fn(x, b, m, 0.1), P.gelu_chain_reference(x, b, m, 0.1))
     with pytest.raises(TypeError):
         P.compile_timed(42)
+
+
+def test_busy_fraction_on_a_synthetic_trace():
+    ev = [{"ph": "X", "name": "train_step", "cat": "user_annotation", "ts": 0, "dur": 100},
+          {"ph": "X", "name": "train_step", "cat": "user_annotation", "ts": 200, "dur": 100},
+          {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 10, "dur": 30},
+          {"ph": "X", "name": "aten::add", "cat": "cpu_op", "ts": 20, "dur": 30},   # overlaps: counts once
+          {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 90, "dur": 20},    # half outside the window
+          {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 210, "dur": 50},
+          {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 150, "dur": 20}]   # between windows
+    assert P.busy_fraction(ev) == pytest.approx((40 + 10) / 200)
+    assert P.busy_fraction(ev, category="kernel") == pytest.approx(50 / 200)
+    with pytest.raises(ValueError, match="no 'step'"):
+        P.busy_fraction(ev, window="step")
+
+
+def test_busy_fraction_of_a_real_profile_is_a_fraction(tmp_path):
+    step = P.make_gpt_step(batch=4, n_layers=1)
+    prof = P.profile_steps(step, steps=2)
+    events = P.read_chrome_trace(P.write_chrome_trace(prof, tmp_path / "t.json"))["traceEvents"]
+    assert 0 < P.busy_fraction(events) <= 1
+
+
+def test_gpt_train_flops_matches_torch_flop_counter():
+    from labkit import models
+
+    for kw, batch in (({}, 32), ({"n_layers": 3, "d_model": 64, "mlp_ratio": 2}, 4)):
+        step = P.make_gpt_step(batch=batch, **kw)
+        cfg = models.GPTConfig(vocab_size=12, seq_len=12, **kw)
+        assert P.count_flops(step) == P.gpt_train_flops(cfg, batch)
+    cfg = models.GPTConfig(vocab_size=12, seq_len=12)
+    assert P.gpt_train_flops(cfg, 2, seq_len=6) < P.gpt_train_flops(cfg, 2)
+    with pytest.raises(ValueError):
+        P.gpt_train_flops(cfg, 0)
+    with pytest.raises(TypeError):
+        P.gpt_train_flops(object(), 2)
+
+
+def test_mfu_formula():
+    # 6 * 1e9 params * 1e5 tokens = 6e14 FLOPs in 2 s on a 1e15 FLOP/s peak: 30 %
+    assert P.mfu(6 * 10**9 * 10**5, 2.0, 1e15) == pytest.approx(0.3)
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError):
+            P.mfu(1.0, bad, 1.0)
+    with pytest.raises(TypeError):
+        P.mfu("1", 1.0, 1.0)  # type: ignore[arg-type]

@@ -10,10 +10,11 @@
 #   (`growth_interval`, a minimum scale) that govern both;
 # - call the scaler in the right order (`scale → backward → unscale_ → clip → step → update`) and checkpoint it;
 # - map all of it onto DeepSpeed's `fp16` config block.
+# - find the first NaN: forward hooks for the module that makes it, `torch.autograd.detect_anomaly` for the backward.
 #
 # **Prerequisites:** notebook 02 (subnormals, flush to zero, overflow).
 #
-# **Estimated time:** 40 min
+# **Estimated time:** 50 min
 
 # %%
 import inspect
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from IPython.display import Markdown, display
 
-from labkit import data, device, models, plots, scaling
+from labkit import data, debug, device, models, plots, scaling
 from labkit.check import check
 from labkit.exercises.nb03 import PATTERN, PATTERN_KNOBS, RULE_KNOBS, exercise_gradients
 from labkit.scaling import DynamicLossScaler
@@ -398,9 +399,84 @@ assert show["DeepSpeed, hysteresis 1"][5] == 32.0
 assert show["DeepSpeed, hysteresis 2"][6] == show["DeepSpeed, hysteresis 2"][5]       # first overflow tolerated
 
 # %% [markdown]
-# ## 6. Exercises
+# ## 6. Finding the first NaN
 #
-# **6.1** These are the gradients of some model (`exercise_gradients()`); their histogram is below. Choose a
+# The scaler cannot tell a scale that is too big from a bug: both give inf/NaN, and it skips and halves either
+# way. When steps keep being skipped with the scale already small, or the loss itself turns NaN, something else is
+# wrong, and the loss does not say where: one NaN spreads through every later layer, the loss and every gradient.
+# Find the **first** one. In the forward pass, `labkit.debug.first_nonfinite` puts a forward hook on every module
+# (`register_forward_hook`) and reports the first, in execution order, whose output is not finite. Here one
+# weight of the third Linear is NaN, as a poisoned update would leave it:
+
+# %%
+net = models.MLP(16, 64, 1, depth=3, activation="tanh", init_scale=0.5, seed=0)
+with torch.no_grad():
+    net.net[4].weight[3, 7] = math.nan
+print("NaN outputs:", torch.isnan(net(xb)).sum().item(), "of", len(xb))
+hit = debug.first_nonfinite(net, lambda: net(xb))
+print(hit.describe())
+assert (hit.module, hit.kind, hit.inputs_finite, hit.bad) == ("net.4", "Linear", True, len(xb))
+
+# %% [markdown]
+# If every module's output is finite and the loss is still not, the model is innocent: look at the data and the
+# loss. The broken label of the scale-collapse demo, found this way:
+
+# %%
+xb_bad, yb_bad = corrupt_batches(0)
+clean = models.MLP(16, 64, 1, depth=3, activation="tanh", init_scale=0.5, seed=0)
+print("loss:", F.mse_loss(clean(xb_bad), yb_bad).item(), "| first non-finite module:",
+      debug.first_nonfinite(clean, lambda: F.mse_loss(clean(xb_bad), yb_bad)))
+print("non-finite inputs:", debug.nonfinite_count(xb_bad), "| non-finite targets:", debug.nonfinite_count(yb_bad))
+assert debug.nonfinite_count(yb_bad) == 1
+
+# %% [markdown]
+# **The backward pass.** A forward pass can be finite and its gradient NaN. A classic: `torch.where` to "protect" a
+# log. The forward picks 0 where p = 0, but backward still runs through `log(p)` everywhere and multiplies its
+# derivative 1/0 = inf by the 0 that `where` sends down that branch: 0 × inf = NaN. Scores min-max scaled to
+# [0, 1] have an exact 0, the smallest:
+
+# %%
+score_net = models.MLP(16, 64, 1, depth=2, activation="tanh", seed=0)
+
+def log_loss():
+    out = score_net(xb)
+    p = (out - out.min()) / (out.max() - out.min())  # in [0, 1]; the smallest is exactly 0
+    return torch.where(p > 0, torch.log(p), 0.0).mean()
+
+loss = log_loss()
+loss.backward()
+print(f"loss {loss.item():.4f} (finite); NaN gradients in the first layer: "
+      f"{torch.isnan(score_net.net[0].weight.grad).sum().item()} of {score_net.net[0].weight.numel()}")
+assert torch.isfinite(loss) and torch.isnan(score_net.net[0].weight.grad).all()
+
+# %% [markdown]
+# `torch.autograd.detect_anomaly()` checks the output of every backward function and raises at the first that
+# returns NaN; with the forward run inside it too, it also records where each node was created. (It slows the
+# step several times: a debugging tool, not a setting for production runs.) `debug.backward_anomaly` runs it and
+# returns the function and the forward line:
+
+# %%
+hit = debug.backward_anomaly(log_loss)
+print(hit.message)
+print("created at", hit.forward_line)
+assert hit.function == "LogBackward0" and "torch.log(p)" in hit.forward_line
+
+# %% [markdown]
+# The fix keeps the log away from 0 in *both* branches (the "double where"), or clamps: `torch.log(p.clamp_min(eps))`:
+
+# %%
+def log_loss_fixed():
+    out = score_net(xb)
+    p = (out - out.min()) / (out.max() - out.min())
+    return torch.where(p > 0, torch.log(torch.where(p > 0, p, 1.0)), 0.0).mean()
+
+assert debug.backward_anomaly(log_loss_fixed) is None and log_loss_fixed().item() == log_loss().item()
+print("fixed: same loss, finite gradients")
+
+# %% [markdown]
+# ## 7. Exercises
+#
+# **7.1** These are the gradients of some model (`exercise_gradients()`); their histogram is below. Choose a
 # static loss scale `S` so that, in FP16, none of them flushes to zero and none overflows.
 
 # %%
@@ -415,7 +491,7 @@ S = 2.0**14
 check("03.static-scale", S)
 
 # %% [markdown]
-# **6.2** A scaler with `PATTERN_KNOBS` sees the overflow pattern `PATTERN` (True = that step had inf/NaN).
+# **7.2** A scaler with `PATTERN_KNOBS` sees the overflow pattern `PATTERN` (True = that step had inf/NaN).
 # What is its scale afterwards? Work it out by hand, then check.
 
 # %%
@@ -428,7 +504,7 @@ answer = 512.0
 check("03.predict-scale", answer)
 
 # %% [markdown]
-# **6.3** Write GradScaler's rule yourself: `update(scale, tracker, found_inf)` returns the new scale and the new
+# **7.3** Write GradScaler's rule yourself: `update(scale, tracker, found_inf)` returns the new scale and the new
 # count of clean steps, with the knobs in `RULE_KNOBS`. The check runs it against `DynamicLossScaler` on random
 # overflow patterns.
 
@@ -447,7 +523,7 @@ def update(scale, tracker, found_inf):
 check("03.update-rule", update)
 
 # %% [markdown]
-# **6.4** Write DeepSpeed's `fp16` block (a dict) that behaves as closely as possible like
+# **7.4** Write DeepSpeed's `fp16` block (a dict) that behaves as closely as possible like
 # `torch.amp.GradScaler("cuda", init_scale=2**12, growth_interval=500)`.
 
 # %%
@@ -471,3 +547,5 @@ check("03.deepspeed-config", fp16_block)
 # - Order: `scale(loss).backward()`, `unscale_`, clip, `step`, `update`; checkpoint `scaler.state_dict()`.
 # - DeepSpeed: `loss_scale: 0` = dynamic, `initial_scale_power`, `loss_scale_window` (one step later),
 #   `hysteresis` (default 2), `min_loss_scale` (default 1).
+# - A NaN spreads; find the first: forward hooks name the first module with a non-finite output (all finite:
+#   suspect the data or the loss), `detect_anomaly` names the backward function and the forward line that made it.

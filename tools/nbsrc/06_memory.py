@@ -11,10 +11,12 @@
 # - explain why "memory went up when we turned on AMP";
 # - predict per-GPU memory under ZeRO stages 0-3 and CPU offload, with an interactive calculator;
 # - weigh the levers: batch size, gradient accumulation, activation checkpointing, sequence length, optimizer.
+# - find memory that does not drop: lingering references (a kept loss and its graph, views, optimizer state) vs
+#   the GPU caching allocator (`memory_allocated` vs `memory_reserved`, `empty_cache`, fragmentation).
 #
 # **Prerequisites:** notebook 02 (why fp32 master weights), notebook 04 (autocast, the tiny GPT).
 #
-# **Estimated time:** 40 min
+# **Estimated time:** 50 min
 
 # %%
 import matplotlib.pyplot as plt
@@ -313,9 +315,117 @@ for opt_name in ("adam", "sgd-momentum", "adam-8bit", "adafactor", "sgd"):
     print(f"{opt_name:<13} {mem.bytes_per_param('mixed', opt_name):>3} B/param  {mem.fmt_bytes(e.device_total):>10}")
 
 # %% [markdown]
-# ## 7. Exercises
+# ## 7. Memory that does not drop
 #
-# **7.1** How many bytes per parameter of model state does this setup keep: bf16 weights and bf16 gradients,
+# "I deleted the tensor and the memory is still used." There are two different causes, and they need different fixes:
+#
+# 1. **Something still refers to it.** `del x` removes one *name*; the memory is freed only when the last
+#    reference goes. The usual hidden references: a loss kept as a tensor (it holds its whole autograd graph),
+#    a view of a larger tensor, the optimizer's state, gradients that are zeroed instead of freed.
+# 2. **The allocator keeps it for reuse.** On a GPU, PyTorch's caching allocator does not give freed blocks back
+#    to the driver, so `nvidia-smi` still counts them. That memory *is* free for PyTorch's next tensor.
+#
+# **A lingering loss.** A validation loop outside `torch.no_grad()` that appends `loss` to a list keeps every
+# activation of every batch alive: the loss is the root of a graph that owns the saved tensors.
+# `mem.graph_saved_bytes(t)` walks that graph and counts what it still holds (the parameters excluded: the model
+# holds those anyway). `loss.item()` is a Python float and holds nothing:
+
+# %%
+model = models.TinyGPT(cfg, seed=0)
+params = list(model.parameters())
+kept, logged = [], []
+for i in range(4):  # "validation": forward only, no backward, no torch.no_grad()
+    loss = models.lm_loss(model(x), y)
+    kept.append(loss)          # the bug: the tensor, with its graph
+    logged.append(loss.item())  # the fix: a Python float
+held = [mem.graph_saved_bytes(t, exclude=params) for t in kept]
+_, hooks = mem.measure_saved_tensors(lambda: models.lm_loss(model(x), y), params)
+print(f"each kept loss holds {held[0]:,} B (the saved-tensor hooks counted {hooks.activations:,} B in its forward)")
+print(f"the list of 4 holds ~{sum(held) / 1e6:.0f} MB (they share only the batch and the mask); the floats hold 0 B")
+assert held == [hooks.activations] * 4
+
+# %% [markdown]
+# The graph grows with every batch kept: on a GPU, 4 batches here, or 1000 validation batches of a real model,
+# and the run dies with out-of-memory in the middle of evaluation. Under `torch.no_grad()` no graph is built at
+# all, and after `backward()` the graph frees its saved tensors (the nodes stay until the loss is dropped):
+
+# %%
+with torch.no_grad():
+    print("no_grad loss holds", mem.graph_saved_bytes(models.lm_loss(model(x), y)), "B")
+loss = models.lm_loss(model(x), y)
+before = mem.graph_saved_bytes(loss, exclude=params)
+loss.backward()
+print(f"training loss: {before:,} B before backward, {mem.graph_saved_bytes(loss):,} B after")
+assert before > 0 and mem.graph_saved_bytes(loss) == 0
+kept.clear()  # the list was the last reference: the 4 graphs are freed now
+
+# %% [markdown]
+# **A view keeps its whole storage.** Slicing does not copy: a 10-element view of a 4 MiB tensor keeps all
+# 4 MiB alive after `del`. `.clone()` copies the 10 elements and lets the big storage go:
+
+# %%
+big_t = torch.empty(2**20)  # 4 MiB of fp32
+first10 = big_t[:10]
+del big_t
+print(f"the view holds {mem.tensor_bytes([first10]):,} B; a clone holds {mem.tensor_bytes([first10.clone()]):,} B")
+assert mem.tensor_bytes([first10]) == 4 * 2**20 and mem.tensor_bytes([first10.clone()]) == 40
+
+# %% [markdown]
+# **Optimizer state and gradients** are long-lived by design. Adam's two moments appear at the first `step()` and
+# stay for the whole run (that is the 8 B/param of section 1); gradients stay between steps unless
+# `zero_grad(set_to_none=True)` (the default since torch 2.0) drops them instead of filling them with zeros:
+
+# %%
+model, opt = mem.setup_training(models.TinyGPT(cfg, seed=0), "fp32", "adamw")
+models.lm_loss(model(x), y).backward()
+print("after backward:          ", mem.measure_model_state(model, opt))
+opt.step()
+opt.zero_grad(set_to_none=False)
+print("step + zero_grad(False): ", mem.measure_model_state(model, opt))
+opt.zero_grad(set_to_none=True)
+print("zero_grad(set_to_none):  ", mem.measure_model_state(model, opt))
+assert "grads" not in mem.measure_model_state(model, opt) and mem.measure_model_state(model, opt)["optimizer"] > 0
+
+# %% [markdown]
+# **The caching allocator (GPU).** `cudaMalloc`/`cudaFree` are slow and synchronise the device, so PyTorch asks the
+# driver for large segments once and carves tensors out of them itself. Two counters follow it:
+#
+# - `torch.cuda.memory_allocated()`: bytes in live tensors. It drops as soon as the last reference goes.
+# - `torch.cuda.memory_reserved()`: bytes the allocator holds from the driver, live or cached. It does **not**
+#   drop after `del`; `nvidia-smi` shows this plus the CUDA context (a few hundred MB per process).
+#
+# `torch.cuda.empty_cache()` returns the *unused* cached segments to the driver: useful when another process (or
+# a notebook next to yours) needs the memory, useless against an out-of-memory error in your own process (PyTorch
+# already frees its cache and retries before it raises). What can make an OOM happen with plenty of
+# reserved-but-free memory is **fragmentation**: free blocks scattered between live tensors, none large enough
+# for the next request (the OOM message then shows "reserved but unallocated" memory far above the request).
+# Variable shapes make it worse; `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (set before the first CUDA
+# call) lets segments grow in place and usually cures it. `torch.cuda.memory_summary()` and
+# `torch.cuda.memory._record_memory_history()` (a snapshot viewed at https://pytorch.org/memory_viz) show who holds
+# what. `labkit.device` wraps the counters; the cell measures them when a CUDA device is present:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if device.is_cuda(dev):
+    device.empty_cache(dev)
+    base = (device.memory_allocated(dev), device.memory_reserved(dev))
+    t = torch.empty(256 * 2**20, device=dev)  # 1 GiB
+    with_t = (device.memory_allocated(dev), device.memory_reserved(dev))
+    del t
+    after_del = (device.memory_allocated(dev), device.memory_reserved(dev))
+    device.empty_cache(dev)
+    after_empty = (device.memory_allocated(dev), device.memory_reserved(dev))
+    for what, (a, r) in [("start", base), ("1 GiB tensor", with_t), ("del", after_del), ("empty_cache", after_empty)]:
+        print(f"{what:<13} allocated {a / 2**20:8.1f} MiB   reserved {r / 2**20:8.1f} MiB")
+else:
+    print(f"No CUDA device ({dev}): memory_allocated -> {device.memory_allocated(dev)}, memory_reserved -> "
+          f"{device.memory_reserved(dev)}.\nOn a GPU: a 1 GiB tensor raises both by 1 GiB; `del` drops allocated, "
+          "reserved stays; empty_cache() drops reserved.")
+
+# %% [markdown]
+# ## 8. Exercises
+#
+# **8.1** How many bytes per parameter of model state does this setup keep: bf16 weights and bf16 gradients,
 # fp32 master weights, SGD with momentum (fp32 momentum), no ZeRO?
 
 # %%
@@ -326,7 +436,7 @@ answer = 2 + 2 + 4 + 4
 check("06.bytes-per-param", answer)
 
 # %% [markdown]
-# **7.2** A 7B model, mixed precision with Adam (16 B/param), 8 GPUs of 32 GB each. Counting model states only,
+# **8.2** A 7B model, mixed precision with Adam (16 B/param), 8 GPUs of 32 GB each. Counting model states only,
 # what is the smallest ZeRO stage at which it fits? (Work it out by hand first, then use `mem.model_state_bytes`.)
 
 # %%
@@ -338,7 +448,7 @@ answer = next(s for s in range(4)
 check("06.smallest-stage", answer)
 
 # %% [markdown]
-# **7.3** Write `per_gpu_bytes(n_params, stage, world_size)`: the ZeRO paper's per-GPU model-state bytes for
+# **8.3** Write `per_gpu_bytes(n_params, stage, world_size)`: the ZeRO paper's per-GPU model-state bytes for
 # 16 B/param (2 bf16 weights + 2 bf16 grads + K = 12). The check calls it on fresh inputs, including the
 # paper's 7.5B on 64 GPUs.
 
@@ -363,5 +473,8 @@ check("06.zero-per-gpu", per_gpu_bytes)
 #   the saved-tensor hooks to the byte; checkpointing keeps only block inputs at the cost of a second forward.
 # - ZeRO shards optimizer states (1), gradients (2) and parameters (3): 120 → 31.4 → 16.6 → 1.9 GB for 7.5B on
 #   64 GPUs. Offload moves the optimizer side to CPU memory.
+# - Memory that does not drop is either still referenced (a loss kept as a tensor holds its graph: log
+#   `loss.item()`; a view holds its whole storage; optimizer states live all run) or cached by the GPU allocator
+#   (`memory_reserved` stays after `del`; `empty_cache()` gives it back; `expandable_segments` against fragmentation).
 #
 # Next, notebook 07 profiles where the *time* goes; notebook 09 runs ZeRO for real with DeepSpeed.

@@ -9,11 +9,13 @@
 #   helps memory-bound chains and does little for a compute-bound matmul;
 # - measure this machine's ceilings (peak matmul FLOP/s per dtype, copy bandwidth), compare them with the
 #   theoretical peak, and place measured ops on the **roofline**: memory- or compute-bound, and at what % of the roof;
+# - read utilisation correctly: what `nvidia-smi`'s GPU-Util measures (and what DCGM and Nsight add), the busy
+#   fraction of a trace, throughput in tokens/s and **MFU**;
 # - work like an engineer: baseline first, one change at a time, a notes table.
 #
 # **Prerequisites:** notebook 04 (the tiny GPT, autocast), notebook 06 (where memory goes).
 #
-# **Estimated time:** 45 min
+# **Estimated time:** 55 min
 #
 # All timings below depend on the machine and on what else runs on it, so their cells are not compared by the
 # tests; the cells assert only facts that hold everywhere (same results, fewer bytes, which side of the ridge).
@@ -25,7 +27,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # small machines: c
 import matplotlib.pyplot as plt
 import torch
 
-from labkit import bench, device, profiling as P, roofline as R
+from labkit import bench, device, models, profiling as P, roofline as R
 from labkit.check import check
 from labkit.exercises.nb07 import H100_BANDWIDTH, H100_BF16_FLOPS, PROFILE_TABLE
 
@@ -274,7 +276,83 @@ for pt in points:  # the intensities are exact: they come from the FLOP and byte
     print(f"{pt.name:<15} {pt.intensity:8.2f} FLOP/byte")
 
 # %% [markdown]
-# ## 6. Method: one change at a time, baseline first
+# ## 6. Utilisation, throughput and MFU
+#
+# **What `nvidia-smi`'s "GPU-Util" measures.** The fraction of the last sample period (1/6 s to 1 s) during which
+# *at least one kernel* was running on the GPU. One small kernel occupying 1 of an H100's 132 SMs for the whole
+# period reads 100 %. So GPU-Util answers "is the GPU ever idle?" (0-60 % means it waits for the CPU, the data
+# loader or the network: the gaps of section 1's trace), never "is it working hard?". For the second question:
+#
+# - **DCGM** profiling metrics (`dcgmi dmon -e 1002,1003,1004,1005`, or the DCGM exporter for Prometheus):
+#   *SM activity* (`DCGM_FI_PROF_SM_ACTIVE`: the share of time each SM has at least one warp, averaged over all
+#   SMs), *SM occupancy* (resident warps / the maximum), *tensor pipe activity* (`PIPE_TENSOR_ACTIVE`: how busy
+#   the tensor cores are) and *DRAM activity*;
+# - **Nsight Systems** `nsys profile --gpu-metrics-devices=all python train.py` draws SM activity, tensor activity
+#   and DRAM bandwidth on the same timeline as the kernels; **Nsight Compute** gives one kernel's achieved occupancy;
+# - the end-to-end figures, which need no tool at all: **throughput** (samples/s, tokens/s) and **MFU**.
+#
+# GPU-Util is the busy fraction of a kernel timeline. `P.busy_fraction` computes it from a Chrome trace: the share
+# of the `train_step` spans covered by at least one event of a category (`"kernel"` on a GPU trace, `"cpu_op"` on
+# this CPU trace, where the rest is Python and dispatcher time between ops). First on a made-up trace, to see how
+# little it takes to read 100 %:
+
+# %%
+window = {"ph": "X", "name": "train_step", "ts": 0, "dur": 1000}
+one_tiny_kernel = {"ph": "X", "cat": "kernel", "name": "tiny", "ts": 0, "dur": 1000}   # 1 block on 1 SM, all along
+burst = {"ph": "X", "cat": "kernel", "name": "big gemm", "ts": 0, "dur": 300}            # every SM, 30 % of the time
+print(f"one tiny kernel: {P.busy_fraction([window, one_tiny_kernel], 'kernel'):.0%} 'utilised'; "
+      f"one big kernel then idle: {P.busy_fraction([window, burst], 'kernel'):.0%}")
+assert P.busy_fraction([window, one_tiny_kernel], "kernel") == 1.0 and P.busy_fraction([window, burst], "kernel") == 0.3
+
+# %% [markdown]
+# And on the trace of section 1 (on a GPU, with `category="kernel"`: the same figure `nvidia-smi` would show):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+busy = P.busy_fraction(events, "kernel" if device.is_cuda(dev) else "cpu_op")
+print(f"busy fraction of the tiny GPT step: {busy:.0%} (the rest: Python and framework overhead between ops)")
+assert 0 < busy <= 1
+notes.append(("busy fraction (GPU-Util analogue)", f"{busy:.0%}"))
+
+# %% [markdown]
+# **Throughput and MFU.** Tokens per second is the figure to compare runs by (step time alone hides the batch
+# size). **MFU**, *model FLOPs utilisation*, relates it to the hardware: the FLOPs the model needs per second at
+# that throughput, divided by the peak FLOP/s. A dense transformer needs about **6 FLOPs per parameter per token**
+# for training (2 forward, 4 backward), plus attention's 12 × layers × sequence length × d_model
+# (`P.gpt_train_flops`; PaLM's appendix). PyTorch's `FlopCounterMode` (`P.count_flops`) counts the matmuls of a
+# real step, and the two agree exactly. Recomputation under activation checkpointing does not count: with it
+# counted, the figure is HFU (*hardware* FLOPs utilisation).
+
+# %%
+gpt_cfg = models.GPTConfig(vocab_size=12, seq_len=12)  # the model P.make_gpt_step built
+flops_per_step = P.count_flops(step)
+assert flops_per_step == P.gpt_train_flops(gpt_cfg, 32)
+print(f"one step of 32 x 12 tokens: {flops_per_step / 1e6:.1f} MFLOP = {flops_per_step / (32 * 12) / 1e6:.2f} MFLOP/token")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+step_s = bench.time_fn(step, warmup=1, repeats=5, device=dev).median
+theo32 = bench.theoretical_peak("fp32", dev).flops_per_s
+mfu_measured = P.mfu(flops_per_step, step_s, peaks["fp32"].flops_per_s)
+print(f"step {step_s * 1e3:.1f} ms -> {32 * 12 / step_s:,.0f} tokens/s, {flops_per_step / step_s / 1e9:.2f} GFLOP/s")
+print(f"MFU: {mfu_measured:.1%} of the measured fp32 matmul peak, {P.mfu(flops_per_step, step_s, theo32):.1%} "
+      "of the theoretical one")
+assert 0 < mfu_measured < 1
+notes.append(("tiny GPT throughput", f"{32 * 12 / step_s:,.0f} tokens/s, MFU {mfu_measured:.1%} of measured peak"))
+
+# %% [markdown]
+# A few percent: d_model = 96 gives matmuls far too small to reach the peak, and the busy fraction above says
+# part of the step is not even inside an op. Large-model training on GPUs reports an MFU of about 30-50 %
+# (PaLM 540B: 46 %). The same formula, for a 7B model at 3000 tokens/s per H100 (989 TFLOP/s dense bf16), and the
+# throughput 40 % MFU would give (attention left out: small next to 6 × 7B at moderate sequence lengths):
+
+# %%
+mfu_7b = P.mfu(6 * 7e9 * 3000, 1.0, H100_BF16_FLOPS)
+print(f"7B at 3000 tokens/s: MFU {mfu_7b:.1%}; 40 % MFU would be {0.4 * H100_BF16_FLOPS / (6 * 7e9):,.0f} tokens/s")
+assert round(mfu_7b, 3) == 0.127
+
+# %% [markdown]
+# ## 7. Method: one change at a time, baseline first
 #
 # Every figure above was measured against a baseline in the *same run* (round-robin, medians), because a busy
 # machine drifts by tens of percent between runs. Change one variable at a time (fusion, dtype, shape, threads),
@@ -286,7 +364,7 @@ for what, result in notes:
     print(f"{what:<26} | {result}")
 
 # %% [markdown]
-# ## 7. Exercises
+# ## 8. Exercises
 #
 # **07.axpy-intensity.** The arithmetic intensity (FLOP/byte) of `y = a * x + y` on fp32 vectors, `a` a scalar.
 
@@ -358,5 +436,8 @@ check("07.bound", bounds_h100)
 # - The roofline: attainable = min(peak, intensity × bandwidth), with *measured* ceilings. The theoretical peak,
 #   units × frequency × FLOPs/cycle, is an upper bound real jobs reach only part of.
 # - `python -m labkit.bench peak` prints this machine's measured vs theoretical peaks.
+# - GPU-Util is the share of time *some* kernel runs, not how hard the GPU works: read DCGM's SM/tensor activity,
+#   and judge a run by tokens/s and MFU (model FLOPs ≈ 6 × parameters × tokens, over the peak; 30-50 % is good
+#   for large models on GPUs).
 #
 # Next, notebook 08 spreads the step over several processes, where the bottleneck becomes communication.
