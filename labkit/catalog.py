@@ -50,7 +50,8 @@ NOTEBOOKS: list[Notebook] = [
              "subnormals, flush to zero, overflow to inf, ties to even, swamping, why FP32 master weights",
              "full", "same", "compute", True),
     Notebook("03", "03_loss_scaling", "Loss scaling",
-             "real gradients underflowing in fp16, static and dynamic loss scaling, GradScaler step order",
+             "real gradients underflowing in fp16, static and dynamic loss scaling, GradScaler step order, "
+             "finding the first NaN",
              "full (fp16 autocast + GradScaler('cpu'))", "same with CUDA autocast", "compute", True),
     Notebook("04", "04_amp_training", "AMP training",
              "the torch.amp recipe, which ops run in which dtype, fp16/bf16/pure-half training compared",
@@ -59,10 +60,11 @@ NOTEBOOKS: list[Notebook] = [
              "bf16 vs fp16 training, TF32 emulated and measured, FP8 scaling with amax history",
              "TF32 emulated, fp8 casts + _scaled_mm", "real TF32 timing, fp8 matmul on cc >= 8.9", "compute", True),
     Notebook("06", "06_memory", "Where memory goes",
-             "params, grads, master weights, optimizer states, activations; ZeRO memory model",
+             "params, grads, master weights, optimizer states, activations; ZeRO memory model; "
+             "memory that does not drop",
              "exact tensor bytes", "torch.cuda peak memory", "memory", True),
     Notebook("07", "07_profiling_and_fusion", "Profiling and fusion",
-             "torch.profiler, launch overhead, fusion and torch.compile, roofline",
+             "torch.profiler, launch overhead, fusion and torch.compile, roofline, utilisation and MFU",
              "CPU profiler and roofline", "CUDA time columns, GPU roofline", "memory bandwidth", True),
     Notebook("08", "08_ddp", "DDP and communication",
              "data parallelism, all-reduce, gradient accumulation, torchrun from a notebook",
