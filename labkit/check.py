@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["NOT_GIVEN", "Exercise", "Verdict", "check", "contains_ellipsis", "evaluate", "export_results",
+__all__ = ["NOT_GIVEN", "Exercise", "Verdict", "check", "contains_ellipsis", "evaluate", "number_grader", "export_results",
            "load_results", "reset_results", "results"]
 
 
@@ -200,3 +200,28 @@ def load_results(folder: str | Path) -> dict[str, dict[str, str]]:
         if isinstance(doc, dict) and isinstance(doc.get("results"), dict):
             out[str(doc.get("name", f.stem))] = {k: v for k, v in doc["results"].items() if v in _RANK}
     return out
+
+
+def number_grader(want: float, what: str = "the value", rel: float = 0.0,
+                  close: float = 1e-2) -> Callable[[Any], tuple[bool, str]]:
+    """Return a grader for a numeric answer: equal to ``want`` within ``rel`` (0 means exactly).
+
+    A bool or a non-number gets a "give a number" hint; an answer within ``close`` (relative) but not
+    within ``rel`` is told it is close. Introduced in notebook 01.
+    """
+    import math
+
+    def grade(answer: Any) -> tuple[bool, str]:
+        if isinstance(answer, bool):
+            return False, f"Give {what} as a number, not a bool."
+        try:
+            got = float(answer)
+        except (TypeError, ValueError, OverflowError):
+            return False, f"Give {what} as a number."
+        if got == want or (math.isfinite(got) and abs(got - want) <= rel * abs(want)):
+            return True, ""
+        if math.isfinite(got) and want and abs(got - want) <= close * abs(want):
+            return False, f"{got!r} is close, but {'the exact value' if rel == 0 else 'not close enough'} is wanted."
+        return False, ""
+
+    return grade

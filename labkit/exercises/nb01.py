@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 from labkit import formats as F
-from labkit.check import Exercise
+from labkit.check import Exercise, number_grader
 
 __all__ = ["EXERCISES"]
 
 
-def _number(want: float, what: str):
-    def grade(answer: object) -> tuple[bool, str]:
-        try:
-            got = float(answer)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return False, f"Give {what} as a number."
-        if got == want:
-            return True, ""
-        if math.isfinite(got) and want and abs(got - want) / abs(want) < 1e-3:
-            return False, f"{got!r} is close, but the exact value is wanted."
-        return False, ""
-    return grade
 
 
 def _fields_of(x: float, fmt: str):
@@ -40,20 +26,20 @@ def _fields_of(x: float, fmt: str):
 
 
 EXERCISES = [
-    Exercise("01.fp16-max", "The largest finite FP16 value.", _number(65504.0, "the value"),
+    Exercise("01.fp16-max", "The largest finite FP16 value.", number_grader(65504.0, "the value"),
              "Largest exponent field that is not all ones is 11110 (30 - 15 = 15); largest mantissa is "
              "all ones: (2 - 2^-10) × 2^15.",
              reference=65504.0, wrong=65536.0),
-    Exercise("01.decode-bf16", "The value of the BF16 pattern 0x4049.", _number(F.decode(0x4049, "bf16"), "the value"),
+    Exercise("01.decode-bf16", "The value of the BF16 pattern 0x4049.", number_grader(F.decode(0x4049, "bf16"), "the value"),
              "0x4049 = 0 10000000 1001001: exponent 128 - 127 = 1, mantissa 1 + 73/128.",
              reference=(1 + 0b1001001 / 128) * 2.0**1, wrong=1 + 0b1001001 / 128),
     Exercise("01.fp16-fields", "The (sign, exponent field, mantissa field) of -2.5 in FP16.", _fields_of(-2.5, "fp16"),
              "-2.5 = -1.25 × 2^1: sign 1, exponent field 1 + 15, mantissa 0.25 × 1024.",
              reference=(1, 16, 256), wrong=(1, 1, 256)),
-    Exercise("01.e4m3-max", "The largest finite E4M3FN value (pattern 0 1111 110).", _number(448.0, "the value"),
+    Exercise("01.e4m3-max", "The largest finite E4M3FN value (pattern 0 1111 110).", number_grader(448.0, "the value"),
              "E4M3FN has no inf, so exponent 1111 holds normals: 2^(15-7) × (1 + 6/8).",
              reference=448.0, wrong=240.0),
     Exercise("01.bf16-eps", "BF16's machine epsilon: the gap between 1 and the next BF16 value.",
-             _number(2.0**-7, "the value"), "BF16 keeps 7 mantissa bits: the last one is worth 2^-7 at 1.0.",
+             number_grader(2.0**-7, "the value"), "BF16 keeps 7 mantissa bits: the last one is worth 2^-7 at 1.0.",
              reference=2.0**-7, wrong=2.0**-8),
 ]

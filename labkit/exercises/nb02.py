@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from labkit import formats as F
-from labkit.check import Exercise
+from labkit.check import Exercise, number_grader
 
 __all__ = ["EXERCISES", "UNDERFLOW_VALUES"]
 
@@ -26,20 +24,6 @@ def _grade_underflows(answer: object) -> tuple[bool, str]:
     return False, f"Look again at {', '.join(f'{v:g}' for v in wrong)}."
 
 
-def _number(want: float, what: str):
-    def grade(answer: object) -> tuple[bool, str]:
-        if isinstance(answer, bool):
-            return False, f"Give {what} as a number, not a bool."
-        try:
-            got = float(answer)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return False, f"Give {what} as a number."
-        if got == want:
-            return True, ""
-        if math.isfinite(got) and abs(got - want) <= abs(want) * 0.01:
-            return False, f"{got!r} is close, but the exact value is wanted."
-        return False, ""
-    return grade
 
 
 def _first_unrepresentable_int(fmt: str) -> int:
@@ -64,16 +48,16 @@ EXERCISES = [
              "0; values between the subnormals and 2^-14 survive, with fewer bits.",
              reference=[v < 2.0**-25 for v in UNDERFLOW_VALUES], wrong=[v < 2.0**-24 for v in UNDERFLOW_VALUES]),
     Exercise("02.ulp-1000", "The ulp of 1000 in FP16: the gap between 1000 and the next FP16 value.",
-             _number(F.ulp(1000.0, "fp16"), "the gap"),
+             number_grader(F.ulp(1000.0, "fp16"), "the gap"),
              "1000 lies in [512, 1024) = [2^9, 2^10). FP16 has 10 mantissa bits, so the gap there is 2^(9-10).",
              reference=0.5, wrong=2.0**-10),
     Exercise("02.first-int", "The smallest positive integer that FP16 cannot represent exactly.",
-             _number(float(_first_unrepresentable_int("fp16")), "the integer"),
+             number_grader(float(_first_unrepresentable_int("fp16")), "the integer"),
              "With 10 stored mantissa bits (11 with the hidden bit), every integer up to 2^11 is exact. "
              "Above 2^11 the gap between neighbours is 2.", reference=2049, wrong=2048),
     Exercise("02.lost-update",
              "The smallest power of two dw such that 1.0 + dw, rounded to FP16, is not 1.0.",
-             _number(_smallest_surviving_power("fp16"), "dw"),
+             number_grader(_smallest_surviving_power("fp16"), "dw"),
              "ulp(1.0) in FP16 is 2^-10. An update of exactly half an ulp is a tie, and ties go to the even "
              "neighbour, which is 1.0 itself.", reference=2.0**-10, wrong=2.0**-11),
 ]

@@ -6,25 +6,15 @@ import random
 from typing import Any
 
 from labkit import memory as M
-from labkit.check import Exercise
+from labkit.check import Exercise, number_grader
 
 __all__ = ["EXERCISES"]
 
 
-def _number(want: float, what: str):
-    def grade(answer: object) -> tuple[bool, str]:
-        if isinstance(answer, bool):
-            return False, f"Give {what} as a number."
-        try:
-            got = float(answer)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return False, f"Give {what} as a number."
-        return (got == want), ""
-    return grade
 
 
 def _bytes_per_param(answer: object) -> tuple[bool, str]:
-    ok, msg = _number(M.bytes_per_param("mixed", "sgd-momentum"), "the bytes per parameter")(answer)
+    ok, msg = number_grader(M.bytes_per_param("mixed", "sgd-momentum"), "the bytes per parameter")(answer)
     if ok or msg:
         return ok, msg
     if float(answer) in (16.0, 18.0, 20.0):  # type: ignore[arg-type]
