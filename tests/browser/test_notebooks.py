@@ -30,7 +30,7 @@ def test_run_all_in_browser(lab: Lab, notebook: str) -> None:
     assert state["kernelName"] == "python3"
     assert state["kernelStatus"] == "idle"
 
-    stored = stored_cells(notebook, NOTEBOOKS)
+    stored = stored_cells(notebook, lab.server.root)  # the copy the server serves, not a newer file
     live = state["cells"]
     assert len(live) == len(stored), f"the browser shows {len(live)} cells, the file has {len(stored)}"
 
