@@ -366,26 +366,11 @@ class _SavedTensorBytes:
 
 
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    seen: set[int] = set()
-    total = 0
+    from labkit.memory import tensor_bytes  # distinct storages: views and shared tensors count once
 
-    def add(t: Any) -> None:
-        nonlocal total
-        if isinstance(t, torch.Tensor):
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in seen:
-                seen.add(ptr)
-                total += t.untyped_storage().nbytes()
-
-    for p in model.parameters():
-        add(p)
-        add(p.grad)
-    for st in optimizer.state.values():
-        for v in st.values():
-            add(v)
-    for b in model.buffers():
-        add(b)
-    return total
+    params = list(model.parameters())
+    state = (v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+    return tensor_bytes([*params, *(p.grad for p in params if p.grad is not None), *state, *model.buffers()])
 
 
 def train(
