@@ -37,13 +37,20 @@ class ProcessWatcher:
             for p in me.children(recursive=True):
                 try:
                     key = (p.pid, p.create_time())
-                    if key not in self.seen:
+                    if key not in self.seen and key not in self.before:
                         self.seen[key] = (os.getpgid(p.pid), os.getsid(p.pid))
                 except (psutil.Error, OSError):
                     pass
             time.sleep(self.interval)
 
     def __enter__(self) -> ProcessWatcher:
+        # children that exist before the launch (a session's JupyterLab server, a test Slurm) are not ours
+        self.before = set()
+        for p in psutil.Process().children(recursive=True):
+            try:
+                self.before.add((p.pid, p.create_time()))
+            except psutil.Error:
+                pass
         self._thread.start()
         return self
 
