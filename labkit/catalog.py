@@ -176,7 +176,7 @@ def coverage_table(topics: list[Topic] | None = None) -> str:
             text = heading.replace("|", "\\|")
             link = f"notebooks/{stems[nb].filename}#{_anchor(heading)}" if nb in stems else ""
             where.append(f"{nb} [{text}]({link})" if link else f"{nb} {text}")
-        gap = t.note.replace("|", "\\|") if t.status != "covered" else ""
+        gap = t.note.replace("|", "\\|")
         rows.append(f"| {t.name} | {t.status} | {'<br>'.join(where) or '—'} | {gap} |")
     return "\n".join(rows)
 

@@ -328,6 +328,24 @@ assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "mixed", "
 # - **`overlap_comm: true`** reduces gradient buckets while backward is still running, like DDP's buckets, at the
 #   cost of extra bucket memory. It matters on GPUs, where the reduce can run concurrently with compute.
 #   On 2 CPU processes there is nothing to overlap with, so we leave it off.
+#
+# ### The kinds of parallelism
+#
+# Data parallelism (DDP, notebook 08) and ZeRO (this notebook) both give every rank a whole copy of the *computation*
+# and split the *data*; ZeRO also splits the model states. When one layer's activations or weights no longer fit, or
+# the per-rank batch gets too small to keep a GPU busy, the model itself has to be split:
+#
+# | kind | what each rank holds | what it communicates, and when | typical span |
+# |---|---|---|---|
+# | data (DDP) | whole model, a slice of the batch | all-reduce of all gradients, once per step | any number of nodes |
+# | ZeRO-1/2/3 / FSDP | whole computation; a shard of optimizer states, gradients (and weights, stage 3) | reduce-scatter of gradients, all-gather of weights (stage 3: every layer, forward and backward) | any number of nodes |
+# | tensor | a slice of every weight matrix (columns or rows) | an all-reduce of activations inside every layer, forward and backward | within one node (NVLink) |
+# | pipeline | a contiguous group of layers | activations to the next stage and gradients back, per micro-batch; idle "bubbles" at start and end | across nodes |
+# | sequence / context | a slice of the sequence | the pieces of attention that need other positions (all-gather or ring exchange of keys/values) | long sequences |
+#
+# Large runs combine them ("3D parallelism"): tensor parallel inside a node, pipeline across groups of nodes, data
+# parallel (often with ZeRO-1) across the rest. The workbook runs the first two rows for real; the others need several
+# GPUs per model to be worth anything, and are explained here only.
 
 # %%
 for size in ("1B", "7B", "13B", "70B"):

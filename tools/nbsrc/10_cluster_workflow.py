@@ -387,6 +387,21 @@ assert g == {"world_size": 8, "global_batch": 128}
 # 6. **Then scale in steps** (1 → 2 → 8 nodes), comparing throughput to the ideal, and stop where the
 #    efficiency drops.
 #
+# ### The beginner's checklist
+#
+# The whole workbook, as questions to ask of any training job:
+#
+# - **Environment** (00): does `python -m labkit doctor` on the *compute node* show the GPU, CUDA, NCCL and the
+#   dtypes you expect?
+# - **Precision** (01-05): bf16 where the hardware has it, else fp16 *with* a GradScaler; fp32 master weights;
+#   clip after `unscale_`; softmax/normalisation in fp32; watch the loss scale and the skipped steps.
+# - **NaNs** (03): find the first module that produced one before changing the learning rate.
+# - **Memory** (06, 09): predict model states (16-20 bytes/parameter with Adam) and activations before you
+#   run; if it does not fit, accumulation and checkpointing first, then ZeRO, then offload.
+# - **Speed** (07): profile before you optimise; fuse or compile the hot elementwise chains; know your MFU.
+# - **Scale** (08-10): global batch = per-rank batch × ranks × accumulation; checksums equal across ranks;
+#   timeouts set; checkpoints written atomically and resume tested; small first, then large.
+#
 # ## 8. A reproducibility record
 #
 # Every result should carry what made it: code version, data, environment, seed, hardware. Most of it
