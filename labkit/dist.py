@@ -298,6 +298,18 @@ def _print_line(line: str) -> None:
     print(line, flush=True)
 
 
+def _quiet_failure_detail(logs: Path, rank: int | None, lines: list[str]) -> str:
+    """What to show when a rank failed without a Python traceback: its own last lines, then torchrun's."""
+    parts = ["no Python traceback."]
+    if rank is not None:
+        for name in ("stdout.log", "stderr.log"):
+            tail = _read(_rank_files(logs, rank, name)).strip().splitlines()[-10:]
+            if tail:
+                parts.append(f"rank {rank} {name[:-4]}, last lines:\n" + "\n".join(tail))
+    parts.append("torchrun, last lines:\n" + "\n".join(lines[-12:]))
+    return "\n".join(parts)
+
+
 def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[str] = (),
            timeout: float = 120.0, *, stream: bool | Callable[[str], None] = True,
            env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
@@ -423,7 +435,8 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
             tb = _rank_traceback(logs, rank) if rank is not None else ""
             where = f"rank {rank}" if rank is not None else "a rank"
             last = _exception_line(tb) or f"torchrun exit status {rc}"
-            raise LaunchError(f"{where} failed: {last}\n\n{tb}".rstrip(), rank=rank, returncode=rc,
+            detail = tb or _quiet_failure_detail(logs, rank, lines)
+            raise LaunchError(f"{where} failed: {last}\n\n{detail}".rstrip(), rank=rank, returncode=rc,
                               rank_traceback=tb, log=log, leftover=leftover)
         return parse_result(_read(_rank_files(logs, 0, "stdout.log")))
     finally:

@@ -351,3 +351,14 @@ def test_set_current_device_is_a_no_op_on_cpu():
     assert device.set_current_device("cpu") is None
     with pytest.raises((TypeError, ValueError)):
         device.set_current_device(3.5)
+
+
+def test_failure_without_traceback_shows_the_launch_output(tmp_path):
+    script = _write(tmp_path, "quiet.py", """
+import os, sys
+print("rank says goodbye", flush=True)
+os._exit(1 if os.environ["RANK"] == "0" else 0)
+""")
+    with pytest.raises(LaunchError) as info:
+        launch(script, nproc=2, timeout=60, stream=False)
+    assert "no Python traceback" in str(info.value) and "rank says goodbye" in str(info.value)
