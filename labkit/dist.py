@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = [
     "RESULT_PREFIX",
@@ -43,6 +43,7 @@ __all__ = [
     "launch",
     "parse_result",
     "rank_env",
+    "run_rank_main",
 ]
 
 #: Rank 0 prints exactly one line starting with this prefix, followed by a JSON object.
@@ -543,3 +544,22 @@ def emit_result(result: dict[str, Any]) -> None:
     if not isinstance(result, dict):
         raise TypeError(f"result must be a dict, got {type(result).__name__}")
     print(RESULT_PREFIX + json.dumps(result, allow_nan=True), flush=True)
+
+
+def run_rank_main(main: Callable[[], int]) -> NoReturn:
+    """Run a recipe's ``main`` on one rank, flush its output, and end the process without C++ teardown.
+
+    With gloo (and DeepSpeed), a rank that has already printed its result and destroyed its process
+    group can still abort while the interpreter tears down C++ statics ("terminate called without an
+    active exception", SIGABRT), intermittently, which turns a good run into a failed launch. Skipping
+    that teardown with ``os._exit`` after flushing is safe here: results, checkpoints and logs are all
+    written before ``main`` returns. A Python exception still propagates (and torchrun's ``record``
+    writes its error file) because it happens inside ``main``.
+    Introduced in notebook 08.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    rc = record(main)()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(rc or 0))

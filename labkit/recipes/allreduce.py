@@ -216,4 +216,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from labkit.dist import run_rank_main
+
+    run_rank_main(main)  # flushes, then exits without C++ teardown (see its docstring)

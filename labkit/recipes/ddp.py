@@ -368,6 +368,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from torch.distributed.elastic.multiprocessing.errors import record
+    from labkit.dist import run_rank_main
 
-    raise SystemExit(record(main)())
+    run_rank_main(main)  # flushes, then exits without C++ teardown (see its docstring)

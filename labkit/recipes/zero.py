@@ -305,4 +305,6 @@ def get_accelerator_name() -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from labkit.dist import run_rank_main
+
+    run_rank_main(main)  # flushes, then exits without C++ teardown (see its docstring)
