@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import random
-from typing import Any
-
 from labkit import memory as M
 from labkit.check import Exercise, number_grader
+from labkit.exercises._zero import stage2_shards_params, zero_bytes_grader
 
 __all__ = ["EXERCISES"]
 
@@ -40,27 +38,8 @@ def _reference_per_gpu(n_params: int, stage: int, world_size: int) -> float:
     return [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n][stage]
 
 
-def _stage2_shards_everything(n_params: int, stage: int, world_size: int) -> float:
-    """A typical mistake: stage 2 treated like stage 3 (the 16-bit weights are still whole at stage 2)."""
-    psi, n = n_params, world_size
-    return [16 * psi, 4 * psi + 12 * psi / n, 16 * psi / n, 16 * psi / n][stage]
-
-
-def _per_gpu_function(fn: Any) -> tuple[bool, str] | None:
-    if not callable(fn):
-        return False, "Define a function per_gpu_bytes(n_params, stage, world_size) and pass the function."
-    rng = random.Random(6)
-    cases = [(7_500_000_000, s, 64) for s in range(4)]
-    cases += [(rng.randrange(10**6, 10**11) * 64, rng.randrange(4), rng.choice([1, 2, 8, 64, 512]))
-              for _ in range(20)]
-    for n, stage, ws in cases:
-        want = M.model_state_bytes(n, "mixed", "adam", stage=stage, world_size=ws).device_total
-        got = fn(n, stage, ws)
-        if got is None or got is Ellipsis:
-            return None  # still a stub: "not attempted yet"
-        if not isinstance(got, (int, float)) or abs(got - want) > 16 + 1e-9 * want:
-            return False, f"per_gpu_bytes({n}, {stage}, {ws}) returned {got!r}; expected {want}."
-    return True, "It reproduces the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB."
+_per_gpu_function = zero_bytes_grader("per_gpu_bytes", seed=6, fixed=[(7_500_000_000, s, 64) for s in range(4)],
+                                      success="It reproduces the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB.")
 
 
 EXERCISES = [
@@ -82,5 +61,5 @@ EXERCISES = [
              _per_gpu_function,
              "Stage 0: 16Ψ. Stage 1 shards K: (2 + 2)Ψ + KΨ/N. Stage 2 also the grads: 2Ψ + (2 + K)Ψ/N. "
              "Stage 3 everything: 16Ψ/N.",
-             reference=_reference_per_gpu, wrong=_stage2_shards_everything),
+             reference=_reference_per_gpu, wrong=stage2_shards_params(_reference_per_gpu)),
 ]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import random
 from typing import Any
 
 from labkit.check import Exercise
+from labkit.exercises._zero import stage2_shards_params, zero_bytes_grader
 
 __all__ = ["CONFIG_SETUP", "EXERCISES"]
 
@@ -73,32 +73,9 @@ def _reference_per_rank(n_params: int, stage: int, world_size: int) -> int:
             + 12 * (shard if stage >= 1 else n_params))
 
 
-def _stage2_shards_params(n_params: int, stage: int, world_size: int) -> int:
-    """A typical mistake: stage 2 sharding the 16-bit parameters too (that is stage 3)."""
-    return _reference_per_rank(n_params, 3 if stage == 2 else stage, world_size)
-
-
-def _grade_per_rank(answer: Any) -> tuple[bool, str] | None:
-    from labkit import memory
-
-    if not callable(answer):
-        return False, "Define a function per_rank_bytes(n_params, stage, world_size) and pass the function."
-    rng = random.Random(9)
-    cases = [(1_300_000_000, 2, 8), (1_300_000_000, 3, 8), (7 * 10**9, 0, 64), (7_500_000_000, 1, 64)]
-    cases += [(rng.randint(10**6, 10**11), rng.randint(0, 3), rng.choice([1, 2, 4, 8, 16, 64, 512]))
-              for _ in range(20)]
-    for n, stage, ws in cases:
-        want = memory.model_state_bytes(n, "mixed", "adam", stage=stage, world_size=ws).device_total
-        got = answer(n, stage, ws)
-        if got is None or got is Ellipsis:
-            return None  # still a stub: "not attempted yet"
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isclose(
-                float(got), want, rel_tol=1e-6):
-            hint = ""
-            if isinstance(got, (int, float)) and stage == 2 and math.isclose(float(got), 16 * n / ws, rel_tol=1e-6):
-                hint = " At stage 2 the 16-bit parameters are still whole on every rank."
-            return False, f"per_rank_bytes({n}, {stage}, {ws}) returned {got!r}; expected {want:.6g}.{hint}"
-    return True, ""
+_grade_per_rank = zero_bytes_grader(
+    "per_rank_bytes", seed=9, fixed=[(1_300_000_000, 2, 8), (1_300_000_000, 3, 8), (7 * 10**9, 0, 64),
+                                     (7_500_000_000, 1, 64)])
 
 
 def _grade_comm(answer: Any) -> tuple[bool, str]:
@@ -138,7 +115,7 @@ EXERCISES = [
              "also the 2 parameter bytes; use ceil(n / world_size) elements per shard.",
         success="Stage 2 keeps 2 bytes/param whole; stage 3 divides everything.",
         reference=_reference_per_rank,
-        wrong=_stage2_shards_params,
+        wrong=stage2_shards_params(_reference_per_rank),
     ),
     Exercise(
         id="09.comm-volume",
