@@ -8,11 +8,17 @@ TORCH_INDEX ?= auto
 PORT        ?= 8888
 NBVAL_ARGS  ?= --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 PYTEST_ARGS ?=
+# The laptop CPU class that `make test` also checks every notebook under (no AVX-512, no AVX512-BF16/FP16,
+# no AMX), whatever CPU runs the tests. docs/authoring.md lists the other classes.
+CPU_CAP     ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+CPU_CLASS   ?= avx2
+# jupyter refuses root without --allow-root; containers and cloud VMs run as root
+ALLOW_ROOT  := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 BIN := $(VENV)/bin
 DS_BUILD_DEPS := ninja packaging psutil py-cpuinfo pydantic hjson msgpack einops setuptools wheel
 
-.PHONY: lab test install install-dev notebooks student doctor clean screenshots
+.PHONY: lab test test-native test-capped install install-dev notebooks student doctor clean screenshots
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,10 +39,21 @@ install: $(VENV)/.base
 install-dev: $(VENV)/.dev
 
 lab: $(VENV)/.base
-	$(BIN)/jupyter lab --no-browser --ip 127.0.0.1 --port $(PORT) --ServerApp.root_dir=notebooks
+	@if [ -n "$(ALLOW_ROOT)" ]; then echo "make lab: running as root (uid 0), so JupyterLab gets --allow-root"; fi
+	$(BIN)/jupyter lab --no-browser --ip 127.0.0.1 --port $(PORT) --ServerApp.root_dir=notebooks $(ALLOW_ROOT)
 
-test: $(VENV)/.dev
+# Everything on this CPU, then every notebook again (strict nbval) with the CPU capped to the laptop class.
+test: test-native test-capped
+
+test-native: $(VENV)/.dev
 	$(BIN)/python -m pytest tests notebooks $(NBVAL_ARGS) $(PYTEST_ARGS)
+
+# tests/test_cpu_cap.py fails first if the cap does not take effect (torch and DeepSpeed must answer
+# "no AVX512-BF16/FP16, no AMX"); LABKIT_EXPECT_CPU_CLASS tells it the highest class to accept. MPLBACKEND=Agg,
+# as cluster batch jobs export it, must not hide any plot (every imports cell sets %matplotlib inline).
+test-capped: $(VENV)/.dev
+	env $(CPU_CAP) MPLBACKEND=Agg LABKIT_EXPECT_CPU_CLASS=$(CPU_CLASS) $(BIN)/python -m pytest -p no:cacheprovider \
+	    tests/test_cpu_cap.py::test_this_run_is_the_class_it_claims notebooks $(NBVAL_ARGS) $(PYTEST_ARGS)
 
 # Regenerate the README's screenshots (docs/img/*.png) from the notebooks running in headless Chromium.
 screenshots: $(VENV)/.dev

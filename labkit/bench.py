@@ -201,7 +201,7 @@ def _dtypes_for(dev: torch.device, names: Sequence[str]) -> list[str]:
     for n in names:
         if n not in _DTYPES:
             raise ValueError(f"unknown dtype {n!r}; choose from {list(_DTYPES)}")
-        if n == "fp32" or _device.supports(_DTYPES[n], dev):
+        if n == "fp32" or _device.computes(_DTYPES[n], dev):
             out.append(n)
     return out
 
@@ -358,7 +358,7 @@ def peak_matmul_flops(dtype: str | torch.dtype = "fp32", device: torch.device | 
     """
     name, dt = _peak_dtype(dtype)
     dev = _device.pick_device() if device is None else torch.device(device)
-    if dt != torch.float32 and not _device.supports(dt, dev):
+    if dt != torch.float32 and not _device.computes(dt, dev):
         raise ValueError(f"{dev} does not compute in {name}; measure fp32 instead")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
@@ -528,7 +528,7 @@ def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | s
         raise ValueError(f"theoretical peaks are known for CPU and CUDA devices, not {dev.type}")
     cores, core_note = _cpu_cores_in_use()
     ghz, ghz_note = _cpu_ghz()
-    per, unit = cpu_flops_per_cycle(name, _device.cpu_isa_flags(), fma_units)
+    per, unit = cpu_flops_per_cycle(name, _device.cpu_isa_in_use(), fma_units)
     notes = [core_note, f"{ghz:.2f} GHz: {ghz_note}; AVX-512/AMX code may run at a lower clock", unit]
     if "units" in unit:
         notes.append(f"{fma_units} FMA units per core (Xeon Gold/Platinum; some SKUs have 1)")
@@ -546,7 +546,7 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
     lines = [f"labkit peak report on {dev} ({_device.capabilities(dev).device_name})", ""]
     for name in dtypes:
         _, dt = _peak_dtype(name)
-        if dt != torch.float32 and not _device.supports(dt, dev):
+        if dt != torch.float32 and not _device.computes(dt, dev):
             lines.append(f"{name}: skipped ({dev} does not compute in {name})")
             continue
         meas = peak_matmul_flops(name, dev, shapes)

@@ -1,7 +1,16 @@
 """The one device gate: which device, which dtypes, which fast paths (TF32, fp8) are really available.
 
 Every CUDA-specific query in labkit goes through this module; no other module touches ``torch.cuda``
-or ``torch.backends.cuda``. Results are measured (a tiny op is tried), never assumed from a name.
+or ``torch.backends.cuda``. Three separate questions are asked about a low-precision dtype, because their
+answers differ on real machines:
+
+- :func:`computes`: does autocast to it run here and return that dtype? (A tiny matmul is tried.)
+- :func:`fast`: does the hardware do it natively? On CPU: AMX or AVX512-BF16/FP16, and oneDNN allowed to
+  use them; on CUDA: the compute capability (bf16 and TF32 sm80+, fp8 sm89+). Emulation never counts.
+- :func:`deepspeed_accepts`: does DeepSpeed's accelerator accept it? (DeepSpeed is asked.)
+
+A CPU without AVX512-FP16 still *computes* fp16 (about a hundred times slower than fp32), DeepSpeed's CPU
+accelerator refuses it there, and a V100 computes bf16 by emulation: one question cannot stand for another.
 """
 
 from __future__ import annotations
@@ -18,13 +27,20 @@ __all__ = [
     "Capabilities",
     "autocast_dtype",
     "capabilities",
+    "computes",
+    "cpu_class",
     "cpu_isa_flags",
+    "cpu_isa_in_use",
+    "cpu_summary",
+    "deepspeed_accepts",
     "cuda_properties",
     "dist_backend",
     "empty_cache",
     "event_timer",
+    "fast",
     "fp32_matmul_settings",
     "get_rng_state",
+    "inductor_cache_per_cpu_class",
     "is_cuda",
     "max_memory_allocated",
     "memory_allocated",
@@ -37,7 +53,6 @@ __all__ = [
     "set_float32_matmul_precision",
     "set_rng_state",
     "set_tf32",
-    "supports",
     "synchronize",
     "tier",
 ]
@@ -124,33 +139,210 @@ def _try_dtype(device_str: str, dtype_name: str) -> bool:
         return False
 
 
-def supports(dtype: torch.dtype, device: torch.device | str | None = None) -> bool:
-    """Say whether autocast to ``dtype`` really computes on ``device`` (tries a tiny matmul, cached).
-
-    Introduced in notebook 00.
-    """
+def _check_autocast_dtype(dtype: object) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, got {type(dtype).__name__}")
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"autocast dtypes are torch.float16 and torch.bfloat16 (or torch.float32), got {dtype}")
+    return dtype
+
+
+def _fp8_dtypes() -> tuple[torch.dtype, ...]:
+    return tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+
+
+@functools.lru_cache(maxsize=None)
+def _try_scaled_mm(device_str: str, dtype_name: str) -> bool:
+    dev = torch.device(device_str)
+    try:
+        a = torch.ones(16, 16, device=dev).to(getattr(torch, dtype_name))
+        b = torch.ones(16, 16, device=dev).to(torch.float8_e4m3fn).t()  # column-major second operand
+        one = torch.ones((), device=dev)
+        out = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+        return bool(float(out[0, 0]) == 16.0)
+    except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+        return False
+
+
+def computes(dtype: torch.dtype, device: torch.device | str | None = None) -> bool:
+    """Say whether ``dtype`` really computes on ``device`` (a tiny op is tried once, then cached).
+
+    fp16/bf16: autocast to it runs a matmul and returns that dtype. fp8 (``torch.float8_e4m3fn``/``e5m2``):
+    ``torch._scaled_mm`` runs with it (against an E4M3 operand); oneDNN has no such kernel on some CPU classes.
+    True says nothing about speed: a CPU without AVX512-FP16 computes fp16, slowly (see :func:`fast`).
+    Introduced in notebook 00.
+    """
+    if isinstance(dtype, torch.dtype) and dtype in _fp8_dtypes():
+        dev = _as_device(device)
+        return _try_scaled_mm(str(dev), str(dtype).replace("torch.", ""))
+    dtype = _check_autocast_dtype(dtype)
     if dtype == torch.float32:
         return True
-    if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"autocast dtypes are torch.float16 and torch.bfloat16, got {dtype}")
     dev = _as_device(device)
-    if dev.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        return False
     return _try_dtype(str(dev), str(dtype).replace("torch.", ""))
 
 
-def autocast_dtype(device: torch.device | str | None = None) -> torch.dtype:
-    """Choose the autocast dtype for ``device``: bf16 where it computes (CPU, Ampere+), else fp16.
+# oneDNN's ISA levels, lowest first (its ONEDNN_MAX_CPU_ISA values; later aliases share a level).
+_ONEDNN_ISA_ORDER = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                     "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                     "AVX10_2_512", "AVX10_2_512_AMX_2")
+_ONEDNN_ALIASES = {"AVX10_1_512": "AVX512_CORE_FP16", "AVX10_1_512_AMX": "AVX512_CORE_AMX",
+                   "AVX10_1_512_AMX_FP16": "AVX512_CORE_AMX_FP16", "ALL": "AVX10_2_512_AMX_2", "DEFAULT": None}
 
-    Introduced in notebook 00.
+
+def _onednn_allows(level: str) -> bool:
+    """Whether $ONEDNN_MAX_CPU_ISA (or the older $DNNL_MAX_CPU_ISA), if set, admits ISA ``level``."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    if not cap:
+        return True
+    cap = _ONEDNN_ALIASES.get(cap, cap)
+    if cap is None or cap not in _ONEDNN_ISA_ORDER:
+        return True  # a value oneDNN does not know is ignored by oneDNN too
+    return _ONEDNN_ISA_ORDER.index(cap) >= _ONEDNN_ISA_ORDER.index(level)
+
+
+def _mkldnn_answer(name: str) -> bool:
+    try:
+        return bool(getattr(torch.ops.mkldnn, name)())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _cpu_fast(dtype: torch.dtype) -> bool:
+    flags = set(cpu_isa_flags())
+    if dtype == torch.bfloat16:
+        native = bool(flags & {"avx512_bf16", "amx_bf16"})
+        return native and _onednn_allows("AVX512_CORE_BF16") and _mkldnn_answer("_is_mkldnn_bf16_supported")
+    if dtype == torch.float16:
+        native = bool(flags & {"avx512_fp16", "amx_fp16"})
+        return native and _onednn_allows("AVX512_CORE_FP16") and _mkldnn_answer("_is_mkldnn_fp16_supported")
+    return False
+
+
+def fast(dtype: torch.dtype, device: torch.device | str | None = None) -> bool:
+    """Say whether ``device``'s hardware does ``dtype`` natively (no emulation): the "is it worth it" question.
+
+    CPU: bf16 needs AVX512-BF16 or AMX-BF16, fp16 needs AVX512-FP16 or AMX-FP16, each also allowed by oneDNN
+    (``$ONEDNN_MAX_CPU_ISA`` and torch's oneDNN answer). CUDA: fp16 from sm70 (tensor cores), bf16 from sm80
+    (``torch.cuda.is_bf16_supported`` counts emulation on a V100 or T4, so it is not asked), fp8 from sm89.
+    ``torch.float32`` is always fast. Introduced in notebook 00.
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.bfloat16, got {type(dtype).__name__}")
+    fp8 = _fp8_dtypes()
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16) + fp8:
+        raise ValueError(f"fast() knows float32, float16, bfloat16 and the float8 dtypes, got {dtype}")
+    if dtype == torch.float32:
+        return True
+    dev = _as_device(device)
+    if dev.type == "cuda":
+        cc = tuple(torch.cuda.get_device_capability(dev))
+        need = {torch.float16: (7, 0), torch.bfloat16: (8, 0)}.get(dtype, (8, 9))
+        return cc >= need and (dtype in fp8 or computes(dtype, dev))
+    if dev.type == "cpu":
+        return dtype not in fp8 and _cpu_fast(dtype)
+    return dtype in (torch.float16, torch.bfloat16) and computes(dtype, dev)  # MPS: native half precision
+
+
+def deepspeed_accepts(dtype: torch.dtype) -> bool:
+    """Ask DeepSpeed's own accelerator whether it accepts ``dtype`` (its ``is_fp16/bf16_supported``).
+
+    DeepSpeed's CPU accelerator asks oneDNN, so it refuses fp16 where torch's autocast still computes it.
+    Raises ``ModuleNotFoundError`` when DeepSpeed is not installed. Introduced in notebook 09.
+    """
+    dtype = _check_autocast_dtype(dtype)
+    if dtype == torch.float32:
+        return True
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"  # say it, rather than let DeepSpeed guess and warn
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    return bool(acc.is_fp16_supported() if dtype == torch.float16 else acc.is_bf16_supported())
+
+
+def cpu_isa_in_use() -> tuple[str, ...]:
+    """Return the CPU's ISA flags of interest that torch may really use: :func:`cpu_isa_flags` minus what the caps
+    in force ($ATEN_CPU_CAPABILITY, $ONEDNN_MAX_CPU_ISA) switch off.
+
+    A theoretical peak or a sentence about this machine must be computed from these, not from /proc/cpuinfo alone.
+    Introduced in notebook 07.
+    """
+    aten_512 = str(torch.backends.cpu.get_cpu_capability()).upper().startswith("AVX512")
+    gates = {"avx512f": aten_512 or _onednn_allows("AVX512_CORE"), "avx512_vnni": _onednn_allows("AVX512_CORE_VNNI"),
+             "avx512_bf16": _onednn_allows("AVX512_CORE_BF16"), "avx512_fp16": _onednn_allows("AVX512_CORE_FP16"),
+             "amx_tile": _onednn_allows("AVX512_CORE_AMX"), "amx_bf16": _onednn_allows("AVX512_CORE_AMX"),
+             "amx_int8": _onednn_allows("AVX512_CORE_AMX"), "amx_fp16": _onednn_allows("AVX512_CORE_AMX_FP16")}
+    return tuple(f for f in cpu_isa_flags() if gates.get(f, True))
+
+
+def cpu_class() -> str:
+    """Name the CPU class torch is using here: "amx", "avx512-bf16", "avx512", "avx2" or "baseline".
+
+    Read from the CPU's flags *and* the caps in force ($ATEN_CPU_CAPABILITY, $ONEDNN_MAX_CPU_ISA), so a capped
+    run names the class it emulates. Introduced in notebook 00.
+    """
+    flags = set(cpu_isa_flags())
+    aten = str(torch.backends.cpu.get_cpu_capability()).upper()
+    if aten.startswith("AVX512") and "amx_bf16" in flags and _onednn_allows("AVX512_CORE_AMX") \
+            and _cpu_fast(torch.bfloat16):
+        return "amx"
+    if aten.startswith("AVX512") and _cpu_fast(torch.bfloat16):
+        return "avx512-bf16"
+    if aten.startswith("AVX512"):
+        return "avx512"
+    if aten.startswith("AVX2"):
+        return "avx2"
+    return "baseline"
+
+
+def cpu_summary() -> str:
+    """One sentence about this CPU for a notebook to print: cores, ISA class, and what bf16/fp16 cost here.
+
+    Generated from what is detected, never fixed prose. Introduced in notebook 00.
+    """
+    cores = os.cpu_count() or 1
+    threads = torch.get_num_threads()
+    caps = [f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(k)]
+    speed = {True: "natively", False: "by emulation (slow)"}
+    return (f"{cores} CPU core{'s' if cores != 1 else ''} ({threads} torch thread{'s' if threads != 1 else ''}), "
+            f"class {cpu_class()}{' (capped: ' + ', '.join(caps) + ')' if caps else ''}: "
+            f"bf16 computed {speed[fast(torch.bfloat16, 'cpu')]}, fp16 computed {speed[fast(torch.float16, 'cpu')]}")
+
+
+def inductor_cache_per_cpu_class() -> str:
+    """Point torch.compile's on-disk cache at a folder per CPU class, unless $TORCHINDUCTOR_CACHE_DIR is set.
+
+    Inductor's cache is not safe across CPU classes: a kernel compiled for AVX-512 and loaded by a run capped to
+    AVX2 (or by a node of another CPU generation sharing a home directory) fails with
+    ``SystemError: <built-in function kernel> returned a result with an exception set``. Returns the folder in
+    use. Call it before the first ``torch.compile``. Introduced in notebook 07.
+    """
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    path = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}_{cpu_class()}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path
+
+
+def autocast_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """Choose the autocast dtype for ``device``: the fast one (bf16 first), else whichever computes (bf16 first).
+
+    A V100 gets fp16 (fast there; its bf16 is emulated); a CPU without AVX512-BF16 still gets bf16, which
+    computes and needs no loss scaler. Introduced in notebook 00.
     """
     dev = _as_device(device)
-    if supports(torch.bfloat16, dev):
-        return torch.bfloat16
-    if supports(torch.float16, dev):
-        return torch.float16
+    for question in (fast, computes):
+        for dt in (torch.bfloat16, torch.float16):
+            if question(dt, dev) and (question is computes or computes(dt, dev)):
+                return dt
     raise ValueError(f"neither bf16 nor fp16 autocast works on {dev}; use fp32")
 
 
@@ -367,6 +559,9 @@ def set_float32_matmul_precision(precision: str) -> dict[str, object]:
 class Capabilities:
     """What the device can do, as measured. ``tier`` is "cuda-fp8", "cuda", "mps" or "cpu".
 
+    ``bf16``/``fp16`` answer :func:`computes`, ``bf16_fast``/``fp16_fast`` answer :func:`fast`; ``cpu_class``
+    is :func:`cpu_class` (also filled in on a GPU machine: it is the host's CPU).
+
     Introduced in notebook 00.
     """
 
@@ -378,6 +573,8 @@ class Capabilities:
     cuda_capability: tuple[int, int] | None
     bf16: bool
     fp16: bool
+    bf16_fast: bool
+    fp16_fast: bool
     autocast_dtype: str | None
     tf32_matmul: bool
     tf32_cudnn: bool
@@ -386,6 +583,7 @@ class Capabilities:
     fp8_matmul: bool
     cpu_isa: tuple[str, ...]
     cpu_capability: str
+    cpu_class: str
     torch_threads: int
 
     def as_dict(self) -> dict:
@@ -417,7 +615,7 @@ def capabilities(device: torch.device | str | None = None) -> Capabilities:
     """
     dev = _as_device(device)
     cuda = dev.type == "cuda"
-    bf16, fp16 = supports(torch.bfloat16, dev), supports(torch.float16, dev)
+    bf16, fp16 = computes(torch.bfloat16, dev), computes(torch.float16, dev)
     name = torch.cuda.get_device_name(dev) if cuda else _cpu_model_name()
     fp8 = _fp8_matmul(dev)
     return Capabilities(
@@ -429,6 +627,8 @@ def capabilities(device: torch.device | str | None = None) -> Capabilities:
         cuda_capability=tuple(torch.cuda.get_device_capability(dev)) if cuda else None,
         bf16=bf16,
         fp16=fp16,
+        bf16_fast=fast(torch.bfloat16, dev),
+        fp16_fast=fast(torch.float16, dev),
         autocast_dtype=str(autocast_dtype(dev)).replace("torch.", "") if (bf16 or fp16) else None,
         tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
         tf32_cudnn=bool(torch.backends.cudnn.allow_tf32),
@@ -437,6 +637,7 @@ def capabilities(device: torch.device | str | None = None) -> Capabilities:
         fp8_matmul=fp8,
         cpu_isa=cpu_isa_flags(),
         cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
+        cpu_class=cpu_class(),
         torch_threads=torch.get_num_threads(),
     )
 

@@ -17,11 +17,16 @@ __all__ = ["ENV_PREFIXES", "ENV_VARS", "format_report", "report", "seed_everythi
 #: Variables reported when set: exact names, and prefixes (NCCL_*, SLURM_* …).
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "LABKIT_DEVICE", "LABKIT_SEED",
             "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "DS_ACCELERATOR",
-            "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_COMPILE_THREADS", "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")
+            "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR", "PYTHONHASHSEED",
+            "CUBLAS_WORKSPACE_CONFIG", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MPLBACKEND")
 ENV_PREFIXES = ("NCCL_", "SLURM_", "TORCH_DISTRIBUTED_", "JUPYTER_")
 
 _PACKAGES = ("torch", "numpy", "ml_dtypes", "matplotlib", "ipywidgets", "jupyterlab", "tqdm", "deepspeed",
              "nbval", "labkit")
+
+
+def _yes_fast(computes: bool, fast: bool) -> str:
+    return "no" if not computes else ("yes (native)" if fast else "yes (emulated, slow)")
 
 
 def _version(pkg: str) -> str | None:
@@ -105,13 +110,14 @@ def format_report(r: dict[str, Any] | None = None) -> str:
     lines += [f"torch CUDA    {r['torch_cuda'] or 'none (CPU build)'}   NCCL {r['nccl'] or '-'}   "
               f"cuDNN {r['cudnn'] or '-'}",
               f"device        {d['device']} ({d['device_name']}), tier {d['tier']}, GPUs {d['gpu_count']}",
-              f"autocast      bf16 {'yes' if d['bf16'] else 'no'}, fp16 {'yes' if d['fp16'] else 'no'}, "
+              f"autocast      bf16 {_yes_fast(d['bf16'], d['bf16_fast'])}, fp16 {_yes_fast(d['fp16'], d['fp16_fast'])}, "
               f"default {d['autocast_dtype']}",
               f"TF32          matmul {d['tf32_matmul']}, cudnn {d['tf32_cudnn']}, "
               f"float32_matmul_precision {d['float32_matmul_precision']!r}",
               f"fp8           dtypes {'yes' if d['fp8_dtypes'] else 'no'}, "
               f"matmul {'yes' if d['fp8_matmul'] else 'no (needs CUDA capability >= 8.9)'}",
-              f"CPU ISA       {' '.join(d['cpu_isa']) or '-'} (torch kernels: {d['cpu_capability']})",
+              f"CPU ISA       {' '.join(d['cpu_isa']) or '-'} (torch kernels: {d['cpu_capability']}; "
+              f"class {d['cpu_class']})",
               "threads       " + ", ".join(f"{k} {v}" for k, v in r["threads"].items()),
               "seeds         " + ", ".join(f"{k} {v}" for k, v in r["seeds"].items())]
     if r["env"]:

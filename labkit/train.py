@@ -436,7 +436,7 @@ def train(
         raise ValueError("checkpoint_every/resume need a checkpoint_dir")
     dev = _device.pick_device() if device is None else torch.device(device)
     for dt in (pol.autocast_dtype, pol.param_dtype):
-        if dt is not None and dt != torch.float32 and not _device.supports(dt, dev):
+        if dt is not None and dt != torch.float32 and not _device.computes(dt, dev):
             raise ValueError(f"policy {pol.name!r} needs {dt} compute, which does not work on {dev}")
     loss_fn = default_loss if loss_fn is None else loss_fn
 

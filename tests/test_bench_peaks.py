@@ -147,4 +147,4 @@ def test_python_m_labkit_bench_peak_prints_measured_and_theoretical():
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "fp32: measured" in text and "theoretical" in text and "assumes:" in text and "GB/s" in text
-    assert ("bf16: measured" in text) == device.supports(torch.bfloat16, "cpu")
+    assert ("bf16: measured" in text) == device.computes(torch.bfloat16, "cpu")

@@ -37,8 +37,8 @@ def test_pick_device_refuses_missing_gpu():
 def test_capabilities_are_measured_and_consistent():
     caps = D.capabilities("cpu")
     assert caps.device_type == "cpu" and caps.tier == "cpu" and not caps.fp8_matmul
-    assert caps.bf16 == D.supports(torch.bfloat16, "cpu")
-    # what supports() claims must really work
+    assert caps.bf16 == D.computes(torch.bfloat16, "cpu")
+    # what computes() claims must really work
     if caps.bf16:
         with torch.amp.autocast(device_type="cpu", dtype=torch.bfloat16):
             assert torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
@@ -64,12 +64,79 @@ def test_backend_memory_and_sync_on_cpu():
     assert D.is_cuda("cpu") is False
 
 
-def test_supports_rejects_bad_dtypes():
-    assert D.supports(torch.float32, "cpu")
+def test_three_questions_natively():
+    """computes / fast / deepspeed_accepts, each answered by its own source; fast implies computes."""
+    for dt in (torch.bfloat16, torch.float16):
+        if D.fast(dt, "cpu"):
+            assert D.computes(dt, "cpu")
+        # torch's own oneDNN answer is what "fast" must never contradict
+        mk = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported,
+              torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported}[dt]()
+        assert not D.fast(dt, "cpu") or mk
+    assert D.fast(torch.float32, "cpu") and D.deepspeed_accepts(torch.float32)
+    assert not D.fast(torch.float8_e4m3fn, "cpu")  # no CPU has native fp8 matmul units
+    from deepspeed.accelerator import get_accelerator
+    assert D.deepspeed_accepts(torch.float16) == bool(get_accelerator().is_fp16_supported())
+    caps = D.capabilities("cpu")
+    assert (caps.bf16_fast, caps.fp16_fast) == (D.fast(torch.bfloat16, "cpu"), D.fast(torch.float16, "cpu"))
+    assert caps.cpu_class == D.cpu_class() and caps.cpu_class in D.cpu_summary()
+
+
+def test_fast_follows_the_onednn_cap(monkeypatch):
+    """$ONEDNN_MAX_CPU_ISA is read the way oneDNN reads it: levels in order, aliases, unknown values ignored."""
+    for cap, level, ok in [("AVX2", "AVX512_CORE_BF16", False), ("avx512_core_vnni", "AVX512_CORE_BF16", False),
+                           ("AVX512_CORE_BF16", "AVX512_CORE_BF16", True), ("AVX10_1_512", "AVX512_CORE_FP16", True),
+                           ("AVX512_CORE_BF16", "AVX512_CORE_FP16", False), ("ALL", "AVX512_CORE_AMX", True),
+                           ("nonsense", "AVX512_CORE_AMX", True)]:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert D._onednn_allows(level) is ok, (cap, level)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert not D.fast(torch.bfloat16, "cpu") and not D.fast(torch.float16, "cpu")
+
+
+def test_autocast_dtype_prefers_fast_then_computes(monkeypatch):
+    """The choice rule: a V100 (fp16 fast, bf16 only emulated) gets fp16; a CPU without either fast gets bf16."""
+    def answers(fast_set, computes_set):
+        monkeypatch.setattr(D, "fast", lambda dt, dev=None: dt in fast_set)
+        monkeypatch.setattr(D, "computes", lambda dt, dev=None: dt in computes_set)
+    bf, fp = torch.bfloat16, torch.float16
+    answers({fp}, {bf, fp})
+    assert D.autocast_dtype("cpu") == fp        # V100/T4
+    answers(set(), {bf, fp})
+    assert D.autocast_dtype("cpu") == bf        # laptop CPU
+    answers({bf, fp}, {bf, fp})
+    assert D.autocast_dtype("cpu") == bf        # A100, AMX
+    answers(set(), set())
+    with pytest.raises(ValueError, match="use fp32"):
+        D.autocast_dtype("cpu")
+
+
+def test_cuda_gate_never_counts_emulated_bf16():
+    """The CUDA branch of fast() decides bf16 from the compute capability, not is_bf16_supported()."""
+    src = Path(D.__file__).read_text()
+    tree = ast.parse(src)
+    fast_src = ast.get_source_segment(src, next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+                                                 and n.name == "fast"))
+    calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and isinstance(n.func.value, ast.Attribute) and n.func.value.attr == "cuda"}  # torch.cuda.X(...)
+    assert "get_device_capability" in fast_src and "is_bf16_supported" not in calls
+    if torch.cuda.is_available():
+        cc = torch.cuda.get_device_capability()
+        assert D.fast(torch.bfloat16, "cuda") == (cc >= (8, 0))
+
+
+def test_computes_rejects_bad_dtypes():
+    assert D.computes(torch.float32, "cpu")
     with pytest.raises(ValueError):
-        D.supports(torch.int8, "cpu")
+        D.computes(torch.int8, "cpu")
     with pytest.raises(TypeError):
-        D.supports("bf16", "cpu")
+        D.computes("bf16", "cpu")
+    with pytest.raises(ValueError):
+        D.fast(torch.int8, "cpu")
+    with pytest.raises(TypeError):
+        D.fast("bf16", "cpu")
+    with pytest.raises(ValueError):
+        D.deepspeed_accepts(torch.float64)
 
 
 def test_set_tf32_roundtrip():

@@ -80,7 +80,7 @@ def test_crash_raises_fast_with_the_ranks_traceback_then_resume_is_bitwise_equal
 
 
 def test_fp16_with_accumulation_keeps_scalers_in_step_and_all_reduces_once_per_step():
-    if not dev_gate.supports(torch.float16, "cpu"):
+    if not dev_gate.computes(torch.float16, "cpu"):
         pytest.skip("this CPU cannot compute fp16 autocast")
     res = launch("labkit.recipes.ddp", 2, [*COMMON, "--batch", "8", "--accum", "3", "--precision", "fp16"],
                  timeout=120, stream=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -55,6 +56,9 @@ def test_notebook_skeleton(path):
         assert needle in md, f"{path.name}: missing {needle}"
     assert re.search(r"\*\*Estimated time:\*\* \d+ min", md)
     assert len(code_cells(path)) <= 45, f"{path.name}: too many code cells; move logic into labkit"
+    # inherited MPLBACKEND=Agg (batch jobs on clusters) would otherwise make every plot vanish
+    assert "".join(code_cells(path)[0]["source"]).startswith("%matplotlib inline\n"), \
+        f"{path.name}: the imports cell must start with %matplotlib inline"
     ignore = [c for c in code_cells(path) if "NBVAL_IGNORE_OUTPUT" in "".join(c["source"])]
     for c in ignore:
         first = "".join(c["source"]).splitlines()[0].strip()
@@ -69,6 +73,41 @@ def test_no_torch_cuda_amp_anywhere():
              and "dist" not in p.parts]
     offenders = [str(p.relative_to(ROOT)) for p in files if AMP_OLD in p.read_text(errors="ignore")]
     assert not offenders, f"deprecated {AMP_OLD} used in {offenders}; use torch.amp with device_type"
+
+
+# A sentence that states hardware of "this machine" as a fixed fact (AMX, AVX-512, a core count, faster/slower)
+# is true only on the machine that wrote it. Such sentences must be printed by code from what was detected, or be
+# conditional ("where", "without", "if" ...). The scan caught all four fixed claims the workbook once had.
+HW_WORDS = re.compile(r"\b(AMX|AVX-?512\w*|AVX2|\d+\s+(CPU\s+)?cores?|tensor cores|faster|slower)\b", re.I)
+HERE_WORDS = re.compile(r"\b(this (CPU|machine|node|laptop)|here)\b", re.I)
+HEDGES = re.compile(r"\b(if|where|whether|without|when|which|depends|says|printed|measured|detected|line above)\b",
+                    re.I)
+
+
+def fixed_hardware_claims(cells: list[dict]) -> list[str]:
+    found = []
+    for c in cells:
+        if c["cell_type"] != "markdown":
+            continue
+        for sentence in re.split(r"(?<=[.!?:])\s+|\n\n|\n[-|*]", "".join(c["source"])):
+            if HW_WORDS.search(sentence) and HERE_WORDS.search(sentence) and not HEDGES.search(sentence):
+                found.append(" ".join(sentence.split()))
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_fixed_hardware_claims(path):
+    claims = fixed_hardware_claims(json.loads(path.read_text())["cells"])
+    assert not claims, f"{path.name} states this machine's hardware as fixed prose; print it from labkit.device: {claims}"
+
+
+def test_fixed_hardware_claim_scan_catches_the_old_sentences():
+    old = ["This CPU has **AMX-BF16** (see the ISA flags above): tile registers.",
+           "Read this figure honestly: this machine has **2 CPU cores**, shared with the notebook kernel.",
+           "AMX-BF16 makes bf16 matmuls many times faster here, a tiny model's step barely faster."]
+    assert len(fixed_hardware_claims([{"cell_type": "markdown", "source": s} for s in old])) == 3
+    fine = ["Without AMX, bf16 is emulated and slower.", "The line above says how many cores this machine has."]
+    assert fixed_hardware_claims([{"cell_type": "markdown", "source": s} for s in fine]) == []
 
 
 def test_no_bang_commands_in_notebooks():
@@ -103,6 +142,16 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in ci and "CI=true" in ci and "set -euo pipefail" in ci
     makefile = (ROOT / "Makefile").read_text()
     assert "--nbval" in makefile and "tests notebooks" in makefile
+    assert re.search(r"^test: test-native test-capped$", makefile, re.M), "make test must include the capped run"
+
+
+def test_make_lab_allows_root_only_as_root():
+    out = subprocess.run(["make", "-n", "-s", "lab", "VENV=" + sys.prefix], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if "jupyter lab" in ln)
+    assert ("--allow-root" in line) == (os.getuid() == 0), line
+    assert "--ip 127.0.0.1" in line and "--no-browser" in line
 
 
 def test_nbbuild_parse_roundtrip():

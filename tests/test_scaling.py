@@ -279,7 +279,7 @@ def _tiny_run(scaler, emulate: bool, steps: int = 30):
 def test_train_with_scaler_backs_off_then_grows(emulate: bool) -> None:
     from labkit import device
 
-    if not emulate and not device.supports(torch.float16, "cpu"):
+    if not emulate and not device.computes(torch.float16, "cpu"):
         pytest.skip("this CPU has no fp16 autocast; the emulated run covers the path")
     mine = _tiny_run(DynamicLossScaler(init_scale=2.0**30, growth_interval=5), emulate)
     ref = _tiny_run(torch.amp.GradScaler("cpu", init_scale=2.0**30, growth_interval=5), emulate)

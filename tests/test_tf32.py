@@ -101,7 +101,7 @@ def test_real_matmul_errors_are_ordered():
         device.set_float32_matmul_precision(before["float32_matmul_precision"]
                                             if before["float32_matmul_precision"] != "mixed" else "highest")
     assert e32 < 1e-6
-    if device.supports(torch.bfloat16, "cpu"):
+    if device.computes(torch.bfloat16, "cpu"):
         assert tf32.matmul_error(a, b, torch.bfloat16) > 1e-3
 
 

@@ -138,10 +138,10 @@ def test_partition_layout_by_hand():
 
 
 # --------------------------------------------------------------------------------------------------
-# The recipe, for real: stages 0-3 in bf16 (+ fp16 where the device computes it) on 2 gloo ranks
+# The recipe, for real: stages 0-3 in bf16 (+ fp16 where it computes and DeepSpeed accepts it) on 2 gloo ranks
 # --------------------------------------------------------------------------------------------------
 
-FP16 = device.supports(torch.float16, "cpu")
+FP16 = device.computes(torch.float16, "cpu") and device.deepspeed_accepts(torch.float16)
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +241,16 @@ def test_fp16_is_run_where_supported_and_refused_where_not(launched):
     assert run["loss_scales"] == replay[1:]
     assert run["skipped_steps"] == sum(run["overflow"])
     assert run["checksums"][0] == run["checksums"][1]
+
+
+@pytest.mark.slow
+def test_fp16_refused_by_name_on_a_capped_cpu():
+    """On the laptop CPU class DeepSpeed refuses fp16; the recipe says so, naming both answers, and trains nothing."""
+    cap = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "DS_ACCELERATOR": "cpu"}
+    with pytest.raises(dist.LaunchError, match="fp16 is not supported on this device") as err:
+        dist.launch("labkit.recipes.zero", 2, ["--runs", "2:fp16", "--steps", "1"], timeout=180, stream=False,
+                    env=cap)
+    assert "deepspeed_accepts says False" in str(err.value)
 
 
 def test_recipe_rejects_bad_runs():

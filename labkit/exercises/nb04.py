@@ -84,7 +84,7 @@ def _island_no_cast_back(scores: torch.Tensor) -> torch.Tensor:
 def _amp_dtype() -> torch.dtype:
     from labkit import device
 
-    return torch.float16 if device.supports(torch.float16, "cpu") else torch.bfloat16
+    return torch.float16 if device.computes(torch.float16, "cpu") else torch.bfloat16
 
 
 def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:

@@ -196,7 +196,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     _validate(args, renv.world_size)
     if args.precision != "fp32":
         want = torch.bfloat16 if args.precision == "bf16" else torch.float16
-        if not dev_gate.supports(want, device):
+        if not dev_gate.computes(want, device):
             raise ValueError(f"--precision {args.precision}: autocast to {want} does not work on {device}")
     dev_gate.set_current_device(device)  # object collectives and barriers then use this rank's GPU
     renv = ldist.init_process_group(backend, timeout_s=args.pg_timeout,

@@ -261,12 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if dtype == "fp32":
                 continue
             tdt = torch.float16 if dtype == "fp16" else torch.bfloat16
-            ds_ok = acc.is_fp16_supported() if dtype == "fp16" else acc.is_bf16_supported()
-            if not (ds_ok and dev_gate.supports(tdt, where)):
+            ds_ok, runs_here = dev_gate.deepspeed_accepts(tdt), dev_gate.computes(tdt, where)
+            if not (ds_ok and runs_here):
                 raise RuntimeError(
-                    f"{dtype} is not supported on this device ({where}): labkit.device.supports says "
-                    f"{dev_gate.supports(tdt, where)}, DeepSpeed's accelerator says {bool(ds_ok)}; "
-                    "run bf16 or fp32 instead")
+                    f"{dtype} is not supported on this device ({where}): labkit.device.computes says "
+                    f"{runs_here}, labkit.device.deepspeed_accepts says {ds_ok}; run bf16 or fp32 instead")
         task = data.make_token_task("reverse", n=2048, n_digits=6, vocab_size=12, seed=args.seed)
         results = [_one_run(s, d, o, args, world, rank, task) for s, d, o in runs]
         dist.barrier()

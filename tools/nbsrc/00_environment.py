@@ -12,6 +12,8 @@
 # **Estimated time:** 10 min
 
 # %%
+%matplotlib inline
+import importlib.util
 import time
 from pathlib import Path
 
@@ -22,6 +24,8 @@ from IPython.display import Markdown, display
 import labkit
 from labkit import catalog, device, env
 from labkit.check import check
+
+DEEPSPEED = importlib.util.find_spec("deepspeed") is not None  # optional: `make test` installs it
 
 # %% [markdown]
 # ## 1. How to use this workbook
@@ -34,7 +38,7 @@ from labkit.check import check
 # - Run a notebook top to bottom with *Run → Run All Cells*. Cells `assert` what they teach: if one fails,
 #   the notebook is telling you something about your machine.
 # - Exercises have a `...` for you to fill. `check(...)` then prints ✓, a hint, or "not attempted yet".
-# - Everything runs on 2 CPU cores. Where a GPU changes the story, the notebook shows the real GPU numbers
+# - Every notebook is built to run on 2 CPU cores of any x86 or Arm CPU. Where a GPU changes the story, the notebook shows the real GPU numbers
 #   when one is present and says plainly what would differ when not.
 
 # %% [markdown]
@@ -62,8 +66,17 @@ print("torch", ".".join(map(str, (major, minor))), "ok; fp8 dtypes present; labk
 # ## 3. Your device tier
 #
 # `labkit.device` is the one place that decides which device, which autocast dtype and which fast paths a
-# notebook uses. It *tries* a tiny computation instead of trusting a name: some CPUs reject fp16 compute,
-# some GPUs lack bf16.
+# notebook uses. It asks three different questions about bf16 and fp16, because real machines answer them
+# differently:
+#
+# | question | function | how it is answered |
+# |---|---|---|
+# | does autocast to it **compute** here? | `device.computes(dtype)` | a tiny autocast matmul is tried |
+# | is it **fast** here (native hardware, no emulation)? | `device.fast(dtype)` | CPU: AMX or AVX512-BF16/FP16, as far as oneDNN may use them; CUDA: the compute capability (bf16 sm80+, fp8 sm89+) |
+# | does **DeepSpeed** accept it? | `device.deepspeed_accepts(dtype)` | DeepSpeed's accelerator is asked |
+#
+# A laptop CPU computes fp16, about a hundred times slower than fp32, and DeepSpeed refuses fp16 on it; a V100
+# computes bf16 by emulation. One answer never stands in for another.
 #
 # | tier | what it is | what changes in later notebooks |
 # |---|---|---|
@@ -79,13 +92,24 @@ print(f"tier {caps.tier}: {caps.device} ({caps.device_name}); autocast dtype {ca
 print(f"bf16 {caps.bf16}, fp16 {caps.fp16}, fp8 matmul {caps.fp8_matmul}, CPU ISA {' '.join(caps.cpu_isa) or '-'}")
 
 # %% [markdown]
-# The tier is consistent with what was measured:
+# The three answers for this machine, and a sentence about its CPU generated from what was detected:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+    print(f"{name}: computes {device.computes(dt)}, fast {device.fast(dt)}, "
+          f"DeepSpeed accepts {device.deepspeed_accepts(dt) if DEEPSPEED else 'n/a (not installed)'}")
+print("This machine:", device.cpu_summary())
+
+# %% [markdown]
+# The tier is consistent with what was measured, and the answers never contradict each other:
 
 # %%
 assert caps.tier in {"cpu", "mps", "cuda", "cuda-fp8"}
 assert caps.fp8_matmul == (caps.tier == "cuda-fp8")
 assert device.dist_backend() == ("nccl" if caps.tier.startswith("cuda") else "gloo")
 assert caps.bf16 or caps.fp16 or caps.autocast_dtype is None
+assert (caps.bf16 or not caps.bf16_fast) and (caps.fp16 or not caps.fp16_fast)   # fast implies computes
 print("device gate consistent; distributed backend:", "nccl on CUDA, gloo elsewhere")
 
 # %% [markdown]

@@ -12,6 +12,7 @@
 # **Estimated time:** 25 min
 
 # %%
+%matplotlib inline
 import math
 
 import matplotlib.pyplot as plt
@@ -178,8 +179,9 @@ print("finite positive values:", int(np.isfinite(pos("e4m3fn")).sum()), "in E4M3
 
 # %% [markdown]
 # **Where libraries disagree.** E4M3FN has no infinity, so what should an overflow become? ml_dtypes (and the OCP
-# spec's non-saturating mode) makes it NaN. torch's cast **saturates** to ±448, even for inf. E5M2 has inf, and
-# both libraries agree. labkit exposes both rules by name.
+# spec's non-saturating mode) makes it NaN. torch's cast **saturates** to ±448, even for inf, since torch 2.13 (the
+# oldest release labkit admits); before it, eager casts gave NaN like ml_dtypes, so the same line of code changed
+# its answer between releases. E5M2 has inf, and both libraries agree. labkit exposes both rules by name.
 
 # %%
 vals = np.array([300.0, 464.0, 500.0, np.inf], dtype=np.float32)

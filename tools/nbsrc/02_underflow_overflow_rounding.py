@@ -14,6 +14,7 @@
 # **Estimated time:** 30 min
 
 # %%
+%matplotlib inline
 import math
 
 import matplotlib.pyplot as plt

@@ -17,6 +17,7 @@
 # **Estimated time:** 50 min
 
 # %%
+%matplotlib inline
 import inspect
 import io
 import json
@@ -44,7 +45,7 @@ torch.set_num_threads(1)  # tiny models: one thread is fastest (and fair on a sh
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-FP16 = device.supports(torch.float16, "cpu")
+FP16 = device.computes(torch.float16, "cpu")
 print("fp16 autocast on this CPU:", FP16, "-> real fp16 runs" if FP16 else "-> fp16 emulated (see above)")
 
 # %% [markdown]

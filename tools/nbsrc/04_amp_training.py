@@ -13,6 +13,7 @@
 # **Estimated time:** 45 min
 
 # %%
+%matplotlib inline
 import math
 import tempfile
 
@@ -24,14 +25,15 @@ from labkit.check import check
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest, and fair on a shared machine
 DEV = device.pick_device()
-AMP = torch.float16 if device.supports(torch.float16, DEV) else torch.bfloat16
-# where fp16 does not compute (some CPUs), the scaler demos run bf16 autocast with a GradScaler instead
+AMP = torch.float16 if device.computes(torch.float16, DEV) else torch.bfloat16
+# where fp16 does not compute at all, the scaler demos run bf16 autocast with a GradScaler instead
 SCALED = "fp16" if AMP == torch.float16 else train.Policy("bf16+scaler", AMP, torch.float32, True, "fallback")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 caps = device.capabilities(DEV)
-print(f"device: {DEV} ({caps.device_name}); bf16 autocast {caps.bf16}, fp16 autocast {caps.fp16}")
+print(f"device: {DEV} ({caps.device_name}); bf16 computes {caps.bf16} (fast: {caps.bf16_fast}), "
+      f"fp16 computes {caps.fp16} (fast: {caps.fp16_fast})")
 
 # %% [markdown]
 # ## 1. The task and the model
@@ -42,7 +44,7 @@ print(f"device: {DEV} ({caps.device_name}); bf16 autocast {caps.bf16}, fp16 auto
 
 # %%
 task = data.make_token_task("reverse", n=4096, n_digits=6, vocab_size=12, seed=0)
-batches = data.Batches(task.inputs, task.targets, batch_size=64, seed=0)  # batches(step) -> (x, y)
+batches = data.Batches(task.inputs, task.targets, batch_size=16, seed=0)  # batches(step) -> (x, y)
 print("input :", task.inputs[0].tolist())
 print("target:", task.targets[0].tolist())
 make_model = lambda: models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, seed=0)  # noqa: E731
@@ -91,7 +93,7 @@ assert logits.dtype == AMP and loss.dtype == torch.float32 and w.dtype == w.grad
 
 # %%
 short = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-low = [dt for dt in (torch.bfloat16, torch.float16) if device.supports(dt, DEV)]
+low = [dt for dt in (torch.bfloat16, torch.float16) if device.computes(dt, DEV)]
 measured = {short[dt]: train.autocast_op_dtypes(DEV, dt) for dt in low}
 ref = {"low": "low", "fp32": "fp32", "input": "= input"}
 print(f"{'op':<14}" + "".join(f"{DEV.type + ' ' + k:>12}" for k in measured) + f"{'CUDA (ref.)':>14}")
@@ -131,14 +133,15 @@ else:
 # | `fp16-pure` / `bf16-pure` | FP16 / BF16 | FP16 / BF16, no FP32 master | none |
 #
 # **A realistic gradient size.** A real LLM step averages its loss over ~10^5–10^6 tokens, so each logit's
-# gradient is ~1/tokens. Our batch has 384 scored tokens. `loss_weight=2**-10` multiplies the loss by 1/1024,
-# giving every gradient the size it would have in a batch of ~390 K tokens. That is exactly the regime where
+# gradient is ~1/tokens. Our batch has 96 scored tokens (16 sequences × 6 answer digits). `loss_weight=2**-12`
+# multiplies the loss by 1/4096, giving every gradient the size it would have in a batch of ~390 K tokens. (The
+# batch is small so that the six runs stay quick on CPUs that emulate half precision.) That is exactly the regime where
 # FP16 needs a loss scale (and a power of two changes no mantissa bit).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-W = 2.0**-10
-names = [p for p in train.POLICIES if device.supports(train.get_policy(p).compute_dtype, DEV)]
+W = 2.0**-12
+names = [p for p in train.POLICIES if device.computes(train.get_policy(p).compute_dtype, DEV)]
 runs = {p: train.train(make_model(), batches, policy=p, steps=60, lr=3e-3, loss_weight=W, device=DEV, desc=p)
         for p in names}  # a tqdm bar per run while it trains
 
@@ -190,8 +193,9 @@ def zero_grad_fraction(r):
 
 if "fp16-noscale" in runs:
     z = {p: zero_grad_fraction(runs[p]) for p in ("fp16", "fp16-noscale")}
-    print(f"gradients exactly zero in the last step: fp16 {z['fp16']:.0%}, fp16-noscale {z['fp16-noscale']:.0%}")
-    assert z["fp16-noscale"] > 0.5 > z["fp16"]
+    print("gradients exactly zero in the last step: more than half with fp16-noscale:", z["fp16-noscale"] > 0.5,
+          "| more than half with fp16:", z["fp16"] > 0.5)
+    assert z["fp16-noscale"] > 0.5 > z["fp16"]  # the exact fractions differ between CPUs' fp16 kernels
 
 # %% [markdown]
 # **Why `fp16-pure` diverges.** Without an FP32 master copy the optimizer state is FP16 too. Adam divides by
@@ -248,7 +252,9 @@ trained = runs["fp32"].model
 x, y = (t.to(DEV) for t in batches(10_000))
 with torch.no_grad():
     trained(x)
-    print("largest |attention score|:", round(max(a.last_scores_absmax for a in trained.attentions)), "> 11.09")
+    top = max(a.last_scores_absmax for a in trained.attentions)
+    print("largest |attention score| above 11.09, where exp overflows fp16:", top > 11.09)
+    assert top > 11.09
     half = make_model().to(DEV)
     half.load_state_dict(trained.state_dict())
     half = half.half()

@@ -9,14 +9,15 @@
 # - **emulate TF32** on a CPU and measure the matmul error it costs against fp32, fp16 and bf16;
 # - cast real activations to FP8 **E4M3** and real gradients to **E5M2**, with and without **per-tensor
 #   scaling**, and run the **amax-history** (delayed) scaling recipe of Transformer Engine over a training run;
-# - run an FP8 matmul with `torch._scaled_mm`, and measure what bf16 buys on this CPU (AMX) and what odd
-#   matrix shapes cost.
+# - run an FP8 matmul with `torch._scaled_mm`, and measure what bf16 buys on this CPU (with or without AMX) and
+#   what odd matrix shapes cost.
 #
 # **Prerequisites:** notebook 01 (bit layouts), notebook 03 (loss scaling), notebook 04 (autocast, `labkit.train`).
 #
 # **Estimated time:** 45 min
 
 # %%
+%matplotlib inline
 import math
 
 import matplotlib.pyplot as plt
@@ -193,9 +194,9 @@ assert math.isinf(tf32.input_rounding_error(big, B, "fp16"))
 #
 # ### On this machine
 #
-# A CPU has no TF32 units, but the flag is not dead here: oneDNN honours `set_float32_matmul_precision`, and on a
-# CPU with AMX-BF16 "medium" makes it compute **fp32 matmuls in bf16**. Measured (real kernels, so the digits are
-# this machine's):
+# A CPU has no TF32 units, but the flag is not dead on one: oneDNN honours `set_float32_matmul_precision`, and on
+# a CPU with AMX-BF16 "medium" makes it compute **fp32 matmuls in bf16** (without AMX, oneDNN leaves them in fp32).
+# Measured (real kernels, so the digits are this machine's):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -207,12 +208,16 @@ try:
 finally:
     device.set_float32_matmul_precision("highest")
 real["bf16 tensors"] = tf32.matmul_error(A, B, torch.bfloat16)
-print({k: f"{v:.1e}" for k, v in real.items()}, "| cpu isa:", " ".join(caps.cpu_isa))
+print({k: f"{v:.1e}" for k, v in real.items()})
+switched = real["medium"] > 100 * real["highest"]
+print(f"Here (CPU class {caps.cpu_class}): \"medium\" {'moved fp32 matmuls to bf16' if switched else 'changed nothing'}.")
 
 # %%
 assert real["highest"] < 1e-6 and device.fp32_matmul_settings()["float32_matmul_precision"] == "highest"
-if caps.device_type == "cpu" and "amx_bf16" in caps.cpu_isa:
-    assert real["medium"] > 100 * real["highest"]   # oneDNN really switched to bf16
+if caps.device_type == "cpu" and caps.cpu_class == "amx":
+    assert switched                                 # AMX: oneDNN really switched to bf16
+elif caps.device_type == "cpu" and not caps.bf16_fast:
+    assert not switched                             # no bf16 hardware: oneDNN keeps fp32
 
 # %% [markdown]
 # On a GPU, TF32's point is speed. `labkit.tf32.time_tf32` times fp32, TF32 and bf16 matmuls interleaved in one run
@@ -373,16 +378,26 @@ assert spike[2].saturated > 0.1 and spike[3].saturated == 0
 #
 # On a GPU, FP8 pays only inside the matmul: the tensor cores read FP8 inputs and accumulate in fp32. PyTorch exposes
 # that as `torch._scaled_mm(a_fp8, b_fp8, scale_a, scale_b, out_dtype)`, which takes the **inverse** scales and
-# applies them to the accumulator. It runs on a CPU too. `fp8.scaled_mm` casts a real activation and the layer's real
-# weight to E4M3 with per-tensor scales and calls it:
+# applies them to the accumulator. On many CPUs it runs too, through oneDNN, but not on all: oneDNN has no E4M3
+# matmul for some CPU classes (an AVX-512 CPU without AVX512-FP16, for one). The device gate tries it
+# (`device.computes(torch.float8_e4m3fn)`). `fp8.scaled_mm` casts a real activation and the layer's real weight to
+# E4M3 with per-tensor scales and calls it; `fp8.scaled_mm_reference` computes the same product from the
+# dequantised FP8 values, which is what the kernel must equal.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+FP8_MM = device.computes(torch.float8_e4m3fn)
+print("torch._scaled_mm with E4M3 runs here:", FP8_MM,
+      "" if FP8_MM else f"(no oneDNN kernel on this {device.cpu_class()} CPU: the reference stands in below)")
 
 # %%
 layer = "blocks.0.mlp.0"
 act = cap.activations[layer][0].reshape(-1, 64)              # (batch * tokens, d_model)
 w_t = trained.blocks[0].mlp[0].weight.detach().t()           # (d_model, 4 * d_model)
-out = fp8.scaled_mm(act, w_t)
+ref = fp8.scaled_mm_reference(act, w_t)                      # the dequantised FP8 inputs, multiplied in fp64
+out = fp8.scaled_mm(act, w_t) if FP8_MM else ref
 exact = act.double() @ w_t.double()
-assert torch.allclose(out.double(), fp8.scaled_mm_reference(act, w_t), rtol=1e-5, atol=1e-5)
+assert torch.allclose(out.double(), ref.double(), rtol=1e-5, atol=1e-5)
 fp8_err = float((out.double() - exact).norm() / exact.norm())
 print(f"{tuple(act.shape)} @ {tuple(w_t.shape)} in FP8: equals the dequantised reference; error vs fp64 "
       f"{'below 5 %' if fp8_err < 0.05 else 'above 5 %'}")
@@ -398,16 +413,25 @@ timing = fp8.time_fp8_matmul(4096)
 if timing is not None:
     print(timing.table(f"{timing.extra['n']}x{timing.extra['n']} matmul on {caps.device_name}"))
 else:
-    print(f"no FP8 tensor cores on this {caps.device_type} device (tier {caps.tier}): the cast and _scaled_mm ran "
-          "above, nothing to time. (H100 SXM datasheet, dense: 989 TFLOPS bf16, 1979 TFLOPS fp8.)")
+    print(f"no FP8 tensor cores on this {caps.device_type} device (tier {caps.tier}): the casts ran above, "
+          "nothing to time. (H100 SXM datasheet, dense: 989 TFLOPS bf16, 1979 TFLOPS fp8.)")
 
 # %% [markdown]
 # ## 4. Speed on this machine
 #
-# This CPU has **AMX-BF16** (see the ISA flags above): tile registers and a unit that multiplies 16 × 32 bf16 tiles
-# per instruction, about 1024 bf16 flops per cycle per core, against 64 fp32 flops per cycle from two AVX-512 FMA
-# units. `labkit.bench.amp_benchmark` measures the bf16/fp32 ratio of a matmul and of a tiny-GPT training step, each
-# interleaved in one run (warm-up, median of repeats), so both dtypes see the same machine load:
+# What bf16 buys on a CPU depends on its matrix hardware, and CPUs differ:
+#
+# - **AMX-BF16** (Intel Xeon since Sapphire Rapids): tile registers and a unit that multiplies 16 × 32 bf16 tiles
+#   per instruction, about 1024 bf16 flops per cycle per core, against 64 fp32 flops per cycle from two AVX-512
+#   FMA units. bf16 matmuls run several times faster than fp32.
+# - **AVX512-BF16** without AMX: a bf16 dot-product instruction; bf16 matmuls run at roughly the fp32 rate, and
+#   the gain is mostly the halved memory traffic.
+# - **Neither** (most laptops, many cluster nodes): bf16 is *emulated*, converted to fp32 and back around every
+#   operation, and is slower than fp32, often several times.
+#
+# `labkit.device.fast(torch.bfloat16)` says which case this machine is. `labkit.bench.amp_benchmark` measures the
+# bf16/fp32 ratio of a matmul and of a tiny-GPT training step, each interleaved in one run (warm-up, median of
+# repeats), so both dtypes see the same machine load:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -417,17 +441,27 @@ mm, ts = res["matmul"], res["train_step"]
 print(mm.table("matmul 512 x 512, 1 thread"))
 print(ts.table("tiny-GPT train step (AdamW, batch 32)"))
 print(f"bf16 speed-up: matmul {mm.speedup('bf16'):.1f}x, train step {ts.speedup('bf16'):.1f}x")
+print(f"This machine: {device.cpu_summary()}.")
+print(f"So bf16 matmuls here are {'faster' if mm.speedup('bf16') > 1 else 'slower'} than fp32 "
+      f"({'native bf16 hardware' if device.fast(torch.bfloat16, 'cpu') else 'emulated bf16'}).")
+
+# %%
+# the benchmark ran on the CPU; a large margin either way: AMX wins, emulated bf16 loses
+if device.cpu_class() == "amx":
+    assert mm.speedup("bf16") > 1.2
+elif not device.fast(torch.bfloat16, "cpu"):
+    assert mm.speedup("bf16") < 0.8
 
 # %% [markdown]
 # Where the ratio comes from:
 #
-# - The **matmul** speed-up is large (the peak ratio is 16×) because AMX only exists for bf16 (and int8): fp32
-#   matmuls run on AVX-512. Packing the inputs into tiles and the memory traffic keep it below the peak. On a CPU
-#   without AMX or AVX512-BF16, bf16 is emulated and is *slower* than fp32.
-# - The **train step** gains little, and may even lose (compare its ratio above). The tiny GPT's matmuls are small
+# - With AMX the **matmul** speed-up is large (the peak ratio is 16×) because AMX only exists for bf16 (and int8):
+#   fp32 matmuls run on AVX-512. Packing the inputs into tiles and the memory traffic keep it below the peak.
+#   Without bf16 hardware the ratio is below 1: every bf16 operation pays for conversions.
+# - The **train step** gains less than the matmul, and may even lose (compare its ratio above). The tiny GPT's matmuls are small
 #   (32 sequences of 16 tokens, 64 features), and most of a step is elementwise work (layer norm, GELU, softmax,
 #   the AdamW update in fp32), per-op overhead, and autocast's casts of weights and activations to bf16 and back:
-#   work that AMX does not accelerate, and that the casts add to. Amdahl's law: speeding up a small share of the time 10×
+#   work that matrix units do not accelerate, and that the casts add to. Amdahl's law: speeding up a small share of the time 10×
 #   saves less than that share. A large model spends most of its time in big matmuls, and then the matmul ratio is
 #   what it gets; that is why a benchmark must time the real step, not only a matmul.
 #
@@ -506,11 +540,12 @@ check("05.delayed-scale", delayed_scale)
 #   training, with small learning rates, in bf16 reductions, and with bf16 weights without an fp32 master copy.
 # - **TF32** is a math mode for fp32 tensors: inputs rounded to 10 mantissa bits (3·10⁻⁴ relative matmul error
 #   here), fp32 range and accumulation. PyTorch leaves it off for matmuls ("highest"), NGC containers turn it on;
-#   `labkit.device` reads and sets it. On this CPU, "medium" silently moves fp32 matmuls to bf16.
+#   `labkit.device` reads and sets it. On a CPU with AMX, "medium" silently moves fp32 matmuls to bf16.
 # - **FP8** needs a scale per tensor: E4M3 (precision) for activations and weights, E5M2 (range) for gradients. Without
 #   a scale, real gradients all flush to zero; with one, 2-3 mantissa bits of error remain. Delayed scaling takes the
 #   scale from an amax history: free, but it lags a spike by one step.
-# - **Speed** comes from matrix units: AMX-BF16 makes bf16 matmuls many times faster here, a tiny model's step barely
-#   faster (Amdahl), and shapes in multiples of 8 keep the units fed.
+# - **Speed** comes from matrix units: with AMX-BF16 (or tensor cores) bf16 matmuls run many times faster, a tiny
+#   model's step barely faster (Amdahl); without bf16 hardware bf16 is emulated and slower than fp32. Shapes in
+#   multiples of 8 keep the units fed. Section 4 printed which case this machine is.
 #
 # Next: notebook 06 counts where the memory of a training step goes.

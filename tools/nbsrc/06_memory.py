@@ -19,6 +19,7 @@
 # **Estimated time:** 50 min
 
 # %%
+%matplotlib inline
 import matplotlib.pyplot as plt
 import torch
 

@@ -16,7 +16,9 @@
 # node the same module with NCCL. Each launch costs a few seconds of process start-up.
 
 # %%
+%matplotlib inline
 import math
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -127,11 +129,12 @@ t1 = one["timings"]["step_s_median_per_rank"][0]
 t2 = max(two["timings"]["step_s_median_per_rank"])
 print(f"1 rank  × batch 128: {t1 * 1e3:6.1f} ms/step")
 print(f"2 ranks × batch  64: {t2 * 1e3:6.1f} ms/step   speed-up {t1 / t2:.2f}× (ideal 2×), efficiency {t1 / t2 / 2:.0%}")
+print(f"this machine: {os.cpu_count()} CPU cores for the notebook kernel, torchrun and both ranks")
 
 # %% [markdown]
-# Read this figure honestly: this machine has **2 CPU cores**, shared with the notebook kernel, `torchrun` and
-# anything else running. The two ranks compete for those cores and for memory bandwidth, and the "network" is
-# loopback inside one machine. So the efficiency here measures CPU contention and gloo's per-call overhead on a
+# Read this figure honestly: the two ranks share this machine's CPU cores (counted in the line above) with the
+# notebook kernel, `torchrun` and anything else running. On a small machine they compete for those cores and for
+# memory bandwidth, and the "network" is loopback inside one machine. So the efficiency here measures CPU contention and gloo's per-call overhead on a
 # 0.5 MB gradient, not a network. On GPUs the compute per rank is independent, and the question becomes whether
 # the all-reduce hides behind backward (section 5).
 #

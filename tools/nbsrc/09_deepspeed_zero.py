@@ -17,6 +17,7 @@
 # node the same recipe runs on CUDA with NCCL.
 
 # %%
+%matplotlib inline
 import json
 
 import matplotlib.pyplot as plt
@@ -87,7 +88,9 @@ except ValueError as err:
 # entry of `--runs` gets a **fresh model and a fresh DeepSpeed engine** inside the same two processes, which
 # saves the process start-up per run. Every run uses the same seed, data and AdamW (`torch_adam`, so no C++
 # compile). Two more runs ride along in the same launch: stage 2 with the optimizer offloaded to the CPU (section
-# 5), and stage 2 in fp16 (section 4). The fp16 run is included only where the device gate says fp16 computes.
+# 5), and stage 2 in fp16 (section 4). The fp16 run is included only where fp16 computes **and** DeepSpeed's
+# accelerator accepts it: DeepSpeed's CPU accelerator asks oneDNN, which says yes only on CPUs with AVX512-FP16 or
+# AMX-FP16, while torch's autocast computes fp16 (slowly) on any CPU. Elsewhere only the bf16 runs go.
 #
 # Rank 0 reports the losses, each rank's checksum of the final parameters, and each rank's **exact model-state
 # bytes**. These are counted from the storages of the tensors the engine and its optimizer hold, taken after the
@@ -104,7 +107,8 @@ except ValueError as err:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fp16_ok = device.supports(torch.float16)  # the device gate: does fp16 really compute here?
+ds_fp16 = device.deepspeed_accepts(torch.float16)  # DeepSpeed's own answer, not torch's
+fp16_ok = ds_fp16 and device.computes(torch.float16)
 run_list = "0:bf16,1:bf16,2:bf16,3:bf16,2:bf16:cpu" + (",2:fp16" if fp16_ok else "")
 res = launch("labkit.recipes.zero", nproc=2, timeout=300, stream=False,
              args=["--runs", run_list, "--steps", "8", "--micro-batch", "8", "--grad-accum", "2",
@@ -228,21 +232,20 @@ assert res["shm_files_left"] == []
 # | `min_loss_scale` | (none) | a floor; DeepSpeed stops if it overflows there |
 #
 # The fp16 run of section 3 started deliberately too high (2**21), with window 2 and hysteresis 1, so the trace
-# shows both directions. Whether fp16 really computes on this device came from the device gate, never from an
+# shows both directions. Whether it ran on this machine came from the device gate and from DeepSpeed, never from an
 # assumption:
 
 # %%
-print("fp16 computes on this device:", fp16_ok)
-
-# %%
 # NBVAL_IGNORE_OUTPUT
+print(f"torch autocast computes fp16 here: {device.computes(torch.float16)}; DeepSpeed accepts fp16 here: {ds_fp16}")
 if fp16_ok:
     fp = runs[(2, "none", "fp16")]
     print("overflow:", fp["overflow"])
     print("scale after each step:", [f"2^{int(s).bit_length() - 1}" for s in fp["loss_scales"]])
 else:
     fp = None
-    print("fp16 is not supported on", device.capabilities().device_name, "- the fp16 run is skipped, not faked.")
+    print(f"So the fp16 run did not go: DeepSpeed refuses fp16 on this {device.cpu_class()} CPU (no AVX512-FP16/AMX "
+          "for oneDNN), and section 3 trained in bf16 only. On a GPU or an AMX Xeon the trace appears here.")
 
 # %% [markdown]
 # Every overflowing step is skipped (the weights do not move), and the scale halves. After 2 clean steps it
@@ -251,14 +254,15 @@ else:
 # observed overflows (`labkit.scaling.deepspeed_scale_sequence`):
 
 # %%
-if fp is not None:
+# NBVAL_IGNORE_OUTPUT
+if fp is not None:  # the figure exists only where DeepSpeed ran fp16
     replay = scaling.deepspeed_scale_sequence(fp["overflow"], initial_scale_power=21, loss_scale_window=2,
                                               hysteresis=1)
     assert fp["loss_scales"] == replay[1:] and fp["skipped_steps"] == sum(fp["overflow"])
     assert fp["checksums"][0] == fp["checksums"][1]
     plots.scale_history(replay[:-1], fp["overflow"], title="DeepSpeed fp16 loss scale (ZeRO-2, 2 ranks)")
     plt.show()
-print("DeepSpeed's trace == the replayed rule:", fp is not None or "not run (no fp16 here)")
+print("DeepSpeed's trace == the replayed rule:", fp is not None or "not run (DeepSpeed refuses fp16 here)")
 
 # %% [markdown]
 # Compared with GradScaler: both halve on overflow and double after a run of clean steps. With `hysteresis: 2`
@@ -292,7 +296,7 @@ print("where the offloaded run's tensors live:", sorted(on["bytes_per_rank"][0][
 # On this CPU-only machine, "offloaded" tensors were on the CPU all along. On a GPU node, `by_device` splits them
 # into `cuda` and `cpu`. The Adam step on the host is the bottleneck of offload. DeepSpeed's `DeepSpeedCPUAdam`
 # (AVX-vectorised C++) is several times faster than `torch.optim.AdamW` there, but it is compiled on first use
-# (about 90 s here, once per machine, cached in `TORCH_EXTENSIONS_DIR`). This notebook uses `torch_adam` to skip
+# (about 90 s on a 2-core Xeon, once per machine, cached in `TORCH_EXTENSIONS_DIR`). This notebook uses `torch_adam` to skip
 # that compile. On a GPU cluster, set `torch_adam=False` in `zero.config`.
 #
 # ## 6. The seeds' reference setup: 13B parameters on 8×A100-80GB

@@ -19,6 +19,7 @@
 # differ on every run. Every other output is exact.
 
 # %%
+%matplotlib inline
 import json
 import os
 import re
