@@ -18,7 +18,7 @@ ALLOW_ROOT  := $(if $(filter 0,$(shell id -u)),--allow-root,)
 BIN := $(VENV)/bin
 DS_BUILD_DEPS := ninja packaging psutil py-cpuinfo pydantic hjson msgpack einops setuptools wheel
 
-.PHONY: lab test test-native test-capped install install-dev notebooks student doctor clean screenshots
+.PHONY: lab test test-native test-capped lint install install-dev notebooks student doctor clean screenshots
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -42,8 +42,12 @@ lab: $(VENV)/.base
 	@if [ -n "$(ALLOW_ROOT)" ]; then echo "make lab: running as root (uid 0), so JupyterLab gets --allow-root"; fi
 	$(BIN)/jupyter lab --no-browser --ip 127.0.0.1 --port $(PORT) --ServerApp.root_dir=notebooks $(ALLOW_ROOT)
 
-# Everything on this CPU, then every notebook again (strict nbval) with the CPU capped to the laptop class.
-test: test-native test-capped
+# Lint, everything on this CPU, then every notebook again (strict nbval) with the CPU capped to the laptop class.
+test: lint test-native test-capped
+
+# ruff on labkit, the tests, the repo tooling and the notebook sources (rules: pyproject.toml)
+lint: $(VENV)/.dev
+	$(BIN)/ruff check labkit tests tools
 
 test-native: $(VENV)/.dev
 	$(BIN)/python -m pytest tests notebooks $(NBVAL_ARGS) $(PYTEST_ARGS)

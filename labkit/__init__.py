@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 #: Submodules, one per concern. Later notebooks add theirs here.
 __all__ = [
+    "activations",
     "bench",
     "catalog",
     "check",
@@ -27,10 +28,12 @@ __all__ = [
     "memory",
     "models",
     "plots",
+    "precision",
     "profiling",
     "recipes",
     "roofline",
     "scaling",
+    "slurm",
     "student",
     "tf32",
     "train",

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from labkit import device as _device
+from labkit import device as dev_gate
+from labkit import precision
 
 __all__ = [
     "CUDA_FLOPS_PER_CLOCK_PER_SM",
@@ -125,15 +126,15 @@ def _check_counts(warmup: int, repeats: int) -> None:
 
 
 def _timer(dev: torch.device) -> tuple[Callable[[Callable[[], Any]], float], str]:
-    events = _device.event_timer(dev)
+    events = dev_gate.event_timer(dev)
     if events is not None:
         return events, "cuda events"
 
     def timer(fn: Callable[[], Any]) -> float:
-        _device.synchronize(dev)
+        dev_gate.synchronize(dev)
         t0 = time.perf_counter()
         fn()
-        _device.synchronize(dev)
+        dev_gate.synchronize(dev)
         return time.perf_counter() - t0
 
     return timer, "perf_counter"
@@ -178,7 +179,7 @@ def compare(
     if baseline not in candidates:
         raise ValueError(f"baseline {baseline!r} is not one of {list(candidates)}")
     _check_counts(warmup, repeats)
-    dev = _device.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     timer, method = _timer(dev)
     names = list(candidates)
     for _ in range(warmup):
@@ -193,15 +194,12 @@ def compare(
     return Comparison(timings, baseline, method)
 
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 def _dtypes_for(dev: torch.device, names: Sequence[str]) -> list[str]:
     out = []
     for n in names:
-        if n not in _DTYPES:
-            raise ValueError(f"unknown dtype {n!r}; choose from {list(_DTYPES)}")
-        if n == "fp32" or _device.computes(_DTYPES[n], dev):
+        if n not in PEAK_DTYPES:
+            raise ValueError(f"unknown dtype {n!r}; choose from {list(PEAK_DTYPES)}")
+        if n == "fp32" or dev_gate.computes(PEAK_DTYPES[n], dev):
             out.append(n)
     return out
 
@@ -215,12 +213,12 @@ def matmul_candidates(
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    dev = _device.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     g = torch.Generator().manual_seed(seed)
     a32, b32 = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     cands: dict[str, Callable[[], Any]] = {}
     for name in _dtypes_for(dev, dtypes):
-        a, b = a32.to(dev, _DTYPES[name]), b32.to(dev, _DTYPES[name])
+        a, b = a32.to(dev, PEAK_DTYPES[name]), b32.to(dev, PEAK_DTYPES[name])
         cands[name] = (lambda a=a, b=b: a @ b)
     return cands
 
@@ -240,7 +238,7 @@ def train_step_candidates(
     """
     from labkit import data, models
 
-    dev = _device.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     task = data.make_token_task("reverse", n=batch_size, n_digits=8, vocab_size=16, seed=seed)
     x, y = task.inputs.to(dev), task.targets.to(dev)
     cands: dict[str, Callable[[], Any]] = {}
@@ -248,20 +246,15 @@ def train_step_candidates(
         model = models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, d_model=d_model,
                                n_layers=n_layers, seed=seed).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        scaler = torch.amp.GradScaler(dev.type) if name == "fp16" else None
-        dtype = _DTYPES[name]
+        policy = precision.get_policy(name)  # fp32, or bf16/fp16 autocast (fp16 with a GradScaler)
+        scaler = torch.amp.GradScaler(dev.type) if policy.scaler else None
 
-        def step(model=model, opt=opt, scaler=scaler, dtype=dtype) -> None:
+        def step(model=model, opt=opt, scaler=scaler, policy=policy) -> None:
             opt.zero_grad(set_to_none=True)
-            with torch.autocast(device_type=dev.type, dtype=dtype, enabled=dtype != torch.float32):
+            with precision.autocast(policy, dev.type):
                 loss = models.lm_loss(model(x), y)
-            if scaler is None:
-                loss.backward()
-                opt.step()
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
+            precision.backward(loss, scaler)
+            precision.update(opt, scaler)
 
         cands[name] = step
     return cands
@@ -280,7 +273,7 @@ def amp_benchmark(
     Returns ``{"matmul": Comparison, "train_step": Comparison}`` with fp32 as the baseline.
     ``matmul_size`` defaults to 1024 on CPU and 4096 on CUDA. Introduced in notebook 04.
     """
-    dev = _device.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     dtypes = list(dict.fromkeys(["fp32", *dtypes]))
     n = matmul_size if matmul_size is not None else (4096 if dev.type == "cuda" else 1024)
     mm = compare(matmul_candidates(n, dtypes, dev), baseline="fp32", warmup=warmup, repeats=repeats, device=dev)
@@ -294,7 +287,7 @@ def amp_benchmark(
 # --- peaks: measured matmul FLOP/s and memory bandwidth, theoretical peak from the formula (notebook 07) ---
 
 #: dtype names the peak functions accept, and the torch dtype each one benchmarks.
-PEAK_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PEAK_DTYPES: dict[str, torch.dtype] = {n: precision.dtype(n) for n in ("fp32", "bf16", "fp16")}
 
 #: Dense FLOPs per clock per SM by CUDA compute capability: fp32 on CUDA cores (2 per FMA), fp16/bf16/tf32
 #: on tensor cores. From NVIDIA's architecture whitepapers/datasheets (V100, T4, A100, A10/RTX 30, L4/L40,
@@ -342,7 +335,7 @@ def default_peak_shapes(device: torch.device | str | None = None) -> tuple[tuple
     Square powers of two and a tall-skinny shape: small enough for 2 CPU cores, large enough to fill a GPU.
     Introduced in notebook 07.
     """
-    if _device.is_cuda(device):
+    if dev_gate.is_cuda(device):
         return ((4096, 4096, 4096), (8192, 8192, 8192), (6144, 6144, 6144), (16384, 4096, 4096))
     return ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 1024))
 
@@ -357,8 +350,8 @@ def peak_matmul_flops(dtype: str | torch.dtype = "fp32", device: torch.device | 
     device cannot compute in ``dtype``. Introduced in notebook 07.
     """
     name, dt = _peak_dtype(dtype)
-    dev = _device.pick_device() if device is None else torch.device(device)
-    if dt != torch.float32 and not _device.computes(dt, dev):
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    if dt != torch.float32 and not dev_gate.computes(dt, dev):
         raise ValueError(f"{dev} does not compute in {name}; measure fp32 instead")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
@@ -403,7 +396,7 @@ def memory_bandwidth(nbytes: int = 256 * 2**20, device: torch.device | str | Non
         raise ValueError(f"nbytes must be an int >= 4096, got {nbytes!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
-    dev = _device.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     src = torch.ones(nbytes // 4, device=dev)
     dst = torch.empty_like(src)
     sec = time_fn(functools.partial(dst.copy_, src), warmup=1, repeats=repeats, device=dev).median
@@ -506,9 +499,9 @@ def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | s
     lacks. Introduced in notebook 07.
     """
     name, _ = _peak_dtype(dtype)
-    dev = _device.pick_device() if device is None else torch.device(device)
-    if _device.is_cuda(dev):
-        props = _device.cuda_properties(dev)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    if dev_gate.is_cuda(dev):
+        props = dev_gate.cuda_properties(dev)
         assert props is not None
         per_sm = cuda_flops_per_clock_per_sm(props["capability"], name)  # type: ignore[arg-type]
         if per_sm is None:
@@ -528,7 +521,7 @@ def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | s
         raise ValueError(f"theoretical peaks are known for CPU and CUDA devices, not {dev.type}")
     cores, core_note = _cpu_cores_in_use()
     ghz, ghz_note = _cpu_ghz()
-    per, unit = cpu_flops_per_cycle(name, _device.cpu_isa_in_use(), fma_units)
+    per, unit = cpu_flops_per_cycle(name, dev_gate.cpu_isa_in_use(), fma_units)
     notes = [core_note, f"{ghz:.2f} GHz: {ghz_note}; AVX-512/AMX code may run at a lower clock", unit]
     if "units" in unit:
         notes.append(f"{fma_units} FMA units per core (Xeon Gold/Platinum; some SKUs have 1)")
@@ -542,11 +535,11 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
 
     dtypes the device cannot compute in are listed as skipped. Introduced in notebook 07.
     """
-    dev = _device.pick_device() if device is None else torch.device(device)
-    lines = [f"labkit peak report on {dev} ({_device.capabilities(dev).device_name})", ""]
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    lines = [f"labkit peak report on {dev} ({dev_gate.capabilities(dev).device_name})", ""]
     for name in dtypes:
         _, dt = _peak_dtype(name)
-        if dt != torch.float32 and not _device.computes(dt, dev):
+        if dt != torch.float32 and not dev_gate.computes(dt, dev):
             lines.append(f"{name}: skipped ({dev} does not compute in {name})")
             continue
         meas = peak_matmul_flops(name, dev, shapes)
@@ -597,11 +590,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite == "peak":
         names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
         shapes = None if args.sizes is None else [(int(v),) * 3 for v in args.sizes.split(",") if v.strip()]
-        print(peak_report(names, _device.pick_device(args.device), args.bandwidth_mib * 2**20, shapes))
+        print(peak_report(names, dev_gate.pick_device(args.device), args.bandwidth_mib * 2**20, shapes))
         return 0
-    dev = _device.pick_device(args.device)
+    dev = dev_gate.pick_device(args.device)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    caps = _device.capabilities(dev)
+    caps = dev_gate.capabilities(dev)
     res = amp_benchmark(dev, dtypes, args.size, args.warmup, args.repeats,
                         train_kwargs={"batch_size": args.batch_size})
     mm, ts = res["matmul"], res["train_step"]

@@ -2,27 +2,33 @@
 
 Exercises live in :mod:`labkit.exercises` (one module per notebook). A learner's answer that is still
 ``...`` (Ellipsis) is reported as "not attempted yet", so a student copy of a notebook, with the
-solutions stripped, still runs top to bottom.
+solutions stripped, still runs top to bottom. :class:`~labkit.exercises.Exercise`, ``NOT_GIVEN`` and
+:func:`~labkit.exercises.number_grader` are defined in :mod:`labkit.exercises` and re-exported here.
 """
 
 from __future__ import annotations
 
 import re
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["NOT_GIVEN", "Exercise", "Verdict", "check", "contains_ellipsis", "evaluate", "number_grader", "export_results",
-           "load_results", "reset_results", "results"]
+from labkit.exercises import NOT_GIVEN, Exercise, get_exercise, number_grader
 
-
-class _NotGiven:
-    def __repr__(self) -> str:
-        return "NOT_GIVEN"
-
-
-NOT_GIVEN: Any = _NotGiven()
+__all__ = [
+    "NOT_GIVEN",
+    "Exercise",
+    "Verdict",
+    "check",
+    "contains_ellipsis",
+    "evaluate",
+    "export_results",
+    "load_results",
+    "number_grader",
+    "reset_results",
+    "results",
+]
 
 
 @dataclass(frozen=True)
@@ -34,29 +40,6 @@ class Verdict:
 
     status: str
     message: str = ""
-
-
-@dataclass(frozen=True)
-class Exercise:
-    """One exercise: an id such as ``"01.fp16-max"``, a one-line prompt, a grader and a hint.
-
-    ``grade(answer)`` returns ``True``/``False`` or a ``(bool, message)`` pair; it may call the
-    learner's function on fresh inputs, and returns ``None`` when a learner's function is still a stub
-    (it returned ``...`` or ``None``), which reports "not attempted yet". ``hint`` is shown on a wrong
-    answer. ``reference`` (a correct answer) and ``wrong`` (a typical mistake) let the tests prove that
-    the grader tells them apart.
-
-    Introduced in notebook 01.
-    """
-
-    id: str
-    prompt: str
-    grade: Callable[[Any], Any]
-    hint: str
-    success: str = ""
-    meta: dict = field(default_factory=dict)
-    reference: Any = NOT_GIVEN
-    wrong: Any = NOT_GIVEN
 
 
 _RESULTS: dict[str, str] = {}
@@ -82,14 +65,12 @@ def evaluate(exercise_id: str, answer: Any) -> Verdict:
     Raises ``ValueError`` for an unknown exercise id (a bug in the notebook, not a wrong answer).
     Introduced in notebook 01.
     """
-    from labkit.exercises import get_exercise
-
     ex = get_exercise(exercise_id)
     if contains_ellipsis(answer):
         return Verdict("not attempted", f"{ex.id}: not attempted yet. Replace the `...` and run the cell again.")
     try:
         out = ex.grade(answer)
-    except Exception as exc:  # the learner's code may raise anything; report it, never propagate it
+    except Exception as exc:
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return Verdict("wrong", f"{ex.id}: your answer raised {last}. Hint: {ex.hint}")
     if out is None:
@@ -200,28 +181,3 @@ def load_results(folder: str | Path) -> dict[str, dict[str, str]]:
         if isinstance(doc, dict) and isinstance(doc.get("results"), dict):
             out[str(doc.get("name", f.stem))] = {k: v for k, v in doc["results"].items() if v in _RANK}
     return out
-
-
-def number_grader(want: float, what: str = "the value", rel: float = 0.0,
-                  close: float = 1e-2) -> Callable[[Any], tuple[bool, str]]:
-    """Return a grader for a numeric answer: equal to ``want`` within ``rel`` (0 means exactly).
-
-    A bool or a non-number gets a "give a number" hint; an answer within ``close`` (relative) but not
-    within ``rel`` is told it is close. Introduced in notebook 01.
-    """
-    import math
-
-    def grade(answer: Any) -> tuple[bool, str]:
-        if isinstance(answer, bool):
-            return False, f"Give {what} as a number, not a bool."
-        try:
-            got = float(answer)
-        except (TypeError, ValueError, OverflowError):
-            return False, f"Give {what} as a number."
-        if got == want or (math.isfinite(got) and abs(got - want) <= rel * abs(want)):
-            return True, ""
-        if math.isfinite(got) and want and abs(got - want) <= close * abs(want):
-            return False, f"{got!r} is close, but {'the exact value' if rel == 0 else 'not close enough'} is wanted."
-        return False, ""
-
-    return grade

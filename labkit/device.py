@@ -18,8 +18,8 @@ from __future__ import annotations
 import functools
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 
@@ -109,7 +109,7 @@ def is_cuda(device: torch.device | str | None = None) -> bool:
     return _as_device(device).type == "cuda"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cpu_isa_flags() -> tuple[str, ...]:
     """Return the CPU's SIMD/matrix ISA flags of interest (AVX-512 BF16/FP16, AMX …) read from /proc/cpuinfo.
 
@@ -126,7 +126,7 @@ def cpu_isa_flags() -> tuple[str, ...]:
     return ()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _try_dtype(device_str: str, dtype_name: str) -> bool:
     dtype = getattr(torch, dtype_name)
     dev = torch.device(device_str)
@@ -151,7 +151,7 @@ def _fp8_dtypes() -> tuple[torch.dtype, ...]:
     return tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _try_scaled_mm(device_str: str, dtype_name: str) -> bool:
     dev = torch.device(device_str)
     try:

@@ -67,11 +67,11 @@ def report() -> dict[str, Any]:
     """
     import torch
 
-    from labkit import device
+    from labkit import device as dev_gate
 
-    caps = device.capabilities()
+    caps = dev_gate.capabilities()
     cuda = torch.version.cuda
-    nccl = device.nccl_version()
+    nccl = dev_gate.nccl_version()
     env = {k: os.environ[k] for k in ENV_VARS if k in os.environ}
     env.update({k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and "TOKEN" not in k})
     return {

@@ -20,7 +20,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal, NamedTuple, Union
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -47,7 +47,7 @@ __all__ = [
 
 Overflow = Literal["inf", "nan", "saturate"]
 OVERFLOW_RULES: tuple[str, ...] = ("inf", "nan", "saturate")
-Number = Union[int, float, Fraction, np.integer, np.floating]
+Number = int | float | Fraction | np.integer | np.floating
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ from typing import Any, Self
 import torch
 from torch import nn
 
-from labkit import device as _device
+from labkit import device as dev_gate
 from labkit import formats as _formats
+from labkit import precision
 
 __all__ = [
     "DTYPES",
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 #: The two FP8 formats, by labkit.formats name.
-DTYPES: dict[str, torch.dtype] = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+DTYPES: dict[str, torch.dtype] = {n: precision.dtype(n) for n in ("e4m3fn", "e5m2")}
 _OVERFLOW = ("saturate", "nan", "inf")
 
 
@@ -384,8 +385,8 @@ def time_fp8_matmul(n: int = 4096, device: torch.device | str | None = None, war
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n % 16:
         raise ValueError(f"n must be a positive multiple of 16 (an FP8 GEMM requirement), got {n!r}")
-    dev = _device.pick_device() if device is None else torch.device(device)
-    if not _device.capabilities(dev).fp8_matmul:
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    if not dev_gate.capabilities(dev).fp8_matmul:
         return None
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(n, n, generator=g).to(dev), torch.randn(n, n, generator=g).to(dev)

@@ -1,27 +1,28 @@
-"""Where training memory goes: a model of model-state bytes (ZeRO, offload, optimizers) and activations.
-
-Two halves, both checked against the real thing:
+"""Where training memory goes: a model of model-state bytes (ZeRO, offload, optimizers), checked by measurement.
 
 - **Prediction** (pure arithmetic): :func:`model_state_bytes` gives the bytes one rank holds for the
   parameters, gradients, fp32 master weights and optimizer states, for a precision policy
-  (:data:`POLICIES`), an optimizer (:data:`OPTIMIZERS`), a ZeRO stage, a world size and CPU offload.
-  :func:`gpt_activation_bytes` / :func:`mlp_activation_bytes` count the bytes that autograd saves for
-  the backward pass of :class:`labkit.models.TinyGPT` / :class:`labkit.models.MLP`, with and without
-  gradient checkpointing.
+  (:data:`labkit.precision.POLICIES`: the table notebook 04 trains), an optimizer (:data:`OPTIMIZERS`), a ZeRO
+  stage, a world size and CPU offload.
 - **Measurement** (exact, from tensor storages): :func:`measure_model_state` counts every byte that a
-  model and an optimizer hold; :func:`measure_saved_tensors` counts what autograd saves, with
-  saved-tensor hooks. :func:`predict_torch_state` predicts the former for a real model, tensor by tensor.
+  model and an optimizer hold; :func:`predict_torch_state` predicts it for a real model, tensor by tensor.
+
+Activation memory lives in :mod:`labkit.activations` (re-exported here, so ``mem.gpt_activation_bytes`` works);
+the interactive calculator in :mod:`labkit.widgets`.
 
 The literature quotes 16, 18 or 20 bytes per parameter for mixed-precision Adam. They are all right;
 they count different things (:func:`conventions_table` prints which is which):
 
-====================  =====================================================  ==========
-policy                what it keeps per parameter (Adam)                       bytes
-====================  =====================================================  ==========
-``mixed``             ZeRO paper: 2 (16-bit params) + 2 (16-bit grads) + K=12   16
-``mixed-fp32-grads``  HF: 2 + 4 (fp32 master) + 4 (fp32 grads) + 8 (Adam)       18
-``mixed-fp32-accum``  DeepSpeed: 2 + 2 + 4 (fp32 grads) + 4 + 8                 20
-====================  =====================================================  ==========
+==========================  =====================================================  =====
+policy                      what it keeps per parameter (Adam)                     bytes
+==========================  =====================================================  =====
+``bf16-master``             ZeRO paper: 2 (16-bit params) + 2 (16-bit grads) + K=12  16
+``bf16-master-fp32-grads``  HF: 2 + 4 (fp32 master) + 4 (fp32 grads) + 8 (Adam)      18
+``bf16-master-fp32-accum``  DeepSpeed: 2 + 2 + 4 (fp32 grads) + 4 + 8                20
+==========================  =====================================================  =====
+
+The autocast policies of notebook 04 (``fp32``, ``bf16``, ``fp16``) keep fp32 weights, grads and states: 16 bytes
+with Adam as well, plus the 16-bit weight copies autocast keeps for backward (a temporary, not model state).
 
 ``GB`` here is 10**9 bytes (the ZeRO paper's unit); DeepSpeed's estimators print GiB (2**30).
 
@@ -30,14 +31,25 @@ Introduced in notebook 06.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from labkit.activations import (
+    ActivationEstimate,
+    SavedTensors,
+    check_count,
+    checkpointed,
+    gpt_activation_bytes,
+    graph_saved_bytes,
+    measure_saved_tensors,
+    mlp_activation_bytes,
+)
+from labkit.precision import POLICIES, Policy, get_policy
 
 __all__ = [
     "GB",
@@ -52,8 +64,7 @@ __all__ = [
     "Policy",
     "SavedTensors",
     "bytes_per_param",
-    "calculator",
-    "calculator_report",
+    "check_count",
     "checkpointed",
     "conventions_table",
     "fmt_bytes",
@@ -87,53 +98,6 @@ CATEGORIES = ("params", "grads", "fp32_grads", "master", "optimizer", "weight_co
 # ----------------------------------------------------------------------------------------------------
 # Precision policies and optimizers
 # ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A precision policy: how many bytes per parameter each copy of the weights and gradients takes.
-
-    ``param_bytes``: the working weights used in forward/backward. ``grad_bytes``: gradients in the
-    working precision (0 if they are not kept). ``fp32_grad_bytes``: an fp32 gradient copy (0 if none).
-    ``master_bytes``: fp32 master weights (0 if the working weights are the master). ``state_bytes``:
-    width of one optimizer-state element. ``autocast_copy_bytes``: 16-bit weight copies that autocast
-    makes and autograd keeps from forward to backward (a temporary, not a model state).
-
-    Introduced in notebook 06.
-    """
-
-    name: str
-    param_bytes: int
-    grad_bytes: int
-    fp32_grad_bytes: int
-    master_bytes: int
-    state_bytes: int
-    autocast_copy_bytes: int
-    description: str
-
-
-#: The precision policies :func:`model_state_bytes` knows, by name (see :func:`get_policy` for aliases).
-POLICIES: dict[str, Policy] = {
-    p.name: p
-    for p in (
-        Policy("fp32", 4, 4, 0, 0, 4, 0, "plain fp32: fp32 params and grads, fp32 optimizer states"),
-        Policy("amp", 4, 4, 0, 0, 4, 2,
-               "torch.autocast: fp32 params/grads/states + 16-bit weight copies kept for backward"),
-        Policy("mixed", 2, 2, 0, 4, 4, 0,
-               "ZeRO paper (2+2+K)Ψ: 16-bit params and grads, fp32 master + states (K)"),
-        Policy("mixed-fp32-grads", 2, 0, 4, 4, 4, 0,
-               "HF 'model memory anatomy': 16-bit params, fp32 grads, fp32 master + states"),
-        Policy("mixed-fp32-accum", 2, 2, 4, 4, 4, 0,
-               "DeepSpeed's estimators: 16-bit params and grads, plus fp32 grads, master + states"),
-        Policy("bf16-pure", 2, 2, 0, 0, 2, 0,
-               "pure bf16: no master weights, optimizer states in bf16 (torch Adam on bf16 params)"),
-    )
-}
-
-_POLICY_ALIASES = {
-    "fp16": "mixed", "bf16": "mixed", "mixed-fp16": "mixed", "mixed-bf16": "mixed", "zero": "mixed",
-    "hf": "mixed-fp32-grads", "deepspeed": "mixed-fp32-accum", "autocast": "amp",
-}
 
 
 @dataclass(frozen=True)
@@ -172,22 +136,6 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
 }
 
 
-def get_policy(policy: str | Policy) -> Policy:
-    """Return the :class:`Policy` for a name (or an alias such as ``"bf16"`` or ``"hf"``).
-
-    Raises ``ValueError`` naming the known policies. Introduced in notebook 06.
-    """
-    if isinstance(policy, Policy):
-        return policy
-    if not isinstance(policy, str):
-        raise TypeError(f"policy must be a str such as 'mixed' or a Policy, got {type(policy).__name__}")
-    name = _POLICY_ALIASES.get(policy.lower(), policy.lower())
-    if name not in POLICIES:
-        raise ValueError(f"unknown precision policy {policy!r}; choose one of {sorted(POLICIES)} "
-                         f"(aliases: {sorted(_POLICY_ALIASES)})")
-    return POLICIES[name]
-
-
 def get_optimizer(optimizer: str | OptimizerSpec) -> OptimizerSpec:
     """Return the :class:`OptimizerSpec` for a name such as ``"adamw"``; ``ValueError`` if unknown.
 
@@ -207,11 +155,11 @@ def _state_width(pol: Policy, opt: OptimizerSpec) -> int:
     return opt.state_bytes if opt.state_bytes is not None else pol.state_bytes
 
 
-def bytes_per_param(policy: str | Policy = "mixed", optimizer: str | OptimizerSpec = "adam") -> int:
+def bytes_per_param(policy: str | Policy = "bf16-master", optimizer: str | OptimizerSpec = "adam") -> int:
     """Return the model-state bytes per parameter without ZeRO: params + grads + master + optimizer states.
 
-    ``bytes_per_param("mixed", "adam") == 16`` (ZeRO paper), ``"mixed-fp32-grads"`` gives 18 (HF),
-    ``"mixed-fp32-accum"`` 20 (DeepSpeed), ``"fp32"`` 16 as well. Autocast weight copies (a temporary)
+    ``bytes_per_param("bf16-master", "adam") == 16`` (ZeRO paper), ``"bf16-master-fp32-grads"`` gives 18 (HF),
+    ``"bf16-master-fp32-accum"`` 20 (DeepSpeed), ``"fp32"`` 16 as well. Autocast weight copies (a temporary)
     are not included. Introduced in notebook 06.
     """
     pol, opt = get_policy(policy), get_optimizer(optimizer)
@@ -219,7 +167,7 @@ def bytes_per_param(policy: str | Policy = "mixed", optimizer: str | OptimizerSp
             + opt.n_states * _state_width(pol, opt))
 
 
-def k_factor(policy: str | Policy = "mixed", optimizer: str | OptimizerSpec = "adam") -> int:
+def k_factor(policy: str | Policy = "bf16-master", optimizer: str | OptimizerSpec = "adam") -> int:
     """Return the ZeRO paper's K: the optimizer-side bytes per parameter (master weights + states).
 
     Introduced in notebook 06.
@@ -235,11 +183,11 @@ def conventions_table(optimizer: str = "adam") -> str:
     Introduced in notebook 06.
     """
     opt = get_optimizer(optimizer)
-    rows = [(f"{'policy':<17} {'params':>6} {'grads':>5} {'fp32 g':>6} {'master':>6} {'states':>6} "
+    rows = [(f"{'policy':<23} {'params':>6} {'grads':>5} {'fp32 g':>6} {'master':>6} {'states':>6} "
              f"{'total':>5}  convention")]
     for pol in POLICIES.values():
         states = opt.n_states * _state_width(pol, opt)
-        rows.append(f"{pol.name:<17} {pol.param_bytes:>6} {pol.grad_bytes:>5} {pol.fp32_grad_bytes:>6} "
+        rows.append(f"{pol.name:<23} {pol.param_bytes:>6} {pol.grad_bytes:>5} {pol.fp32_grad_bytes:>6} "
                     f"{pol.master_bytes:>6} {states:>6} {bytes_per_param(pol, opt):>5}  {pol.description}")
     return "\n".join(rows)
 
@@ -247,18 +195,6 @@ def conventions_table(optimizer: str = "adam") -> str:
 # ----------------------------------------------------------------------------------------------------
 # The model-state model: ZeRO stages, world size, offload
 # ----------------------------------------------------------------------------------------------------
-
-
-def _check_count(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            raise ValueError(f"{name} must be a whole number, got {value!r}")
-        value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -291,7 +227,7 @@ class ModelState:
 
     def host_per_node(self, gpus_per_node: int) -> int:
         """Bytes of CPU memory a node needs for the offloaded states of its ``gpus_per_node`` ranks."""
-        return self.host_total * _check_count("gpus_per_node", gpus_per_node, 1)
+        return self.host_total * check_count("gpus_per_node", gpus_per_node, 1)
 
     @property
     def bytes_per_param(self) -> float:
@@ -314,7 +250,7 @@ class ModelState:
 
 def model_state_bytes(
     n_params: int,
-    policy: str | Policy = "mixed",
+    policy: str | Policy = "bf16-master",
     optimizer: str | OptimizerSpec = "adam",
     stage: int = 0,
     world_size: int = 1,
@@ -331,16 +267,16 @@ def model_state_bytes(
     ``largest_layer_params``). ``offload_optimizer`` (ZeRO-Offload, stage >= 1) moves the optimizer side to
     CPU; at stage >= 2 the gradient shard goes there too, stored once at its widest precision.
     ``offload_params`` (stage 3 only, with ``offload_optimizer``) moves the parameter shard to CPU.
-    Autocast's 16-bit weight copies (policy ``"amp"``) count as ``weight_copies`` on the GPU.
+    Autocast's 16-bit weight copies (policy ``"bf16"``) count as ``weight_copies`` on the GPU.
 
     Introduced in notebook 06.
     """
-    n = _check_count("n_params", n_params, 1)
+    n = check_count("n_params", n_params, 1)
     pol, opt = get_policy(policy), get_optimizer(optimizer)
     if isinstance(stage, bool) or not isinstance(stage, int) or stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
-    ws = _check_count("world_size", world_size, 1)
-    largest = _check_count("largest_layer_params", largest_layer_params, 0)
+    ws = check_count("world_size", world_size, 1)
+    largest = check_count("largest_layer_params", largest_layer_params, 0)
     if largest > n:
         raise ValueError(f"largest_layer_params ({largest}) exceeds n_params ({n})")
     if not isinstance(offload_optimizer, bool) or not isinstance(offload_params, bool):
@@ -388,7 +324,7 @@ def model_state_bytes(
     )
 
 
-def zero_table(n_params: int, world_size: int, policy: str | Policy = "mixed",
+def zero_table(n_params: int, world_size: int, policy: str | Policy = "bf16-master",
                optimizer: str | OptimizerSpec = "adam", **kwargs: Any) -> dict[int, ModelState]:
     """Return :func:`model_state_bytes` for ZeRO stages 0-3, keyed by stage. Introduced in notebook 06."""
     return {s: model_state_bytes(n_params, policy, optimizer, stage=s, world_size=world_size, **kwargs)
@@ -396,7 +332,7 @@ def zero_table(n_params: int, world_size: int, policy: str | Policy = "mixed",
 
 
 def smallest_fitting_stage(n_params: int, gpu_bytes: float, world_size: int,
-                           policy: str | Policy = "mixed", optimizer: str | OptimizerSpec = "adam",
+                           policy: str | Policy = "bf16-master", optimizer: str | OptimizerSpec = "adam",
                            reserve_bytes: float = 0, **kwargs: Any) -> int | None:
     """Return the smallest ZeRO stage whose model states plus ``reserve_bytes`` fit in ``gpu_bytes``.
 
@@ -498,7 +434,7 @@ def predict_torch_state(
 
     Uses the model's parameter shapes and the policy's widths; adds torch's 4-byte ``step`` tensor per
     parameter for Adam/AdamW/Adafactor and Adafactor's factored moments (rows + cols per matrix).
-    The ``"mixed*"`` policies describe :class:`MasterWeightOptimizer`; ``"amp"`` is fp32 model state.
+    The ``-master`` policies describe :class:`MasterWeightOptimizer`; the autocast ones are fp32 model state.
     ``8-bit`` Adam has no torch implementation to measure and raises ``ValueError``.
 
     Introduced in notebook 06.
@@ -529,13 +465,13 @@ def predict_torch_state(
 class MasterWeightOptimizer:
     """Mixed precision by hand: 16-bit model weights, fp32 master copies, an fp32 optimizer on the masters.
 
-    ``policy`` picks which gradients persist after :meth:`step` (until :meth:`zero_grad`), one of the
-    three conventions:
+    ``policy`` (a ``-master`` policy of :mod:`labkit.precision`) picks which gradients persist after
+    :meth:`step` (until :meth:`zero_grad`), one of the three conventions:
 
-    - ``"mixed"`` (16 B/param with Adam): the 16-bit grads stay; each fp32 gradient exists only while
+    - ``"bf16-master"`` (16 B/param with Adam): the 16-bit grads stay; each fp32 gradient exists only while
       its own tensor is updated (one torch optimizer per tensor), as the ZeRO paper counts.
-    - ``"mixed-fp32-grads"`` (18): the grads are converted to fp32 on the masters and the 16-bit ones freed.
-    - ``"mixed-fp32-accum"`` (20): both the 16-bit grads and the fp32 copies stay.
+    - ``"bf16-master-fp32-grads"`` (18): the grads are converted to fp32 on the masters and the 16-bit ones freed.
+    - ``"bf16-master-fp32-accum"`` (20): both the 16-bit grads and the fp32 copies stay.
 
     After each update the 16-bit weights are refreshed from the masters (``p.copy_(master)``).
 
@@ -543,10 +479,14 @@ class MasterWeightOptimizer:
     """
 
     def __init__(self, params: Iterable[torch.Tensor], optimizer: str = "adamw",
-                 policy: str = "mixed", **kwargs: Any) -> None:
-        self.policy = get_policy(policy).name
-        if self.policy not in ("mixed", "mixed-fp32-grads", "mixed-fp32-accum"):
-            raise ValueError(f"MasterWeightOptimizer takes a mixed policy, not {policy!r}")
+                 policy: str = "bf16-master", **kwargs: Any) -> None:
+        pol = get_policy(policy)
+        if not pol.master:
+            raise ValueError(f"MasterWeightOptimizer takes a -master policy "
+                             f"({[n for n, p in POLICIES.items() if p.master]}), not {policy!r}")
+        self.policy = pol.name
+        self._transient_fp32 = not pol.fp32_grads      # fp32 grads exist only during their tensor's update
+        self._free_16bit_grads = pol.grads is None     # the 16-bit grads are dropped once copied
         classes: dict[str, Callable[..., torch.optim.Optimizer]] = {
             "sgd": torch.optim.SGD, "sgd-momentum": torch.optim.SGD,
             "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "adafactor": torch.optim.Adafactor,
@@ -564,7 +504,7 @@ class MasterWeightOptimizer:
                 raise ValueError(f"model parameters must be fp16 or bf16, got {p.dtype}")
         self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params]
         cls = classes[name]
-        if self.policy == "mixed":  # one optimizer per tensor: only one fp32 gradient exists at a time
+        if self._transient_fp32:  # one optimizer per tensor: only one fp32 gradient exists at a time
             self.optimizers = [cls([m], **kwargs) for m in self.masters]
         else:
             self.optimizers = [cls(self.masters, **kwargs)]
@@ -572,7 +512,7 @@ class MasterWeightOptimizer:
     def step(self) -> None:
         """Copy gradients to the fp32 masters, update them, and refresh the 16-bit weights."""
         with torch.no_grad():
-            if self.policy == "mixed":
+            if self._transient_fp32:
                 for p, m, o in zip(self.params, self.masters, self.optimizers):
                     if p.grad is None:
                         continue
@@ -584,7 +524,7 @@ class MasterWeightOptimizer:
             for p, m in zip(self.params, self.masters):
                 if p.grad is not None:
                     m.grad = p.grad.float()
-                    if self.policy == "mixed-fp32-grads":
+                    if self._free_16bit_grads:
                         p.grad = None
             self.optimizers[0].step()
             for p, m in zip(self.params, self.masters):
@@ -600,21 +540,20 @@ def setup_training(model: nn.Module, policy: str = "fp32", optimizer: str = "ada
                    lr: float = 1e-3) -> tuple[nn.Module, Any]:
     """Prepare ``model`` and an optimizer for a precision policy; return ``(model, optimizer)``.
 
-    ``"fp32"``/``"amp"``: the model stays fp32 (for ``"amp"`` run the forward under ``torch.autocast``).
-    ``"bf16-pure"``: the model is cast to bf16 and a torch optimizer updates it directly. ``"mixed*"``:
-    the model is cast to bf16 and a :class:`MasterWeightOptimizer` keeps the fp32 masters. Optimizers:
-    ``sgd``, ``sgd-momentum`` (0.9), ``adam``, ``adamw``, ``adafactor``. Introduced in notebook 06.
+    The autocast policies (``"fp32"``, ``"bf16"``, ``"fp16"`` …): the model stays fp32 (run the forward under
+    ``labkit.precision.autocast``). ``"bf16-pure"``/``"fp16-pure"``: the model is cast and a torch optimizer
+    updates it directly. The ``-master`` policies: the model is cast to 16 bits and a
+    :class:`MasterWeightOptimizer` keeps the fp32 masters. Optimizers: ``sgd``, ``sgd-momentum`` (0.9),
+    ``adam``, ``adamw``, ``adafactor``. Introduced in notebook 06.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     pol, opt = get_policy(policy), get_optimizer(optimizer)
-    if pol.name.startswith("mixed"):
-        model = model.to(torch.bfloat16)
+    model = model.to(pol.param_dtype)
+    if pol.master:
         return model, MasterWeightOptimizer(model.parameters(), opt.name, pol.name, lr=lr)
-    if pol.name == "bf16-pure":
-        model = model.to(torch.bfloat16)
     makers: dict[str, Callable[..., torch.optim.Optimizer]] = {
         "sgd": lambda ps: torch.optim.SGD(ps, lr=lr),
         "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=lr, momentum=0.9),
@@ -639,420 +578,3 @@ def process_rss() -> int | None:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError, AttributeError):
         return None
-
-
-# ----------------------------------------------------------------------------------------------------
-# Activations: estimates and saved-tensor measurement
-# ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SavedTensors:
-    """What autograd saved for backward during a forward pass, in bytes of distinct storages.
-
-    ``activations``: everything saved that is not a parameter nor a copy of one. ``weight_copies``:
-    casts of parameters (autocast's 16-bit weights). ``params``: parameters saved as they are (these
-    cost nothing extra: the model holds them anyway). ``by_dtype``: activation bytes per dtype name.
-
-    Introduced in notebook 06.
-    """
-
-    activations: int
-    weight_copies: int
-    params: int
-    by_dtype: dict[str, int] = field(default_factory=dict)
-
-
-_VIEWISH = {"ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
-            "ExpandBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "AliasBackward0"}
-
-
-def _is_param_copy(t: torch.Tensor, param_ids: set[int]) -> bool:
-    fn = t.grad_fn
-    copied = False
-    for _ in range(6):
-        if fn is None:
-            return False
-        name = type(fn).__name__
-        if name == "AccumulateGrad":
-            return copied and id(fn.variable) in param_ids
-        if name not in _VIEWISH:
-            return False
-        copied = copied or name == "ToCopyBackward0"
-        nxt = [f for f, _ in fn.next_functions if f is not None]
-        if len(nxt) != 1:
-            return False
-        fn = nxt[0]
-    return False
-
-
-def measure_saved_tensors(fn: Callable[[], Any], params: Iterable[torch.Tensor] = ()) -> tuple[Any, SavedTensors]:
-    """Run ``fn()`` under saved-tensor hooks; return its result and the bytes autograd saved for backward.
-
-    Storages are counted once (a tensor saved by two ops, or views of one buffer, count once); tensors
-    that share storage with ``params`` count as ``params``; casts of ``params`` count as
-    ``weight_copies``. A saved view counts its whole storage (that is what it keeps alive): slice a batch
-    out of a data set with ``.clone()`` before measuring. Keep the result alive while
-    you read the numbers: the graph owns the tensors.
-
-    Introduced in notebook 06.
-    """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    plist = list(params)
-    param_ptrs = {p.untyped_storage().data_ptr() for p in plist}
-    param_ids = {id(p) for p in plist}
-    seen: dict[int, tuple[str, int, str]] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        ptr = s.data_ptr()
-        if ptr not in seen:
-            if ptr in param_ptrs:
-                kind = "params"
-            elif _is_param_copy(t, param_ids):
-                kind = "weight_copies"
-            else:
-                kind = "activations"
-            seen[ptr] = (kind, s.nbytes(), str(t.dtype).replace("torch.", ""))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    totals = {"activations": 0, "weight_copies": 0, "params": 0}
-    by_dtype: dict[str, int] = {}
-    for kind, nbytes, dt in seen.values():
-        totals[kind] += nbytes
-        if kind == "activations":
-            by_dtype[dt] = by_dtype.get(dt, 0) + nbytes
-    return out, SavedTensors(by_dtype=dict(sorted(by_dtype.items())), **totals)
-
-
-_WRAPPED_NUMBER_DTYPES = (torch.float64, torch.int64, torch.complex128)
-
-
-def graph_saved_bytes(t: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> int:
-    """Return the bytes of the tensors that the autograd graph behind ``t`` still keeps alive for backward.
-
-    Walks ``t.grad_fn`` and every node it reaches, and counts the distinct storages of their saved
-    tensors, skipping storages shared with ``exclude`` (pass the model's parameters: the model holds
-    them anyway). After ``backward()`` the graph has freed its saved tensors and this returns 0, but the
-    graph itself lives as long as ``t`` does: a loss kept without ``.item()`` or ``.detach()`` before
-    backward keeps every activation of its step. 0-dim float64/int64 tensors are skipped: they are the
-    Python numbers of ops like ``x * 0.5``, a few bytes each, which saved-tensor hooks never see either.
-
-    Introduced in notebook 06.
-    """
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"t must be a tensor, got {type(t).__name__}")
-    skip = {p.untyped_storage().data_ptr() for p in exclude}
-    seen: dict[int, int] = {}
-    stack, visited = [t.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in visited:
-            continue
-        visited.add(node)
-        for name in dir(node):
-            if not name.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, name)
-            except RuntimeError:  # freed by backward
-                continue
-            for v in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(v, torch.Tensor) and not (v.dim() == 0 and v.dtype in _WRAPPED_NUMBER_DTYPES):
-                    s = v.untyped_storage()
-                    if s.data_ptr() not in skip:
-                        seen[s.data_ptr()] = s.nbytes()
-        stack.extend(f for f, _ in node.next_functions)
-    return sum(seen.values())
-
-
-class _Checkpointed(nn.Module):
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.utils.checkpoint import checkpoint
-
-        return checkpoint(self.inner, x, use_reentrant=False)
-
-
-@contextlib.contextmanager
-def checkpointed(model: nn.Module) -> Iterator[nn.Module]:
-    """Temporarily turn on activation (gradient) checkpointing: per block for a TinyGPT, per hidden layer
-    (Linear + activation) for an MLP. The model is restored on exit; the parameters are the same objects.
-
-    Introduced in notebook 06.
-    """
-    from labkit.models import MLP, TinyGPT
-
-    if isinstance(model, TinyGPT):
-        old = model.blocks
-        model.blocks = nn.ModuleList(_Checkpointed(b) for b in old)
-        try:
-            yield model
-        finally:
-            model.blocks = old
-    elif isinstance(model, MLP):
-        old_net = model.net
-        layers = list(old_net)
-        segs = [_Checkpointed(nn.Sequential(layers[i], layers[i + 1])) for i in range(0, len(layers) - 1, 2)]
-        model.net = nn.Sequential(*segs, layers[-1])
-        try:
-            yield model
-        finally:
-            model.net = old_net
-    else:
-        raise TypeError(f"checkpointed() knows TinyGPT and MLP, got {type(model).__name__}")
-
-
-@dataclass(frozen=True)
-class ActivationEstimate:
-    """Predicted bytes autograd saves in one forward pass (the model only, not the loss).
-
-    ``per_layer``: one block (GPT) or hidden layer (MLP), without checkpointing. ``saved``: everything
-    held at the end of the forward pass (``activations`` + ``weight_copies``), with or without
-    checkpointing as asked. ``peak``: ``saved`` plus, with checkpointing, one layer recomputed during
-    backward. ``per_token_per_layer``: ``per_layer`` / tokens in the batch.
-
-    Introduced in notebook 06.
-    """
-
-    per_layer: int
-    activations: int
-    weight_copies: int
-    peak: int
-    tokens: int
-
-    @property
-    def saved(self) -> int:
-        return self.activations + self.weight_copies
-
-    @property
-    def per_token_per_layer(self) -> float:
-        return self.per_layer / self.tokens
-
-
-def _widths(autocast: str | None) -> int:
-    if autocast is None:
-        return 4
-    if autocast in ("bf16", "fp16", "bfloat16", "float16"):
-        return 2
-    raise ValueError(f"autocast must be None, 'bf16' or 'fp16', got {autocast!r}")
-
-
-def gpt_activation_bytes(
-    cfg: Any,
-    batch: int,
-    seq_len: int | None = None,
-    autocast: str | None = None,
-    checkpointing: bool = False,
-) -> ActivationEstimate:
-    """Predict the bytes a :class:`~labkit.models.TinyGPT` forward pass saves for backward, op by op.
-
-    With B batch, T tokens, C = d_model, H heads, M = mlp_ratio * C and ``a`` the matmul-input width
-    (4 in fp32, 2 under CPU autocast), one block saves: LayerNorm inputs and statistics in fp32
-    (2 x (BTC + 2BT) x 4); the inputs of the four matmuls' operands a x (6BTC + 2BTM) (qkv input, q and
-    k^T copies, v, the attention output, MLP input, GELU input and output); the causal mask (T^2 bools);
-    the softmax's saved tensors (its "fp32" island: 2 x (BHT^2 + BHT) x 4); and the attention matrix for
-    ``att @ v``. Autocast adds 16-bit copies of every Linear weight. With ``checkpointing`` a block
-    keeps only its fp32 input (BTC x 4) and recomputes the rest during backward. This describes CPU
-    autocast as measured (CUDA autocast runs softmax/LayerNorm differently).
-
-    Introduced in notebook 06.
-    """
-    from labkit.models import GPTConfig
-
-    if not isinstance(cfg, GPTConfig):
-        raise TypeError(f"cfg must be a labkit.models.GPTConfig, got {type(cfg).__name__}")
-    B = _check_count("batch", batch, 1)
-    T = cfg.seq_len if seq_len is None else _check_count("seq_len", seq_len, 1)
-    if T > cfg.seq_len:
-        raise ValueError(f"seq_len {T} exceeds the model's seq_len {cfg.seq_len}")
-    if not isinstance(checkpointing, bool):
-        raise TypeError("checkpointing must be a bool")
-    a, f = _widths(autocast), 4
-    C, H, M, V, L = cfg.d_model, cfg.n_heads, cfg.mlp_ratio * cfg.d_model, cfg.vocab_size, cfg.n_layers
-    BTC, BT, BTM, BHTT, BHT = B * T * C, B * T, B * T * M, B * H * T * T, B * H * T
-    s = {"fp32": f, "stable": a, "naive": a, "torch": a}[cfg.softmax]
-    soft = {"fp32": 2 * (BHTT + BHT), "stable": 2 * (BHTT + BHT), "naive": BHTT + BHT, "torch": BHTT}[cfg.softmax]
-    att = 0 if cfg.softmax == "torch" else a * BHTT  # torch's softmax output *is* the saved attention
-    block = f * (2 * BTC + 4 * BT) + a * (6 * BTC + 2 * BTM) + T * T + s * soft + att
-    block_weights = (4 * C * C + 2 * M * C) * a if autocast else 0
-    head_weights = V * C * a if autocast else 0
-    embed = 8 * BT + 8 * T  # token ids and positions, int64
-    final = f * (BTC + 2 * BT) + a * BTC  # ln_f (input, mean, rstd) and the head's input
-    if checkpointing:
-        acts = embed + L * f * BTC + final
-        weights = head_weights  # block weights are cast again when the block is recomputed
-        peak = acts + weights + block + block_weights
-    else:
-        acts = embed + L * block + final
-        weights = L * block_weights + head_weights
-        peak = acts + weights
-    return ActivationEstimate(per_layer=block, activations=acts, weight_copies=weights, peak=peak, tokens=BT)
-
-
-def mlp_activation_bytes(
-    model_or_config: Any,
-    batch: int,
-    autocast: str | None = None,
-    checkpointing: bool = False,
-) -> ActivationEstimate:
-    """Predict the bytes an :class:`~labkit.models.MLP` forward pass saves for backward.
-
-    The first Linear saves its input (``batch x in_features``; under autocast a 16-bit copy of it). Each
-    hidden layer saves ``batch x hidden`` once for ReLU/Tanh (they save their output, which is also the
-    next Linear's input) and twice for GELU (it saves its input). Autocast adds 16-bit copies of the
-    weights except the first layer's (autograd saves a weight only to compute the gradient of its
-    layer's input, and the data needs none). With ``checkpointing`` (per hidden layer) each layer keeps only its input; for ReLU that is
-    exactly what it saved anyway, so checkpointing an MLP layer by layer saves nothing; with GELU it halves.
-
-    Introduced in notebook 06.
-    """
-    from labkit.models import MLP
-
-    cfg = model_or_config.config if isinstance(model_or_config, MLP) else model_or_config
-    if not isinstance(cfg, dict) or not {"in_features", "hidden", "out_features", "depth", "activation"} <= set(cfg):
-        raise TypeError("pass a labkit.models.MLP or its .config dict")
-    B = _check_count("batch", batch, 1)
-    if not isinstance(checkpointing, bool):
-        raise TypeError("checkpointing must be a bool")
-    a = _widths(autocast)
-    fin, hid, out, depth = cfg["in_features"], cfg["hidden"], cfg["out_features"], cfg["depth"]
-    k = 2 if cfg["activation"] == "gelu" else 1
-    x_bytes = a * B * fin  # fp32: the input itself; autocast: its 16-bit copy
-    layer = k * a * B * hid
-    # A weight is saved only if its Linear's input needs a gradient: not the first layer's (x is data).
-    n_weights = (hid * hid * (depth - 1) + hid * out) if depth else 0
-    weights = a * n_weights if autocast else 0
-    if depth == 0:
-        return ActivationEstimate(per_layer=0, activations=x_bytes, weight_copies=weights,
-                                  peak=x_bytes + weights, tokens=B)
-    if checkpointing:
-        first_in = 4 * B * fin  # a checkpointed segment keeps its input as given (fp32)
-        acts = first_in + depth * a * B * hid  # later segments' inputs + the output layer's input
-        w_kept = a * hid * out if autocast else 0
-        w_layer = a * max(fin, hid) * hid if autocast else 0
-        peak = acts + w_kept + layer + w_layer
-        return ActivationEstimate(per_layer=layer, activations=acts, weight_copies=w_kept, peak=peak, tokens=B)
-    acts = x_bytes + depth * layer
-    return ActivationEstimate(per_layer=layer, activations=acts, weight_copies=weights,
-                              peak=acts + weights, tokens=B)
-
-
-# ----------------------------------------------------------------------------------------------------
-# The interactive calculator
-# ----------------------------------------------------------------------------------------------------
-
-
-def calculator_report(
-    n_params: int,
-    gpus_per_node: int = 8,
-    nodes: int = 1,
-    stage: int = 2,
-    offload: str = "none",
-    policy: str = "mixed",
-    optimizer: str = "adam",
-    gpu_gb: float = 80.0,
-) -> str:
-    """Return the calculator's answer as one line: per-GPU model states, whether they fit, CPU per node.
-
-    ``offload`` is ``"none"``, ``"optimizer"`` or ``"optimizer+params"``. Activations come on top of the
-    model states; the line says how much of the GPU is left for them. Introduced in notebook 06.
-    """
-    if offload not in ("none", "optimizer", "optimizer+params"):
-        raise ValueError(f"offload must be 'none', 'optimizer' or 'optimizer+params', got {offload!r}")
-    gpn = _check_count("gpus_per_node", gpus_per_node, 1)
-    nn_ = _check_count("nodes", nodes, 1)
-    if not (isinstance(gpu_gb, (int, float)) and gpu_gb > 0):
-        raise ValueError(f"gpu_gb must be a positive number, got {gpu_gb!r}")
-    est = model_state_bytes(n_params, policy, optimizer, stage=stage, world_size=gpn * nn_,
-                            offload_optimizer=offload != "none", offload_params=offload == "optimizer+params")
-    per_gpu = est.device_total
-    cap = gpu_gb * GB
-    verdict = (f"fits, {fmt_bytes(cap - per_gpu)} left for activations" if per_gpu <= cap
-               else f"does NOT fit ({fmt_bytes(per_gpu - cap)} over)")
-    line = f"per GPU: {fmt_bytes(per_gpu)} of model states on a {gpu_gb:g} GB GPU: {verdict}"
-    if est.host:
-        line += f"; CPU per node: {fmt_bytes(est.host_per_node(gpn))}"
-    return line
-
-
-def calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes: int = 1, stage: int = 2,
-               offload: str = "optimizer", policy: str = "mixed", optimizer: str = "adam",
-               gpu_gb: float = 80.0) -> Any:
-    """Return an ipywidgets memory calculator (a VBox); its ``.result`` Label shows the per-GPU figure.
-
-    Inputs: model size (preset or a number of billions), GPUs per node, nodes, ZeRO stage, offload,
-    precision policy, optimizer and GPU memory. ``.controls`` holds the input widgets by name. CSS
-    classes for browser tests: the box ``lk-memcalc``, the result ``lk-mem-result``, each control
-    ``lk-mem-<name>`` (``lk-mem-stage``, ``lk-mem-gpus-per-node`` ...). Introduced in notebook 06.
-    """
-    import ipywidgets as widgets
-
-    if isinstance(n_params, str):
-        if n_params not in MODEL_PRESETS:
-            raise ValueError(f"unknown preset {n_params!r}; choose one of {list(MODEL_PRESETS)} or pass a number")
-        preset, billions = n_params, MODEL_PRESETS[n_params] / 1e9
-    else:
-        billions = _check_count("n_params", n_params, 1) / 1e9
-        preset = next((k for k, v in MODEL_PRESETS.items() if v == n_params), "custom")
-
-    class MemoryCalculator(widgets.VBox):
-        def __repr__(self) -> str:
-            return "MemoryCalculator()"
-
-    c = {
-        "preset": widgets.Dropdown(options=[*MODEL_PRESETS, "custom"], value=preset, description="model"),
-        "billions": widgets.BoundedFloatText(value=billions, min=0.001, max=10000, step=0.5,
-                                             description="params (B)"),
-        "gpus_per_node": widgets.BoundedIntText(value=gpus_per_node, min=1, max=64, description="GPUs/node"),
-        "nodes": widgets.BoundedIntText(value=nodes, min=1, max=4096, description="nodes"),
-        "stage": widgets.Dropdown(options=[0, 1, 2, 3], value=stage, description="ZeRO stage"),
-        "offload": widgets.Dropdown(options=["none", "optimizer", "optimizer+params"], value=offload,
-                                    description="offload"),
-        "policy": widgets.Dropdown(options=list(POLICIES), value=get_policy(policy).name, description="precision"),
-        "optimizer": widgets.Dropdown(options=list(OPTIMIZERS), value=get_optimizer(optimizer).name,
-                                      description="optimizer"),
-        "gpu_gb": widgets.BoundedFloatText(value=gpu_gb, min=1, max=1000, description="GPU GB"),
-    }
-    result = widgets.Label(value="")
-    result.add_class("lk-mem-result")
-    for name, w in c.items():  # stable hooks for browser tests: .lk-mem-stage select, .lk-mem-result
-        w.add_class(f"lk-mem-{name.replace('_', '-')}")
-
-    def on_preset(change: dict) -> None:
-        if change["new"] != "custom":
-            c["billions"].value = MODEL_PRESETS[change["new"]] / 1e9  # triggers update()
-        update()
-
-    def on_billions(change: dict) -> None:
-        p = c["preset"].value
-        if p != "custom" and MODEL_PRESETS[p] != round(change["new"] * 1e9):
-            c["preset"].value = "custom"
-        update()
-
-    def update(*_: Any) -> None:
-        try:
-            result.value = calculator_report(
-                round(c["billions"].value * 1e9), c["gpus_per_node"].value, c["nodes"].value,
-                c["stage"].value, c["offload"].value, c["policy"].value, c["optimizer"].value,
-                c["gpu_gb"].value)
-        except (ValueError, TypeError) as exc:
-            result.value = f"invalid setup: {exc}"
-
-    c["preset"].observe(on_preset, names="value")
-    c["billions"].observe(on_billions, names="value")
-    for k, w in c.items():
-        if k not in ("preset", "billions"):
-            w.observe(update, names="value")
-    update()
-    box = MemoryCalculator([*c.values(), result])
-    box.add_class("lk-memcalc")
-    box.controls = c  # type: ignore[attr-defined]
-    box.result = result  # type: ignore[attr-defined]
-    return box

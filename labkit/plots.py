@@ -7,7 +7,8 @@ one line per figure. matplotlib is imported inside the functions: importing labk
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit import bench
-from labkit import device as D
+from labkit import device as dev_gate
 from labkit.roofline import OpCost, dtype_bytes
 
 __all__ = [
@@ -82,7 +82,7 @@ def _quiet_native_stderr() -> Iterator[None]:
 
 def _activities(device: torch.device) -> list[Any]:
     acts = [torch.profiler.ProfilerActivity.CPU]
-    if D.is_cuda(device):
+    if dev_gate.is_cuda(device):
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     return acts
 
@@ -101,10 +101,10 @@ def profile_steps(step: Callable[[], Any], steps: int = 3, warmup: int = 1, devi
     for name, v, lo in (("steps", steps, 1), ("warmup", warmup, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    dev = D.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     for _ in range(warmup):
         step()
-    D.synchronize(dev)
+    dev_gate.synchronize(dev)
     prof = torch.profiler.profile(activities=_activities(dev), record_shapes=record_shapes)
     with _quiet_native_stderr():
         prof.__enter__()
@@ -112,7 +112,7 @@ def profile_steps(step: Callable[[], Any], steps: int = 3, warmup: int = 1, devi
         for _ in range(steps):
             with torch.profiler.record_function("train_step"):
                 step()
-        D.synchronize(dev)
+        dev_gate.synchronize(dev)
     finally:
         with _quiet_native_stderr():
             prof.__exit__(None, None, None)
@@ -207,7 +207,7 @@ def read_chrome_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     data = json.loads(Path(path).read_text())
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise ValueError(f"{path} is not a Chrome trace (no traceEvents list)")  # noqa: TRY004 (bad file content)
+        raise ValueError(f"{path} is not a Chrome trace (no traceEvents list)")
     return data
 
 
@@ -302,7 +302,7 @@ def make_gpt_step(batch: int = 32, seed: int = 0, device: torch.device | str | N
     """
     from labkit import data, models
 
-    dev = D.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     task = data.make_token_task("reverse", n_digits=6, vocab_size=12, n=max(batch, 256), seed=seed)
     torch.manual_seed(seed)
     model = models.TinyGPT(models.GPTConfig(vocab_size=task.vocab_size, seq_len=task.seq_len, **config)).to(dev)
@@ -330,7 +330,7 @@ def interleaved_times(fns: dict[str, Callable[..., Any]], *args: Any, repeats: i
         raise TypeError("fns must be a non-empty dict of name -> callable")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
-    dev = D.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     cmp = bench.compare({k: functools.partial(f, *args) for k, f in fns.items()}, warmup=warmup, repeats=repeats,
                         device=dev)
     return {k: t.median for k, t in cmp.timings.items()}
@@ -347,7 +347,7 @@ def launch_overhead(n_ops: int = 2000, size: int = 64, repeats: int = 5,
     for name, v in (("n_ops", n_ops), ("size", size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    dev = D.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     big = torch.zeros(n_ops, size, device=dev)
     out = torch.empty_like(big)
     rows_in, rows_out = list(big.unbind(0)), list(out.unbind(0))

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from labkit import formats as _formats
+
 __all__ = [
     "DTYPE_BYTES",
     "OpCost",
@@ -46,12 +48,10 @@ __all__ = [
 ]
 
 #: Bytes per element of the dtypes the workbook uses, by short name.
-DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "e4m3fn": 1, "e5m2": 1,
-                               "int8": 1, "bool": 1}
-
-_TORCH_NAMES = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
-                "float8_e4m3fn": "e4m3fn", "float8_e5m2": "e5m2", "int8": "int8", "bool": "bool",
-                "double": "fp64", "float": "fp32", "half": "fp16"}
+DTYPE_BYTES: dict[str, int] = {
+    **{name: (4 if f.torch_dtype is None else f.total_bits // 8) for name, f in _formats.FORMATS.items()},  # tf32: fp32
+    "int8": 1, "bool": 1,
+}
 
 
 def dtype_bytes(dtype: Any) -> int:
@@ -67,7 +67,10 @@ def dtype_bytes(dtype: Any) -> int:
         return dtype
     if isinstance(dtype, str):
         name = dtype.replace("torch.", "")
-        name = _TORCH_NAMES.get(name, name)
+        try:
+            name = _formats.get_format(name).name  # labkit.formats' names and aliases ("bfloat16", "half" …)
+        except ValueError:
+            pass
         if name in DTYPE_BYTES:
             return DTYPE_BYTES[name]
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)} or a torch.dtype")

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from labkit import precision
+
 __all__ = [
     "DEEPSPEED_KNOBS",
     "DTYPES",
@@ -45,13 +47,7 @@ __all__ = [
 ]
 
 #: The low-precision formats the fraction helpers accept, by labkit's format names.
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "e5m2": torch.float8_e5m2,
-    "e4m3fn": torch.float8_e4m3fn,
-}
+DTYPES: dict[str, torch.dtype] = {n: precision.dtype(n) for n in ("fp32", "fp16", "bf16", "e5m2", "e4m3fn")}
 
 
 def _fp32(x: float) -> float:
@@ -218,20 +214,27 @@ class DynamicLossScaler:
         if not isinstance(found_inf, (bool, np.bool_)):
             raise TypeError(f"found_inf must be a bool, got {type(found_inf).__name__}")
         old = self._scale
-        if found_inf:
+        self.grow_or_back_off(bool(found_inf))
+        self.history.append(ScaleEvent(len(self.history), old, bool(found_inf), self._scale))
+        self._found_inf = None
+        self._unscaled.clear()
+        return self._scale
+
+    def grow_or_back_off(self, found_inf: bool) -> None:
+        """The dynamic loss-scaling rule, applied once (what :meth:`update` does after its checks).
+
+        Introduced in notebook 03.
+        """
+        if found_inf:  # skip the step: halve the scale, start counting clean steps again
             self._scale = max(_fp32(self._scale * self.backoff_factor), self.min_scale)
             self._growth_tracker = 0
-        else:
+        else:  # a clean step: after growth_interval of them in a row, double the scale
             self._growth_tracker += 1
             if self._growth_tracker == self.growth_interval:
                 grown = _fp32(self._scale * self.growth_factor)
                 if math.isfinite(grown):  # never grow past float32's range to inf
                     self._scale = grown
                 self._growth_tracker = 0
-        self.history.append(ScaleEvent(len(self.history), old, bool(found_inf), self._scale))
-        self._found_inf = None
-        self._unscaled.clear()
-        return self._scale
 
     # ---- checkpointing -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -300,9 +303,13 @@ def _dtype(fmt: str | torch.dtype) -> torch.dtype:
         return fmt
     if not isinstance(fmt, str):
         raise TypeError(f"format must be a name such as 'fp16' or a torch.dtype, got {type(fmt).__name__}")
-    if fmt not in DTYPES:
+    try:
+        name = precision.dtype_name(fmt)  # labkit.formats' names and aliases ("half", "bfloat16" …)
+    except ValueError:
+        name = fmt
+    if name not in DTYPES:
         raise ValueError(f"unknown format {fmt!r}; choose one of {sorted(DTYPES)}")
-    return DTYPES[fmt]
+    return DTYPES[name]
 
 
 def grad_values(params: Iterable[torch.Tensor] | torch.nn.Module) -> torch.Tensor:
@@ -464,19 +471,14 @@ def train_with_scaler(
             optimizer.zero_grad(set_to_none=True)
             with torch.autocast(device_type=device.type, dtype=dtype, enabled=not emulate):
                 loss = loss_fn(model(x), y)
-            scale = float(scaler.get_scale())
-            scaler.scale(loss).backward()
-            if emulate:
+            precision.backward(loss, scaler)
+            if emulate:  # what fp16 gradients would hold: round each scaled gradient through fp16
                 with torch.no_grad():
                     for p in model.parameters():
                         if p.grad is not None:
                             p.grad.copy_(p.grad.to(dtype).float())
-            scaler.unscale_(optimizer)
-            if max_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             before = len(taken)
-            scaler.step(optimizer)
-            scaler.update()
+            scale = precision.update(optimizer, scaler, model.parameters(), clip_grad_norm=max_norm).scale
             out["scale"].append(scale)
             out["skipped"].append(len(taken) == before)
             out["loss"].append(float(loss.detach().float()))

@@ -104,6 +104,7 @@ def build_student(src_dir: str | Path = "notebooks", out_dir: str | Path = "dist
                 if cell["cell_type"] == "code":
                     cell["outputs"], cell["execution_count"] = [], None
         nb.get("metadata", {}).pop("widgets", None) if total else None
+        nb.get("metadata", {}).pop("jupytext", None)  # the pairing with tools/nbsrc is for authors only
         (out / path.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         removed[path.name] = total
     return BuildReport(out, removed)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from labkit import device as _device
+from labkit import device as dev_gate
 
 __all__ = [
     "EMULATED_FORMATS",
@@ -135,18 +135,18 @@ def time_tf32(
     """
     from labkit import bench
 
-    dev = _device.pick_device() if device is None else torch.device(device)
-    caps = _device.capabilities(dev)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    caps = dev_gate.capabilities(dev)
     if caps.device_type != "cuda" or caps.cuda_capability is None or caps.cuda_capability < (8, 0):
         return None
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(n, n, generator=g).to(dev), torch.randn(n, n, generator=g).to(dev)
     a16, b16 = a.bfloat16(), b.bfloat16()
-    before = _device.fp32_matmul_settings()
+    before = dev_gate.fp32_matmul_settings()
 
     def with_precision(p: str) -> Any:
         def run() -> torch.Tensor:
-            _device.set_float32_matmul_precision(p)
+            dev_gate.set_float32_matmul_precision(p)
             return a @ b
         return run
 
@@ -155,7 +155,7 @@ def time_tf32(
                              "bf16": lambda: a16 @ b16}, baseline="fp32", warmup=warmup, repeats=repeats, device=dev)
     finally:
         prev = before["float32_matmul_precision"]
-        _device.set_float32_matmul_precision(prev if prev in ("highest", "high", "medium") else "highest")
+        dev_gate.set_float32_matmul_precision(prev if prev in ("highest", "high", "medium") else "highest")
     cmp.extra["n"] = n
     cmp.extra["flops"] = 2 * n**3
     return cmp

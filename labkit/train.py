@@ -1,6 +1,7 @@
 """One small training loop with precision policies, metrics, atomic checkpoints and exact resume.
 
-A *policy* says how a step computes and what it stores (see :data:`POLICIES`):
+A *policy* says how a step computes and what it stores. The policies live in :mod:`labkit.precision` (one
+table, one meaning per name); :data:`POLICIES` here are the six that :func:`train` runs:
 
 ============  =====================  ==============  ===========  ===========================================
 name          autocast dtype         weights stored  GradScaler   what it shows
@@ -12,6 +13,8 @@ bf16          bf16                   fp32            no           bf16 has fp32'
 fp16-pure     none (model in fp16)   fp16            no           no fp32 master copy: lost/broken updates
 bf16-pure     none (model in bf16)   bf16            no           no fp32 master copy: lost updates
 ============  =====================  ==============  ===========  ===========================================
+
+Each step is :func:`labkit.precision.backward` then :func:`labkit.precision.update`: the AMP step, written once.
 
 :func:`train` runs ``steps`` optimizer steps of ``model`` on ``batches(step)`` and returns a
 :class:`TrainResult` with per-step loss, gradient norm, loss scale, skipped flags and step times, plus a
@@ -44,7 +47,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from labkit import device as _device
+from labkit import device as dev_gate
+from labkit import precision
+from labkit.precision import Policy, grad_norm
 
 __all__ = [
     "AUTOCAST_OPS",
@@ -67,51 +72,21 @@ __all__ = [
 CHECKPOINT_NAME = "last.pt"
 
 
-@dataclass(frozen=True)
-class Policy:
-    """A precision policy: autocast dtype (or ``None``), the dtype weights are stored in, and the scaler.
-
-    Introduced in notebook 04.
-    """
-
-    name: str
-    autocast_dtype: torch.dtype | None
-    param_dtype: torch.dtype
-    scaler: bool
-    description: str
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        """The dtype the matmuls run in: the autocast dtype, else the stored dtype. Introduced in notebook 04."""
-        return self.autocast_dtype if self.autocast_dtype is not None else self.param_dtype
-
-
-#: Every policy :func:`train` accepts, by name.
-POLICIES: dict[str, Policy] = {
-    p.name: p
-    for p in (
-        Policy("fp32", None, torch.float32, False, "fp32 everywhere: the reference"),
-        Policy("fp16", torch.float16, torch.float32, True, "fp16 autocast + GradScaler, fp32 weights"),
-        Policy("fp16-noscale", torch.float16, torch.float32, False, "fp16 autocast without loss scaling"),
-        Policy("bf16", torch.bfloat16, torch.float32, False, "bf16 autocast, fp32 weights, no scaler"),
-        Policy("fp16-pure", None, torch.float16, False, "model and optimizer state in fp16, no master copy"),
-        Policy("bf16-pure", None, torch.bfloat16, False, "model and optimizer state in bf16, no master copy"),
-    )
-}
+#: The policies :func:`train` runs, by name: :data:`labkit.precision.POLICIES` without the ``-master`` layouts
+#: (16-bit weights + an fp32 master copy, which DeepSpeed implements; notebook 06 measures them).
+POLICIES: dict[str, Policy] = {n: p for n, p in precision.POLICIES.items() if not p.master}
 
 
 def get_policy(policy: str | Policy) -> Policy:
-    """Return the :class:`Policy` named ``policy`` (a Policy passes through); ``ValueError`` if unknown.
+    """Return the :class:`~labkit.precision.Policy` for a name :func:`train` runs (a Policy passes through).
 
-    Introduced in notebook 04.
+    Raises ``ValueError`` for an unknown name or a ``-master`` policy. Introduced in notebook 04.
     """
-    if isinstance(policy, Policy):
-        return policy
-    if not isinstance(policy, str):
-        raise TypeError(f"policy must be a str such as 'fp16', got {type(policy).__name__}")
-    if policy not in POLICIES:
-        raise ValueError(f"unknown precision policy {policy!r}; choose one of {list(POLICIES)}")
-    return POLICIES[policy]
+    pol = precision.get_policy(policy)
+    if pol.master:
+        raise ValueError(f"train() runs {list(POLICIES)}; {pol.name!r} keeps an fp32 master copy of 16-bit "
+                         "weights (DeepSpeed's layout: see labkit.memory.setup_training and notebook 09)")
+    return pol
 
 
 def _op_inputs(dev: torch.device, low: bool, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -163,7 +138,7 @@ def autocast_op_dtypes(
     """
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"autocast dtype must be torch.float16 or torch.bfloat16, got {dtype}")
-    dev = _device.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     out: dict[str, tuple[torch.dtype, torch.dtype]] = {}
     for name, (low, fn) in AUTOCAST_OPS.items():
         inputs = _op_inputs(dev, low, dtype)
@@ -209,17 +184,6 @@ def make_optimizer(
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; choose 'adamw', 'adam' or 'sgd', or pass a callable")
-
-
-def grad_norm(parameters: Any) -> float:
-    """Return the global L2 norm of the parameters' gradients, accumulated in fp32 (``inf``/NaN pass through).
-
-    Introduced in notebook 04.
-    """
-    norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in parameters if p.grad is not None]
-    if not norms:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack(norms)))
 
 
 @dataclass
@@ -330,7 +294,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng_cpu": torch.random.get_rng_state(),
-        "rng_device": _device.get_rng_state(device) if device is not None else None,
+        "rng_device": dev_gate.get_rng_state(device) if device is not None else None,
         "history": history or {},
     }
     _atomic_save(state, path)
@@ -434,17 +398,17 @@ def train(
         raise ValueError(f"checkpoint_every must be an int >= 0, got {checkpoint_every!r}")
     if (checkpoint_every or resume) and checkpoint_dir is None:
         raise ValueError("checkpoint_every/resume need a checkpoint_dir")
-    dev = _device.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.pick_device() if device is None else torch.device(device)
     for dt in (pol.autocast_dtype, pol.param_dtype):
-        if dt is not None and dt != torch.float32 and not _device.computes(dt, dev):
+        if dt is not None and dt != torch.float32 and not dev_gate.computes(dt, dev):
             raise ValueError(f"policy {pol.name!r} needs {dt} compute, which does not work on {dev}")
     loss_fn = default_loss if loss_fn is None else loss_fn
 
-    cuda = _device.is_cuda(dev)
+    cuda = dev_gate.is_cuda(dev)
     if cuda:  # the peak is measured above what was allocated before this run (earlier runs' tensors)
-        _device.synchronize(dev)
-        _device.reset_peak_memory_stats(dev)
-        mem_before = _device.memory_allocated(dev) or 0
+        dev_gate.synchronize(dev)
+        dev_gate.reset_peak_memory_stats(dev)
+        mem_before = dev_gate.memory_allocated(dev) or 0
     model.to(device=dev, dtype=pol.param_dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     if callable(optimizer) and not isinstance(optimizer, str):
@@ -469,7 +433,7 @@ def train(
             scaler.load_state_dict(state["scaler"])
         torch.random.set_rng_state(state["rng_cpu"])
         if state.get("rng_device") is not None:
-            _device.set_rng_state(state["rng_device"], dev)
+            dev_gate.set_rng_state(state["rng_device"], dev)
         for k, v in state["history"].items():
             setattr(result, k, list(v))
         start = result.resumed_from = int(state["step"])
@@ -484,35 +448,20 @@ def train(
         batch = tuple(
             t.to(dev, dtype=pol.param_dtype) if t.is_floating_point() else t.to(dev) for t in batches(step)
         )
-        _device.synchronize(dev)
+        dev_gate.synchronize(dev)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         counter = _SavedTensorBytes(param_ptrs) if (not cuda and step == start) else None
-        with torch.autocast(device_type=dev.type, dtype=pol.autocast_dtype or torch.float32,
-                            enabled=pol.autocast_dtype is not None):
+        with precision.autocast(pol, dev.type):
             if counter is not None:
                 with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
                     loss = loss_fn(model, batch)
             else:
                 loss = loss_fn(model, batch)
-        scale = float(scaler.get_scale()) if scaler is not None else 1.0
-        weighted = loss * loss_weight if loss_weight != 1.0 else loss
-        if scaler is not None:
-            scaler.scale(weighted).backward()
-            scaler.unscale_(opt)  # gradients are true gradients from here on
-        else:
-            weighted.backward()
-        gnorm = grad_norm(params)
-        if clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
-        if scaler is not None:
-            scaler.step(opt)  # skipped if unscale_ found inf/NaN
-            scaler.update()
-            skipped = float(scaler.get_scale()) < scale
-        else:
-            opt.step()
-            skipped = False
-        _device.synchronize(dev)
+        precision.backward(loss, scaler, weight=loss_weight)
+        info = precision.update(opt, scaler, params, clip_grad_norm=clip_grad_norm)
+        gnorm, skipped, scale = info.grad_norm, info.skipped, info.scale
+        dev_gate.synchronize(dev)
         dt = time.perf_counter() - t0
         if counter is not None:
             activation_bytes = counter.bytes
@@ -534,7 +483,7 @@ def train(
     bar.close()
 
     if cuda:
-        result.peak_memory = (_device.max_memory_allocated(dev) or 0) - mem_before
+        result.peak_memory = (dev_gate.max_memory_allocated(dev) or 0) - mem_before
         result.memory_source = ("torch.cuda.max_memory_allocated during the run, minus what was allocated "
                                 "before it (a model already on the GPU counts as 'before')")
     elif start < steps:

@@ -10,8 +10,9 @@ import math
 from typing import Any
 
 from labkit import formats as F
+from labkit import memory as M
 
-__all__ = ["FIELD_COLORS", "BitExplorer", "bit_explorer"]
+__all__ = ["FIELD_COLORS", "BitExplorer", "bit_explorer", "memory_calculator", "memory_calculator_report"]
 
 FIELD_COLORS = {"sign": "#ef9a9a", "exponent": "#a5d6a7", "mantissa": "#90caf9"}
 EXPLORER_FORMATS = ("fp32", "tf32", "fp16", "bf16", "e4m3fn", "e5m2")
@@ -176,3 +177,117 @@ class BitExplorer:
 def bit_explorer(fmt: str = "fp16", value: float = 1.0) -> BitExplorer:
     """Build a :class:`BitExplorer` for ``fmt`` starting at ``value``. Introduced in notebook 01."""
     return BitExplorer(fmt, value)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The ZeRO memory calculator (notebook 06): the figures come from labkit.memory
+# ----------------------------------------------------------------------------------------------------
+
+
+def memory_calculator_report(
+    n_params: int,
+    gpus_per_node: int = 8,
+    nodes: int = 1,
+    stage: int = 2,
+    offload: str = "none",
+    policy: str = "bf16-master",
+    optimizer: str = "adam",
+    gpu_gb: float = 80.0,
+) -> str:
+    """Return the calculator's answer as one line: per-GPU model states, whether they fit, CPU per node.
+
+    ``offload`` is ``"none"``, ``"optimizer"`` or ``"optimizer+params"``. Activations come on top of the
+    model states; the line says how much of the GPU is left for them. Introduced in notebook 06.
+    """
+    if offload not in ("none", "optimizer", "optimizer+params"):
+        raise ValueError(f"offload must be 'none', 'optimizer' or 'optimizer+params', got {offload!r}")
+    gpn = M.check_count("gpus_per_node", gpus_per_node, 1)
+    nn_ = M.check_count("nodes", nodes, 1)
+    if not (isinstance(gpu_gb, (int, float)) and gpu_gb > 0):
+        raise ValueError(f"gpu_gb must be a positive number, got {gpu_gb!r}")
+    est = M.model_state_bytes(n_params, policy, optimizer, stage=stage, world_size=gpn * nn_,
+                            offload_optimizer=offload != "none", offload_params=offload == "optimizer+params")
+    per_gpu = est.device_total
+    cap = gpu_gb * M.GB
+    verdict = (f"fits, {M.fmt_bytes(cap - per_gpu)} left for activations" if per_gpu <= cap
+               else f"does NOT fit ({M.fmt_bytes(per_gpu - cap)} over)")
+    line = f"per GPU: {M.fmt_bytes(per_gpu)} of model states on a {gpu_gb:g} GB GPU: {verdict}"
+    if est.host:
+        line += f"; CPU per node: {M.fmt_bytes(est.host_per_node(gpn))}"
+    return line
+
+
+def memory_calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes: int = 1, stage: int = 2,
+               offload: str = "optimizer", policy: str = "bf16-master", optimizer: str = "adam",
+               gpu_gb: float = 80.0) -> Any:
+    """Return an ipywidgets memory calculator (a VBox); its ``.result`` Label shows the per-GPU figure.
+
+    Inputs: model size (preset or a number of billions), GPUs per node, nodes, ZeRO stage, offload,
+    precision policy, optimizer and GPU memory. ``.controls`` holds the input widgets by name. CSS
+    classes for browser tests: the box ``lk-memcalc``, the result ``lk-mem-result``, each control
+    ``lk-mem-<name>`` (``lk-mem-stage``, ``lk-mem-gpus-per-node`` ...). Introduced in notebook 06.
+    """
+    import ipywidgets as widgets
+
+    if isinstance(n_params, str):
+        if n_params not in M.MODEL_PRESETS:
+            raise ValueError(f"unknown preset {n_params!r}; choose one of {list(M.MODEL_PRESETS)} or pass a number")
+        preset, billions = n_params, M.MODEL_PRESETS[n_params] / 1e9
+    else:
+        billions = M.check_count("n_params", n_params, 1) / 1e9
+        preset = next((k for k, v in M.MODEL_PRESETS.items() if v == n_params), "custom")
+
+    class MemoryCalculator(widgets.VBox):
+        def __repr__(self) -> str:
+            return "MemoryCalculator()"
+
+    c = {
+        "preset": widgets.Dropdown(options=[*M.MODEL_PRESETS, "custom"], value=preset, description="model"),
+        "billions": widgets.BoundedFloatText(value=billions, min=0.001, max=10000, step=0.5,
+                                             description="params (B)"),
+        "gpus_per_node": widgets.BoundedIntText(value=gpus_per_node, min=1, max=64, description="GPUs/node"),
+        "nodes": widgets.BoundedIntText(value=nodes, min=1, max=4096, description="nodes"),
+        "stage": widgets.Dropdown(options=[0, 1, 2, 3], value=stage, description="ZeRO stage"),
+        "offload": widgets.Dropdown(options=["none", "optimizer", "optimizer+params"], value=offload,
+                                    description="offload"),
+        "policy": widgets.Dropdown(options=list(M.POLICIES), value=M.get_policy(policy).name, description="precision"),
+        "optimizer": widgets.Dropdown(options=list(M.OPTIMIZERS), value=M.get_optimizer(optimizer).name,
+                                      description="optimizer"),
+        "gpu_gb": widgets.BoundedFloatText(value=gpu_gb, min=1, max=1000, description="GPU GB"),
+    }
+    result = widgets.Label(value="")
+    result.add_class("lk-mem-result")
+    for name, w in c.items():  # stable hooks for browser tests: .lk-mem-stage select, .lk-mem-result
+        w.add_class(f"lk-mem-{name.replace('_', '-')}")
+
+    def on_preset(change: dict) -> None:
+        if change["new"] != "custom":
+            c["billions"].value = M.MODEL_PRESETS[change["new"]] / 1e9  # triggers update()
+        update()
+
+    def on_billions(change: dict) -> None:
+        p = c["preset"].value
+        if p != "custom" and M.MODEL_PRESETS[p] != round(change["new"] * 1e9):
+            c["preset"].value = "custom"
+        update()
+
+    def update(*_: Any) -> None:
+        try:
+            result.value = memory_calculator_report(
+                round(c["billions"].value * 1e9), c["gpus_per_node"].value, c["nodes"].value,
+                c["stage"].value, c["offload"].value, c["policy"].value, c["optimizer"].value,
+                c["gpu_gb"].value)
+        except (ValueError, TypeError) as exc:
+            result.value = f"invalid setup: {exc}"
+
+    c["preset"].observe(on_preset, names="value")
+    c["billions"].observe(on_billions, names="value")
+    for k, w in c.items():
+        if k not in ("preset", "billions"):
+            w.observe(update, names="value")
+    update()
+    box = MemoryCalculator([*c.values(), result])
+    box.add_class("lk-memcalc")
+    box.controls = c  # type: ignore[attr-defined]
+    box.result = result  # type: ignore[attr-defined]
+    return box

@@ -476,7 +476,7 @@ def count_model_states(engine: Any) -> dict[str, Any]:
             add(t, "master")
     for p in basic.state:
         add(p, "master")
-    for p, st in basic.state.items():
+    for st in basic.state.values():
         for k, v in st.items():
             add(v, "other" if k == "step" else "optimizer")
     for p in params:

@@ -1,10 +1,23 @@
-"""Shared pytest configuration: in CI (CI=true) a skipped test counts as a failure."""
+"""Shared pytest configuration and helpers.
+
+- In CI (CI=true) a skipped test counts as a failure.
+- ``watch_processes``: :class:`ProcessWatcher`, which records the processes a block starts and reports leftovers.
+- ``load_tool``: imports ``tools/<name>.py`` as a module, without putting tools/ on ``sys.path``.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+import threading
+import time
+from pathlib import Path
 
+import psutil
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -17,3 +30,99 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (CI=true), which counts as a failure: {reason}"
+
+
+class ProcessWatcher:
+    """Poll this process's descendants while the block runs; afterwards report leftovers.
+
+    ``leftovers()`` returns the recorded processes that still run (same pid and start time, not a zombie)
+    plus any process on the machine that sits in one of their process groups or sessions.
+    """
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.seen: dict[tuple[int, float], tuple[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            for p in me.children(recursive=True):
+                try:
+                    key = (p.pid, p.create_time())
+                    if key not in self.seen and key not in self.before:
+                        self.seen[key] = (os.getpgid(p.pid), os.getsid(p.pid))
+                except (psutil.Error, OSError):
+                    pass
+            time.sleep(self.interval)
+
+    def __enter__(self) -> ProcessWatcher:
+        # children that exist before the launch (a session's JupyterLab server, a test Slurm) are not ours
+        self.before = set()
+        for p in psutil.Process().children(recursive=True):
+            try:
+                self.before.add((p.pid, p.create_time()))
+            except psutil.Error:
+                pass
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def groups(self) -> set[int]:
+        mine = {os.getpgrp(), os.getsid(0)}
+        return {g for pair in self.seen.values() for g in pair} - mine
+
+    def leftovers(self, wait: float = 2.0) -> list[str]:
+        deadline = time.monotonic() + wait
+        while True:
+            alive = []
+            for pid, ctime in self.seen:
+                try:
+                    p = psutil.Process(pid)
+                    if p.create_time() == ctime and p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(f"{pid} {' '.join(p.cmdline())[:80]}")
+                except psutil.Error:
+                    pass
+            groups = self.groups
+            for p in psutil.process_iter(["pid", "cmdline"]):
+                try:
+                    if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and (
+                            os.getpgid(p.pid) in groups or os.getsid(p.pid) in groups):
+                        alive.append(f"{p.pid} (in a launch group) {' '.join(p.cmdline())[:80]}")
+                except (psutil.Error, OSError):
+                    pass
+            if not alive or time.monotonic() > deadline:
+                return sorted(set(alive))
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def watch_processes() -> type[ProcessWatcher]:
+    """The :class:`ProcessWatcher` class: ``with watch_processes() as w: ...; assert not w.leftovers()``."""
+    return ProcessWatcher
+
+
+def _load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"labkit_tools_{name}", ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def load_tool():
+    """``load_tool("nbbuild")`` imports tools/nbbuild.py as a module (cached), without a sys.path edit."""
+    cache: dict[str, object] = {}
+
+    def load(name: str):
+        if name not in cache:
+            cache[name] = _load_tool(name)
+        return cache[name]
+
+    return load

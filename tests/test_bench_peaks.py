@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-from labkit import bench, device
+from labkit import bench
+from labkit import device as dev_gate
 
 
 @pytest.mark.parametrize("dtype,isa,units,want", [
@@ -68,21 +69,21 @@ def test_cuda_table_unknowns():
 def test_theoretical_peak_on_cuda_goes_through_the_device_gate(monkeypatch):
     props = {"name": "NVIDIA A100-SXM4-80GB", "capability": (8, 0), "sm_count": 108, "clock_khz": 1410000,
              "memory_clock_khz": 1593000, "memory_bus_width_bits": 5120, "total_memory": 80 * 2**30}
-    monkeypatch.setattr(device, "cuda_properties", lambda dev=None: props)
+    monkeypatch.setattr(dev_gate, "cuda_properties", lambda dev=None: props)
     peak = bench.theoretical_peak("bf16", torch.device("cuda"))
     assert peak.flops_per_s == pytest.approx(312e12, rel=0.01)
     assert "108 SMs" in peak.formula and "2048 FLOP/clock/SM" in peak.formula
     assert any("A100" in a for a in peak.assumptions)
-    monkeypatch.setattr(device, "cuda_properties", lambda dev=None: {**props, "capability": (7, 0)})
+    monkeypatch.setattr(dev_gate, "cuda_properties", lambda dev=None: {**props, "capability": (7, 0)})
     with pytest.raises(ValueError, match="no FLOPs/clock/SM"):
         bench.theoretical_peak("bf16", torch.device("cuda"))
-    monkeypatch.setattr(device, "cuda_properties", lambda dev=None: {**props, "clock_khz": None})
+    monkeypatch.setattr(dev_gate, "cuda_properties", lambda dev=None: {**props, "clock_khz": None})
     with pytest.raises(ValueError, match="clock"):
         bench.theoretical_peak("fp32", torch.device("cuda"))
 
 
 def test_cuda_properties_is_none_off_cuda():
-    assert device.cuda_properties("cpu") is None
+    assert dev_gate.cuda_properties("cpu") is None
 
 
 def test_theoretical_peak_on_cpu_is_the_product_of_its_parts():
@@ -92,7 +93,7 @@ def test_theoretical_peak_on_cpu_is_the_product_of_its_parts():
         one = bench.theoretical_peak("fp32", "cpu")
     finally:
         torch.set_num_threads(before)
-    per, _ = bench.cpu_flops_per_cycle("fp32", device.cpu_isa_flags())
+    per, _ = bench.cpu_flops_per_cycle("fp32", dev_gate.cpu_isa_flags())
     cores, ghz = one.formula.split(" cores x ")[0], float(one.formula.split(" x ")[1].split()[0])
     assert cores == "1" and one.flops_per_s == pytest.approx(ghz * 1e9 * per, rel=0.01)
     assert f"{per} FLOP/cycle" in one.formula
@@ -147,4 +148,4 @@ def test_python_m_labkit_bench_peak_prints_measured_and_theoretical():
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "fp32: measured" in text and "theoretical" in text and "assumes:" in text and "GB/s" in text
-    assert ("bf16: measured" in text) == device.computes(torch.bfloat16, "cpu")
+    assert ("bf16: measured" in text) == dev_gate.computes(torch.bfloat16, "cpu")

@@ -1,15 +1,13 @@
-"""labkit.catalog and the notebook-01 plots."""
+"""labkit.catalog and the notebook-01 plots (the README tooling is tested in tests/test_coverage.py)."""
 
 from __future__ import annotations
 
 import matplotlib
+import pytest
 
-matplotlib.use("Agg")
+from labkit import catalog, plots
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-
-from labkit import catalog, plots  # noqa: E402
+matplotlib.use("Agg")  # before pyplot is imported (in the test; labkit.plots imports no pyplot)
 
 
 def test_markdown_table_rows():
@@ -18,17 +16,9 @@ def test_markdown_table_rows():
     assert "| 00 | [Environment check](notebooks/00_environment.ipynb)" in table
 
 
-def test_update_readme_requires_markers(tmp_path):
-    p = tmp_path / "R.md"
-    p.write_text("no markers")
-    with pytest.raises(ValueError):
-        catalog.update_readme(p)
-    p.write_text("a\n<!-- notebook-map:start -->\nold\n<!-- notebook-map:end -->\nb")
-    assert catalog.update_readme(p) and catalog.markdown_table() in p.read_text()
-    assert not catalog.update_readme(p)
-
-
 def test_plots_draw_what_they_say():
+    import matplotlib.pyplot as plt
+
     ax = plots.format_ranges(["fp16", "bf16"])
     assert len(ax.patches) == 4 and [t.get_text() for t in ax.get_yticklabels()] == ["fp16", "bf16"]
     ax = plots.relative_spacing(["fp16"], lo=-26, hi=10)

@@ -16,20 +16,20 @@ import sys
 import pytest
 import torch
 
-from labkit import device as D
+from labkit import device as dev_gate
 
 PROBE = r"""
 import json, torch
-from labkit import device as D
+from labkit import device as dev_gate
 out = {
     "aten": str(torch.backends.cpu.get_cpu_capability()),
     "mkldnn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
     "mkldnn_fp16": bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),
-    "class": D.cpu_class(),
-    "fast_bf16": D.fast(torch.bfloat16, "cpu"), "fast_fp16": D.fast(torch.float16, "cpu"),
-    "computes_bf16": D.computes(torch.bfloat16, "cpu"), "computes_fp16": D.computes(torch.float16, "cpu"),
-    "ds_fp16": D.deepspeed_accepts(torch.float16), "ds_bf16": D.deepspeed_accepts(torch.bfloat16),
-    "autocast": str(D.autocast_dtype("cpu")),
+    "class": dev_gate.cpu_class(),
+    "fast_bf16": dev_gate.fast(torch.bfloat16, "cpu"), "fast_fp16": dev_gate.fast(torch.float16, "cpu"),
+    "computes_bf16": dev_gate.computes(torch.bfloat16, "cpu"), "computes_fp16": dev_gate.computes(torch.float16, "cpu"),
+    "ds_fp16": dev_gate.deepspeed_accepts(torch.float16), "ds_bf16": dev_gate.deepspeed_accepts(torch.bfloat16),
+    "autocast": str(dev_gate.autocast_dtype("cpu")),
 }
 print("PROBE" + json.dumps(out))
 """
@@ -53,7 +53,7 @@ def _probe(extra_env: dict[str, str]) -> dict:
 
 
 def _hardware_has_avx512() -> bool:
-    return "avx512f" in D.cpu_isa_flags()
+    return "avx512f" in dev_gate.cpu_isa_flags()
 
 
 @pytest.mark.slow
@@ -106,7 +106,7 @@ def test_this_run_is_the_class_it_claims():
     In a native run (LABKIT_EXPECT_CPU_CLASS unset, no caps) the class must be the one the flags predict.
     """
     want = os.environ.get("LABKIT_EXPECT_CPU_CLASS")
-    have = D.cpu_class()
+    have = dev_gate.cpu_class()
     if not want:
         capped = any(os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"))
         assert ORDER.index(have) <= ORDER.index(_class_from_flags()) if capped else have == _class_from_flags()
@@ -115,5 +115,5 @@ def test_this_run_is_the_class_it_claims():
     # a machine below the requested class runs as itself; never above it
     assert ORDER.index(have) <= ORDER.index(want), f"capped run expected class {want}, torch reports {have}"
     if ORDER.index(want) < ORDER.index("avx512-bf16"):
-        assert not D.fast(torch.bfloat16, "cpu") and not D.fast(torch.float16, "cpu")
-        assert not D.deepspeed_accepts(torch.float16)
+        assert not dev_gate.fast(torch.bfloat16, "cpu") and not dev_gate.fast(torch.float16, "cpu")
+        assert not dev_gate.deepspeed_accepts(torch.float16)

@@ -8,36 +8,36 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit import device as D
+from labkit import device as dev_gate
 
 LABKIT = Path(__file__).resolve().parents[1] / "labkit"
 
 
 def test_pick_device_and_overrides(monkeypatch):
     monkeypatch.delenv("LABKIT_DEVICE", raising=False)
-    dev = D.pick_device()
+    dev = dev_gate.pick_device()
     assert dev.type == ("cuda" if torch.cuda.is_available() else dev.type)
-    assert D.pick_device("cpu") == torch.device("cpu")
+    assert dev_gate.pick_device("cpu") == torch.device("cpu")
     monkeypatch.setenv("LABKIT_DEVICE", "cpu")
-    assert D.pick_device() == torch.device("cpu")
+    assert dev_gate.pick_device() == torch.device("cpu")
 
 
 def test_pick_device_refuses_missing_gpu():
     if torch.cuda.is_available():
-        assert D.pick_device("cuda").type == "cuda"
+        assert dev_gate.pick_device("cuda").type == "cuda"
     else:
         with pytest.raises(ValueError, match="no GPU"):
-            D.pick_device("cuda")
+            dev_gate.pick_device("cuda")
     with pytest.raises(ValueError):
-        D.pick_device("tpu")
+        dev_gate.pick_device("tpu")
     with pytest.raises(TypeError):
-        D.pick_device(3)
+        dev_gate.pick_device(3)
 
 
 def test_capabilities_are_measured_and_consistent():
-    caps = D.capabilities("cpu")
+    caps = dev_gate.capabilities("cpu")
     assert caps.device_type == "cpu" and caps.tier == "cpu" and not caps.fp8_matmul
-    assert caps.bf16 == D.computes(torch.bfloat16, "cpu")
+    assert caps.bf16 == dev_gate.computes(torch.bfloat16, "cpu")
     # what computes() claims must really work
     if caps.bf16:
         with torch.amp.autocast(device_type="cpu", dtype=torch.bfloat16):
@@ -45,41 +45,41 @@ def test_capabilities_are_measured_and_consistent():
     if caps.fp16:
         with torch.amp.autocast(device_type="cpu", dtype=torch.float16):
             assert (torch.ones(4, 4) @ torch.ones(4, 4)).dtype == torch.float16
-    assert caps.autocast_dtype == str(D.autocast_dtype("cpu")).replace("torch.", "")
+    assert caps.autocast_dtype == str(dev_gate.autocast_dtype("cpu")).replace("torch.", "")
     assert set(caps.as_dict()) >= {"tier", "bf16", "fp16", "tf32_matmul", "fp8_matmul", "cpu_isa"}
 
 
 def test_cpu_isa_flags_match_proc_cpuinfo():
-    flags = D.cpu_isa_flags()
+    flags = dev_gate.cpu_isa_flags()
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     for f in flags:
         assert f" {f}" in text
 
 
 def test_backend_memory_and_sync_on_cpu():
-    assert D.dist_backend("cpu") == "gloo"
-    assert D.max_memory_allocated("cpu") is None
-    D.reset_peak_memory_stats("cpu")
-    D.synchronize("cpu")
-    assert D.is_cuda("cpu") is False
+    assert dev_gate.dist_backend("cpu") == "gloo"
+    assert dev_gate.max_memory_allocated("cpu") is None
+    dev_gate.reset_peak_memory_stats("cpu")
+    dev_gate.synchronize("cpu")
+    assert dev_gate.is_cuda("cpu") is False
 
 
 def test_three_questions_natively():
     """computes / fast / deepspeed_accepts, each answered by its own source; fast implies computes."""
     for dt in (torch.bfloat16, torch.float16):
-        if D.fast(dt, "cpu"):
-            assert D.computes(dt, "cpu")
+        if dev_gate.fast(dt, "cpu"):
+            assert dev_gate.computes(dt, "cpu")
         # torch's own oneDNN answer is what "fast" must never contradict
         mk = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported,
               torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported}[dt]()
-        assert not D.fast(dt, "cpu") or mk
-    assert D.fast(torch.float32, "cpu") and D.deepspeed_accepts(torch.float32)
-    assert not D.fast(torch.float8_e4m3fn, "cpu")  # no CPU has native fp8 matmul units
+        assert not dev_gate.fast(dt, "cpu") or mk
+    assert dev_gate.fast(torch.float32, "cpu") and dev_gate.deepspeed_accepts(torch.float32)
+    assert not dev_gate.fast(torch.float8_e4m3fn, "cpu")  # no CPU has native fp8 matmul units
     from deepspeed.accelerator import get_accelerator
-    assert D.deepspeed_accepts(torch.float16) == bool(get_accelerator().is_fp16_supported())
-    caps = D.capabilities("cpu")
-    assert (caps.bf16_fast, caps.fp16_fast) == (D.fast(torch.bfloat16, "cpu"), D.fast(torch.float16, "cpu"))
-    assert caps.cpu_class == D.cpu_class() and caps.cpu_class in D.cpu_summary()
+    assert dev_gate.deepspeed_accepts(torch.float16) == bool(get_accelerator().is_fp16_supported())
+    caps = dev_gate.capabilities("cpu")
+    assert (caps.bf16_fast, caps.fp16_fast) == (dev_gate.fast(torch.bfloat16, "cpu"), dev_gate.fast(torch.float16, "cpu"))
+    assert caps.cpu_class == dev_gate.cpu_class() and caps.cpu_class in dev_gate.cpu_summary()
 
 
 def test_fast_follows_the_onednn_cap(monkeypatch):
@@ -89,31 +89,31 @@ def test_fast_follows_the_onednn_cap(monkeypatch):
                            ("AVX512_CORE_BF16", "AVX512_CORE_FP16", False), ("ALL", "AVX512_CORE_AMX", True),
                            ("nonsense", "AVX512_CORE_AMX", True)]:
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
-        assert D._onednn_allows(level) is ok, (cap, level)
+        assert dev_gate._onednn_allows(level) is ok, (cap, level)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    assert not D.fast(torch.bfloat16, "cpu") and not D.fast(torch.float16, "cpu")
+    assert not dev_gate.fast(torch.bfloat16, "cpu") and not dev_gate.fast(torch.float16, "cpu")
 
 
 def test_autocast_dtype_prefers_fast_then_computes(monkeypatch):
     """The choice rule: a V100 (fp16 fast, bf16 only emulated) gets fp16; a CPU without either fast gets bf16."""
     def answers(fast_set, computes_set):
-        monkeypatch.setattr(D, "fast", lambda dt, dev=None: dt in fast_set)
-        monkeypatch.setattr(D, "computes", lambda dt, dev=None: dt in computes_set)
+        monkeypatch.setattr(dev_gate, "fast", lambda dt, dev=None: dt in fast_set)
+        monkeypatch.setattr(dev_gate, "computes", lambda dt, dev=None: dt in computes_set)
     bf, fp = torch.bfloat16, torch.float16
     answers({fp}, {bf, fp})
-    assert D.autocast_dtype("cpu") == fp        # V100/T4
+    assert dev_gate.autocast_dtype("cpu") == fp        # V100/T4
     answers(set(), {bf, fp})
-    assert D.autocast_dtype("cpu") == bf        # laptop CPU
+    assert dev_gate.autocast_dtype("cpu") == bf        # laptop CPU
     answers({bf, fp}, {bf, fp})
-    assert D.autocast_dtype("cpu") == bf        # A100, AMX
+    assert dev_gate.autocast_dtype("cpu") == bf        # A100, AMX
     answers(set(), set())
     with pytest.raises(ValueError, match="use fp32"):
-        D.autocast_dtype("cpu")
+        dev_gate.autocast_dtype("cpu")
 
 
 def test_cuda_gate_never_counts_emulated_bf16():
     """The CUDA branch of fast() decides bf16 from the compute capability, not is_bf16_supported()."""
-    src = Path(D.__file__).read_text()
+    src = Path(dev_gate.__file__).read_text()
     tree = ast.parse(src)
     fast_src = ast.get_source_segment(src, next(n for n in tree.body if isinstance(n, ast.FunctionDef)
                                                  and n.name == "fast"))
@@ -122,32 +122,32 @@ def test_cuda_gate_never_counts_emulated_bf16():
     assert "get_device_capability" in fast_src and "is_bf16_supported" not in calls
     if torch.cuda.is_available():
         cc = torch.cuda.get_device_capability()
-        assert D.fast(torch.bfloat16, "cuda") == (cc >= (8, 0))
+        assert dev_gate.fast(torch.bfloat16, "cuda") == (cc >= (8, 0))
 
 
 def test_computes_rejects_bad_dtypes():
-    assert D.computes(torch.float32, "cpu")
+    assert dev_gate.computes(torch.float32, "cpu")
     with pytest.raises(ValueError):
-        D.computes(torch.int8, "cpu")
+        dev_gate.computes(torch.int8, "cpu")
     with pytest.raises(TypeError):
-        D.computes("bf16", "cpu")
+        dev_gate.computes("bf16", "cpu")
     with pytest.raises(ValueError):
-        D.fast(torch.int8, "cpu")
+        dev_gate.fast(torch.int8, "cpu")
     with pytest.raises(TypeError):
-        D.fast("bf16", "cpu")
+        dev_gate.fast("bf16", "cpu")
     with pytest.raises(ValueError):
-        D.deepspeed_accepts(torch.float64)
+        dev_gate.deepspeed_accepts(torch.float64)
 
 
 def test_set_tf32_roundtrip():
-    before = D.set_tf32(True)
+    before = dev_gate.set_tf32(True)
     try:
         assert torch.backends.cuda.matmul.allow_tf32 is True
     finally:
-        D.set_tf32(bool(before["matmul"]))
+        dev_gate.set_tf32(bool(before["matmul"]))
     assert torch.backends.cuda.matmul.allow_tf32 == before["matmul"]
     with pytest.raises(TypeError):
-        D.set_tf32("yes")
+        dev_gate.set_tf32("yes")
 
 
 def _cuda_accesses(source: str) -> list[int]:
@@ -180,5 +180,5 @@ def test_only_the_gate_touches_torch_cuda():
 
 
 def test_allocator_queries_off_cuda():
-    assert D.memory_reserved("cpu") is None and D.memory_allocated("cpu") is None
-    assert D.empty_cache("cpu") is None  # a no-op, no error
+    assert dev_gate.memory_reserved("cpu") is None and dev_gate.memory_allocated("cpu") is None
+    assert dev_gate.empty_cache("cpu") is None  # a no-op, no error

@@ -4,10 +4,8 @@ and the all-reduce bandwidth formulas of labkit.recipes.allreduce."""
 from __future__ import annotations
 
 import math
-import os
 import socket
 import textwrap
-import threading
 import time
 
 import psutil
@@ -16,76 +14,6 @@ import pytest
 from labkit import dist
 from labkit.dist import LaunchError, LaunchTimeout, launch
 from labkit.recipes import allreduce as ar
-
-
-class ProcessWatcher:
-    """Poll this process's descendants while the block runs; afterwards report leftovers.
-
-    ``leftovers()`` returns the recorded processes that still run (same pid and start time, not a zombie)
-    plus any process on the machine that sits in one of their process groups or sessions.
-    """
-
-    def __init__(self, interval: float = 0.05) -> None:
-        self.interval = interval
-        self.seen: dict[tuple[int, float], tuple[int, int]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            for p in me.children(recursive=True):
-                try:
-                    key = (p.pid, p.create_time())
-                    if key not in self.seen and key not in self.before:
-                        self.seen[key] = (os.getpgid(p.pid), os.getsid(p.pid))
-                except (psutil.Error, OSError):
-                    pass
-            time.sleep(self.interval)
-
-    def __enter__(self) -> ProcessWatcher:
-        # children that exist before the launch (a session's JupyterLab server, a test Slurm) are not ours
-        self.before = set()
-        for p in psutil.Process().children(recursive=True):
-            try:
-                self.before.add((p.pid, p.create_time()))
-            except psutil.Error:
-                pass
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def groups(self) -> set[int]:
-        mine = {os.getpgrp(), os.getsid(0)}
-        return {g for pair in self.seen.values() for g in pair} - mine
-
-    def leftovers(self, wait: float = 2.0) -> list[str]:
-        deadline = time.monotonic() + wait
-        while True:
-            alive = []
-            for pid, ctime in self.seen:
-                try:
-                    p = psutil.Process(pid)
-                    if p.create_time() == ctime and p.status() != psutil.STATUS_ZOMBIE:
-                        alive.append(f"{pid} {' '.join(p.cmdline())[:80]}")
-                except psutil.Error:
-                    pass
-            groups = self.groups
-            for p in psutil.process_iter(["pid", "cmdline"]):
-                try:
-                    if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and (
-                            os.getpgid(p.pid) in groups or os.getsid(p.pid) in groups):
-                        alive.append(f"{p.pid} (in a launch group) {' '.join(p.cmdline())[:80]}")
-                except (psutil.Error, OSError):
-                    pass
-            if not alive or time.monotonic() > deadline:
-                return sorted(set(alive))
-            time.sleep(0.1)
-
 
 # ------------------------------------------------------------------ small scripts the launches run
 # They import no torch, so a launch costs only torchrun's own start-up (~2-3 s).
@@ -133,10 +61,10 @@ def _write(tmp_path, name: str, text: str) -> str:
     return str(path)
 
 
-def test_launch_returns_rank0_result_and_streams_every_rank(tmp_path):
+def test_launch_returns_rank0_result_and_streams_every_rank(tmp_path, watch_processes):
     script = _write(tmp_path, "ok.py", OK_SCRIPT)
     lines: list[str] = []
-    with ProcessWatcher() as w:
+    with watch_processes() as w:
         res = launch(script, nproc=2, args=["--flag", 7], timeout=60, stream=lines.append)
     assert res["world"] == 2 and res["args"] == ["--flag", "7"] and res["omp"] == "1"
     assert 1024 <= int(res["port"]) <= 65535
@@ -151,10 +79,10 @@ def test_launch_without_result_line_returns_none(tmp_path):
     assert launch(script, nproc=1, timeout=60, stream=False) is None
 
 
-def test_rank_failure_raises_with_that_ranks_traceback_and_leaves_no_process(tmp_path):
+def test_rank_failure_raises_with_that_ranks_traceback_and_leaves_no_process(tmp_path, watch_processes):
     script = _write(tmp_path, "crash.py", CRASH_SCRIPT)
     t0 = time.monotonic()
-    with ProcessWatcher() as w, pytest.raises(LaunchError) as info:
+    with watch_processes() as w, pytest.raises(LaunchError) as info:
         launch(script, nproc=2, timeout=60, stream=False)
     elapsed = time.monotonic() - t0
     err = info.value
@@ -171,11 +99,11 @@ def test_rank_failure_raises_with_that_ranks_traceback_and_leaves_no_process(tmp
     assert w.leftovers() == [] and err.leftover == []
 
 
-def test_hanging_launch_is_killed_at_its_timeout(tmp_path):
+def test_hanging_launch_is_killed_at_its_timeout(tmp_path, watch_processes):
     script = _write(tmp_path, "hang.py", HANG_SCRIPT)
     lines: list[str] = []
     t0 = time.monotonic()
-    with ProcessWatcher() as w, pytest.raises(LaunchTimeout) as info:
+    with watch_processes() as w, pytest.raises(LaunchTimeout) as info:
         launch(script, nproc=2, timeout=20, stream=lines.append)  # 20 s: torchrun starts slowly on a busy box
     elapsed = time.monotonic() - t0
     assert 20 <= elapsed < 20 + 15  # SIGTERM, a grace period, then SIGKILL for the rank that ignores it
@@ -188,7 +116,7 @@ def test_hanging_launch_is_killed_at_its_timeout(tmp_path):
     assert w.leftovers() == [] and info.value.leftover == []
 
 
-def test_interrupting_the_cell_still_kills_everything(tmp_path):
+def test_interrupting_the_cell_still_kills_everything(tmp_path, watch_processes):
     """Ctrl-C in a notebook raises KeyboardInterrupt inside launch(); nothing may survive it."""
     script = _write(tmp_path, "hang.py", HANG_SCRIPT)
 
@@ -196,7 +124,7 @@ def test_interrupting_the_cell_still_kills_everything(tmp_path):
         if "rank 1 waiting forever" in line:
             raise KeyboardInterrupt
 
-    with ProcessWatcher() as w, pytest.raises(KeyboardInterrupt):
+    with watch_processes() as w, pytest.raises(KeyboardInterrupt):
         launch(script, nproc=2, timeout=120, stream=interrupt_once_rank1_runs)
     assert len(w.seen) >= 4, w.seen
     assert w.leftovers() == []
@@ -346,11 +274,11 @@ def test_nb08_exercises_grade_the_idea():
 
 
 def test_set_current_device_is_a_no_op_on_cpu():
-    from labkit import device
+    from labkit import device as dev_gate
 
-    assert device.set_current_device("cpu") is None
+    assert dev_gate.set_current_device("cpu") is None
     with pytest.raises((TypeError, ValueError)):
-        device.set_current_device(3.5)
+        dev_gate.set_current_device(3.5)
 
 
 def test_failure_without_traceback_shows_the_launch_output(tmp_path):

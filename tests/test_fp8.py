@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import data, device, formats, fp8, models
+from labkit import data, formats, fp8, models
+from labkit import device as dev_gate
 
 MLD = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
@@ -119,9 +120,9 @@ def test_scaled_tensor_roundtrip():
 
 
 def test_scaled_mm_matches_the_dequantised_reference():
-    from labkit import device
+    from labkit import device as dev_gate
 
-    if not device.computes(torch.float8_e4m3fn, "cpu"):  # some CPU classes have no oneDNN E4M3 matmul
+    if not dev_gate.computes(torch.float8_e4m3fn, "cpu"):  # some CPU classes have no oneDNN E4M3 matmul
         with pytest.raises(RuntimeError):
             fp8.scaled_mm(torch.ones(16, 16), torch.ones(16, 16))
         return
@@ -164,7 +165,7 @@ def test_tensor_tap_captures_linear_inputs_and_output_grads():
 
 
 def test_time_fp8_matmul_is_gated():
-    if device.capabilities().fp8_matmul:
+    if dev_gate.capabilities().fp8_matmul:
         pytest.skip("this test checks the answer without fp8 hardware")
     assert fp8.time_fp8_matmul(64, "cpu") is None
     with pytest.raises(ValueError):

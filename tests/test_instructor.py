@@ -29,7 +29,7 @@ def test_timetable_matches_notebook_headers_and_exercises():
     assert [r[1] for r in rows] == sorted(notebooks), "one timetable row per notebook, in order"
     titles = {n.number: n.title for n in catalog.NOTEBOOKS}
     per_nb = Counter(i.split(".")[0] for i in all_exercises())
-    for day, number, title, minutes, n_ex in rows:
+    for _day, number, title, minutes, n_ex in rows:
         assert int(minutes) == estimated_minutes(notebooks[number]), f"notebook {number}: minutes differ"
         assert title == titles[number], f"notebook {number}: title {title!r} is not the catalog's {titles[number]!r}"
         assert int(n_ex) == per_nb[number], f"notebook {number}: {per_nb[number]} exercises registered"

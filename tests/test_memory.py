@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from labkit import memory as M
 from labkit import models
+from labkit import widgets as W
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -37,7 +38,7 @@ def _one_thread():
 
 def test_zero_paper_example_7_5b_on_64_gpus():
     """ZeRO paper (Rajbhandari et al. 2020), Fig. 1: Ψ = 7.5B, N_d = 64, K = 12, (2 + 2 + K)Ψ."""
-    table = M.zero_table(7_500_000_000, 64, "mixed", "adam")
+    table = M.zero_table(7_500_000_000, 64, "bf16-master", "adam")
     got = {s: round(e.device_total / M.GB, 1) for s, e in table.items()}
     assert got == {0: 120.0, 1: 31.4, 2: 16.6, 3: 1.9}
     # and exactly: 7.5e9 / 64 = 117 187 500 elements per shard
@@ -48,18 +49,18 @@ def test_zero_paper_example_7_5b_on_64_gpus():
 
 
 def test_conventions_16_18_20():
-    assert M.bytes_per_param("mixed", "adam") == 16  # ZeRO paper: 2 + 2 + K, K = 12
-    assert M.k_factor("mixed", "adam") == 12
-    assert M.bytes_per_param("mixed-fp32-grads", "adamw") == 18  # HF: 6 (weights) + 4 (grads) + 8
-    assert M.bytes_per_param("mixed-fp32-accum", "adam") == 20  # DeepSpeed: 2 + 2 + 4 + 4 + 8
+    assert M.bytes_per_param("bf16-master", "adam") == 16  # ZeRO paper: 2 + 2 + K, K = 12
+    assert M.k_factor("bf16-master", "adam") == 12
+    assert M.bytes_per_param("bf16-master-fp32-grads", "adamw") == 18  # HF: 6 (weights) + 4 (grads) + 8
+    assert M.bytes_per_param("bf16-master-fp32-accum", "adam") == 20  # DeepSpeed: 2 + 2 + 4 + 4 + 8
     assert M.bytes_per_param("fp32", "adam") == 16  # fp32 costs the same: mixed precision does not halve it
-    assert M.bytes_per_param("bf16", "adam") == 16  # alias of "mixed"
+    assert M.bytes_per_param("bf16", "adam") == 16  # alias of "bf16-master"
     assert M.bytes_per_param("hf", "adam") == 18 and M.bytes_per_param("deepspeed", "adam") == 20
-    assert M.bytes_per_param("mixed", "sgd") == 8 and M.bytes_per_param("mixed", "sgd-momentum") == 12
-    assert M.bytes_per_param("mixed", "adam-8bit") == 10
+    assert M.bytes_per_param("bf16-master", "sgd") == 8 and M.bytes_per_param("bf16-master", "sgd-momentum") == 12
+    assert M.bytes_per_param("bf16-master", "adam-8bit") == 10
     assert M.bytes_per_param("bf16-pure", "adamw") == 8
     text = M.conventions_table("adam")
-    for name, total in (("mixed", 16), ("mixed-fp32-grads", 18), ("mixed-fp32-accum", 20)):
+    for name, total in (("bf16-master", 16), ("bf16-master-fp32-grads", 18), ("bf16-master-fp32-accum", 20)):
         (line,) = [ln for ln in text.splitlines() if ln.split()[0] == name]
         assert int(line.split()[6]) == total
     assert "ZeRO paper" in text and "HF" in text and "DeepSpeed" in text
@@ -67,12 +68,12 @@ def test_conventions_16_18_20():
 
 def test_amp_keeps_fp32_state_and_adds_weight_copies():
     """Autocast keeps fp32 params, grads and Adam states, and adds 16-bit copies of the weights."""
-    amp = M.model_state_bytes(10**6, "amp", "adamw")
+    amp = M.model_state_bytes(10**6, "bf16", "adamw")
     fp32 = M.model_state_bytes(10**6, "fp32", "adamw")
     assert amp.device_total == fp32.device_total + 2 * 10**6
     assert amp.device["weight_copies"] == 2 * 10**6
     # Adam states + master dominate mixed precision: 12 of the 16 bytes
-    mixed = M.model_state_bytes(10**6, "mixed", "adam")
+    mixed = M.model_state_bytes(10**6, "bf16-master", "adam")
     assert (mixed.device["master"] + mixed.device["optimizer"]) / mixed.device_total == 0.75
 
 
@@ -99,7 +100,7 @@ def test_stages_shard_what_they_should(n, ws, policy, opt):
 
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(1, 10**12), ws=st.integers(1, 512), stage=st.sampled_from([1, 2, 3]),
-       policy=st.sampled_from(["fp32", "mixed", "mixed-fp32-grads", "bf16-pure"]),
+       policy=st.sampled_from(["fp32", "bf16-master", "bf16-master-fp32-grads", "bf16-pure"]),
        opt=st.sampled_from(OPT_NAMES))
 def test_offload_moves_bytes_without_losing_any(n, ws, stage, policy, opt):
     """For policies with one gradient copy, offload moves bytes from GPU to CPU; the total stays."""
@@ -117,15 +118,15 @@ def test_offload_moves_bytes_without_losing_any(n, ws, stage, policy, opt):
 def test_offload_with_two_gradient_copies_keeps_the_fp32_one():
     """With fp16 and fp32 grads (DeepSpeed's 20 B/param), the offloaded shard is kept once, in fp32."""
     n, ws = 10**9, 8
-    base = M.model_state_bytes(n, "mixed-fp32-accum", "adam", stage=2, world_size=ws)
-    off = M.model_state_bytes(n, "mixed-fp32-accum", "adam", stage=2, world_size=ws, offload_optimizer=True)
+    base = M.model_state_bytes(n, "bf16-master-fp32-accum", "adam", stage=2, world_size=ws)
+    off = M.model_state_bytes(n, "bf16-master-fp32-accum", "adam", stage=2, world_size=ws, offload_optimizer=True)
     assert off.device == {"params": 2 * n}
     assert off.host_total == 16 * n // ws
     assert base.device_total - off.device_total - off.host_total == 2 * n // ws  # the 16-bit grad shard
 
 
 def test_stage3_gathered_largest_layer():
-    e = M.model_state_bytes(10**9, "mixed", "adam", stage=3, world_size=8, largest_layer_params=5 * 10**7)
+    e = M.model_state_bytes(10**9, "bf16-master", "adam", stage=3, world_size=8, largest_layer_params=5 * 10**7)
     assert e.device["gathered"] == 4 * 5 * 10**7  # 16-bit params + their full 16-bit gradient
     e32 = M.model_state_bytes(10**9, "fp32", "adam", stage=3, world_size=8, largest_layer_params=5 * 10**7)
     assert e32.device["gathered"] == 8 * 5 * 10**7
@@ -168,9 +169,9 @@ def test_bad_inputs_elsewhere():
     with pytest.raises(ValueError):
         M.smallest_fitting_stage(10, -1, 1)
     with pytest.raises(ValueError, match="offload"):
-        M.calculator_report(10**9, offload="disk")
+        W.memory_calculator_report(10**9, offload="disk")
     with pytest.raises(ValueError, match="preset"):
-        M.calculator("3B")
+        W.memory_calculator("3B")
     with pytest.raises(ValueError, match="8-bit"):
         M.predict_torch_state(models.MLP(), "fp32", "adam-8bit")
     with pytest.raises(TypeError):
@@ -224,13 +225,13 @@ PAD = 20
 @pytest.mark.parametrize("gpn, nodes", LAYOUTS)
 def test_deepspeed_zero2_gpu_matches_the_20_byte_convention(n, gpn, nodes, ds2):
     """DeepSpeed's ZeRO-2 estimator counts 2Ψ (replicated fp16 params) + 18Ψ/N, where
-    18 = 2 (fp16 grads) + 4 (fp32 grads) + 4 (fp32 params) + 8 (Adam): our "mixed-fp32-accum" policy.
-    The ZeRO paper's 16 B/param ("mixed") is smaller by exactly the fp32 gradient shard, 4Ψ/N."""
+    18 = 2 (fp16 grads) + 4 (fp32 grads) + 4 (fp32 params) + 8 (Adam): our "bf16-master-fp32-accum" policy.
+    The ZeRO paper's 16 B/param ("bf16-master") is smaller by exactly the fp32 gradient shard, 4Ψ/N."""
     N = gpn * nodes
     _, ds_gpu = ds2.estimate_zero2_model_states_mem_needs(n, gpn, nodes, cpu_offload=False)
-    ours = M.model_state_bytes(n, "mixed-fp32-accum", "adam", stage=2, world_size=N).device_total
+    ours = M.model_state_bytes(n, "bf16-master-fp32-accum", "adam", stage=2, world_size=N).device_total
     assert 0 <= ours - ds_gpu < PAD
-    paper = M.model_state_bytes(n, "mixed", "adam", stage=2, world_size=N).device_total
+    paper = M.model_state_bytes(n, "bf16-master", "adam", stage=2, world_size=N).device_total
     assert abs((ours - paper) - 4 * n / N) <= 4
 
 
@@ -244,7 +245,7 @@ def test_deepspeed_zero2_offload(n, gpn, nodes, ds2):
     the steady state per node (16Ψ/nodes) and leave load-time copies out."""
     N = gpn * nodes
     ds_cpu, ds_gpu = ds2.estimate_zero2_model_states_mem_needs(n, gpn, nodes, cpu_offload=True)
-    for policy in ("mixed-fp32-accum", "mixed-fp32-grads"):  # the fp32 grad copy is the one offloaded
+    for policy in ("bf16-master-fp32-accum", "bf16-master-fp32-grads"):  # the fp32 grad copy is the one offloaded
         e = M.model_state_bytes(n, policy, "adam", stage=2, world_size=N, offload_optimizer=True)
         assert e.device_total == ds_gpu == 2 * n
         job_host = e.host_total * N
@@ -254,14 +255,14 @@ def test_deepspeed_zero2_offload(n, gpn, nodes, ds2):
     # without offload DeepSpeed's CPU figure is only the load-time fp32 model per process on a node
     ds_cpu0, _ = ds2.estimate_zero2_model_states_mem_needs(n, gpn, nodes, cpu_offload=False)
     assert ds_cpu0 == int(1.5 * 4 * n * gpn)
-    assert M.model_state_bytes(n, "mixed-fp32-accum", "adam", stage=2, world_size=N).host_total == 0
+    assert M.model_state_bytes(n, "bf16-master-fp32-accum", "adam", stage=2, world_size=N).host_total == 0
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("gpn, nodes", LAYOUTS)
 def test_deepspeed_zero3(n, gpn, nodes, ds3):
     """DeepSpeed's ZeRO-3 estimator counts 18Ψ/N per GPU (fp16 params 2 + fp32 grads 4 + fp32 params 4 +
-    Adam 8: no separate fp16 gradient shard, our "mixed-fp32-grads" policy) plus 4 x the largest layer
+    Adam 8: no separate fp16 gradient shard, our "bf16-master-fp32-grads" policy) plus 4 x the largest layer
     (its gathered fp16 params and full fp16 gradient). Note the inconsistency: its ZeRO-2 estimator
     counts 20 B/param, its ZeRO-3 estimator 18. With offload its CPU figure is 1.5 x the per-node state
     (zero_init=True); the offloaded gradient is the fp32 one."""
@@ -271,19 +272,19 @@ def test_deepspeed_zero3(n, gpn, nodes, ds3):
     # no offload
     _, ds_gpu, ds_largest = ds3.estimate_zero3_model_states_mem_needs(n, largest, gpn, nodes, cpu_offload=False,
                                                                       cpu_offload_params=False)
-    e = M.model_state_bytes(n, "mixed-fp32-grads", "adam", **kw)
+    e = M.model_state_bytes(n, "bf16-master-fp32-grads", "adam", **kw)
     assert e.device["gathered"] == ds_largest == 4 * largest
     assert 0 <= e.device_total - ds_gpu < PAD
     # offload the optimizer (states, master, fp32 grads) to the CPU; the fp16 param shard stays
     ds_cpu, ds_gpu, _ = ds3.estimate_zero3_model_states_mem_needs(n, largest, gpn, nodes, cpu_offload=True,
                                                                   cpu_offload_params=False, zero_init=True)
-    e = M.model_state_bytes(n, "mixed-fp32-grads", "adam", offload_optimizer=True, **kw)
+    e = M.model_state_bytes(n, "bf16-master-fp32-grads", "adam", offload_optimizer=True, **kw)
     assert 0 <= e.device_total - ds_gpu < PAD
     assert abs(ds_cpu - 1.5 * e.host_per_node(gpn)) <= 1.5 * PAD * gpn + 1
     # offload params too: only the gathered layer stays on the GPU
     ds_cpu, ds_gpu, _ = ds3.estimate_zero3_model_states_mem_needs(n, largest, gpn, nodes, cpu_offload=True,
                                                                   cpu_offload_params=True, zero_init=True)
-    e = M.model_state_bytes(n, "mixed-fp32-grads", "adam", offload_optimizer=True, offload_params=True, **kw)
+    e = M.model_state_bytes(n, "bf16-master-fp32-grads", "adam", offload_optimizer=True, offload_params=True, **kw)
     assert e.device_total == ds_gpu == 4 * largest
     assert abs(ds_cpu - 1.5 * e.host_per_node(gpn)) <= 1.5 * PAD * gpn + 1
     # zero_init=False: each process first builds the full fp32 model on the CPU (4Ψ per GPU on the node)
@@ -307,8 +308,8 @@ def test_deepspeed_all_cold_tables(n, gpn, nodes, capsys, ds2, ds3):
     ds2.estimate_zero2_model_states_mem_needs_all_cold(n, gpn, nodes)
     rows = _parse_cold(capsys.readouterr().out)
     assert [r[2] for r in rows] == ["offload_optimizer=cpu", "offload_optimizer=none"]
-    off = M.model_state_bytes(n, "mixed-fp32-accum", "adam", stage=2, world_size=N, offload_optimizer=True)
-    on = M.model_state_bytes(n, "mixed-fp32-accum", "adam", stage=2, world_size=N)
+    off = M.model_state_bytes(n, "bf16-master-fp32-accum", "adam", stage=2, world_size=N, offload_optimizer=True)
+    on = M.model_state_bytes(n, "bf16-master-fp32-accum", "adam", stage=2, world_size=N)
     assert rows[0][1] == pytest.approx(off.device_total / M.GiB, abs=0.006)
     assert rows[1][1] == pytest.approx(on.device_total / M.GiB, abs=0.006)
     assert rows[0][0] == pytest.approx(1.5 * max(4 * N * n, off.host_total * N) / M.GiB, abs=0.006)
@@ -320,11 +321,11 @@ def test_deepspeed_all_cold_tables(n, gpn, nodes, capsys, ds2, ds3):
     kw = {"stage": 3, "world_size": N, "largest_layer_params": largest}
     expect = {
         "offload_param=cpu,offload_optimizer=cpu,zero_init=1":
-            M.model_state_bytes(n, "mixed-fp32-grads", "adam", offload_optimizer=True, offload_params=True, **kw),
+            M.model_state_bytes(n, "bf16-master-fp32-grads", "adam", offload_optimizer=True, offload_params=True, **kw),
         "offload_param=none,offload_optimizer=cpu,zero_init=1":
-            M.model_state_bytes(n, "mixed-fp32-grads", "adam", offload_optimizer=True, **kw),
+            M.model_state_bytes(n, "bf16-master-fp32-grads", "adam", offload_optimizer=True, **kw),
         "offload_param=none,offload_optimizer=none,zero_init=1":
-            M.model_state_bytes(n, "mixed-fp32-grads", "adam", **kw),
+            M.model_state_bytes(n, "bf16-master-fp32-grads", "adam", **kw),
     }
     by_opts = {r[2]: r for r in rows}
     for opts, e in expect.items():
@@ -344,9 +345,9 @@ SMALL = models.GPTConfig(d_model=32, n_layers=2, n_heads=2)
 def _one_step(policy: str, opt: str, *, autocast: bool = False):
     torch.manual_seed(0)
     model = models.TinyGPT(SMALL, seed=0)
-    if policy.startswith("mixed") or policy == "bf16-pure":
+    if policy.startswith("bf16-master") or policy == "bf16-pure":
         model = model.to(torch.bfloat16)
-    if policy.startswith("mixed"):
+    if policy.startswith("bf16-master"):
         o = M.MasterWeightOptimizer(model.parameters(), opt, policy, lr=1e-3)
     else:
         o = {"adamw": lambda p: torch.optim.AdamW(p, lr=1e-3), "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
@@ -362,12 +363,12 @@ def _one_step(policy: str, opt: str, *, autocast: bool = False):
 
 
 @pytest.mark.parametrize("policy, opt", [
-    ("fp32", "adamw"), ("fp32", "sgd"), ("fp32", "sgd-momentum"), ("fp32", "adafactor"), ("amp", "adamw"),
-    ("bf16-pure", "adam"), ("mixed", "adamw"), ("mixed-fp32-grads", "adamw"), ("mixed-fp32-accum", "adamw"),
-    ("mixed", "sgd-momentum"), ("mixed", "adafactor"),
+    ("fp32", "adamw"), ("fp32", "sgd"), ("fp32", "sgd-momentum"), ("fp32", "adafactor"), ("bf16", "adamw"),
+    ("bf16-pure", "adam"), ("bf16-master", "adamw"), ("bf16-master-fp32-grads", "adamw"), ("bf16-master-fp32-accum", "adamw"),
+    ("bf16-master", "sgd-momentum"), ("bf16-master", "adafactor"),
 ])
 def test_predicted_state_equals_measured_tensor_bytes(policy, opt):
-    model, o = _one_step(policy, opt, autocast=policy == "amp")
+    model, o = _one_step(policy, opt, autocast=policy == "bf16")
     measured = M.measure_model_state(model, o)
     assert measured == M.predict_torch_state(model, policy, opt)
     # and the per-parameter model agrees up to torch's 4-byte step counters and Adafactor's factoring
@@ -380,18 +381,18 @@ def test_predicted_state_equals_measured_tensor_bytes(policy, opt):
 def test_16_18_20_measured_on_real_tensors():
     """The three conventions are three real memory layouts of the same training step."""
     totals = {}
-    for policy in ("mixed", "mixed-fp32-grads", "mixed-fp32-accum"):
+    for policy in ("bf16-master", "bf16-master-fp32-grads", "bf16-master-fp32-accum"):
         model, o = _one_step(policy, "adamw")
         n = models.count_parameters(model)
         steps = 4 * len(list(model.parameters()))
         totals[policy] = (sum(M.measure_model_state(model, o).values()) - steps) / n
-    assert totals == {"mixed": 16.0, "mixed-fp32-grads": 18.0, "mixed-fp32-accum": 20.0}
+    assert totals == {"bf16-master": 16.0, "bf16-master-fp32-grads": 18.0, "bf16-master-fp32-accum": 20.0}
 
 
 def test_master_weight_optimizer_matches_fp32_adamw():
     """All three policies update the masters exactly like AdamW on fp32 copies fed the converted grads."""
     masters = {}
-    for policy in ("mixed", "mixed-fp32-grads", "mixed-fp32-accum"):
+    for policy in ("bf16-master", "bf16-master-fp32-grads", "bf16-master-fp32-accum"):
         torch.manual_seed(0)
         model = models.MLP(8, 16, 2, depth=2, seed=0).to(torch.bfloat16)
         ref = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
@@ -544,16 +545,16 @@ def test_saved_tensors_dedups_and_classifies():
 
 def test_calculator_report_seed_example():
     """The seeds' setup: 13B on 8 x A100-80GB, ZeRO-2, bf16 with fp32 master, optimizer offload."""
-    line = M.calculator_report(13 * 10**9, 8, 1, stage=2, offload="optimizer", policy="mixed", gpu_gb=80)
+    line = W.memory_calculator_report(13 * 10**9, 8, 1, stage=2, offload="optimizer", policy="bf16-master", gpu_gb=80)
     assert line.startswith("per GPU: 26.00 GB of model states on a 80 GB GPU: fits, 54.00 GB left")
     assert line.endswith("CPU per node: 182.00 GB")  # 14 B/param: 16-bit grads + fp32 master + Adam
-    no_off = M.calculator_report(13 * 10**9, 8, 1, stage=0, offload="none", gpu_gb=80)
+    no_off = W.memory_calculator_report(13 * 10**9, 8, 1, stage=0, offload="none", gpu_gb=80)
     assert "does NOT fit" in no_off and "208.00 GB" in no_off
 
 
 def test_calculator_widget_updates_with_stage():
     pytest.importorskip("ipywidgets")
-    w = M.calculator("7B", gpus_per_node=8, nodes=1, stage=0, offload="none", gpu_gb=80)
+    w = W.memory_calculator("7B", gpus_per_node=8, nodes=1, stage=0, offload="none", gpu_gb=80)
     assert repr(w) == "MemoryCalculator()"
     assert "lk-memcalc" in w._dom_classes and "lk-mem-result" in w.result._dom_classes
     assert "lk-mem-stage" in w.controls["stage"]._dom_classes
@@ -561,14 +562,14 @@ def test_calculator_widget_updates_with_stage():
     for s in (0, 1, 2, 3):
         w.controls["stage"].value = s
         seen.append(w.result.value)
-        assert seen[-1] == M.calculator_report(7 * 10**9, 8, 1, s, "none", "mixed", "adam", 80.0)
+        assert seen[-1] == W.memory_calculator_report(7 * 10**9, 8, 1, s, "none", "bf16-master", "adam", 80.0)
     assert len(set(seen)) == 4
     assert "does NOT fit" in seen[0] and "fits" in seen[3]
     w.controls["preset"].value = "70B"
     assert w.controls["billions"].value == 70
     w.controls["billions"].value = 2.5
     assert w.controls["preset"].value == "custom"
-    assert w.result.value == M.calculator_report(2_500_000_000, 8, 1, 3, "none", "mixed", "adam", 80.0)
+    assert w.result.value == W.memory_calculator_report(2_500_000_000, 8, 1, 3, "none", "bf16-master", "adam", 80.0)
     w.controls["stage"].value = 0
     w.controls["offload"].value = "optimizer"
     assert w.result.value.startswith("invalid setup")
@@ -584,8 +585,8 @@ def test_module_contract():
     assert list(itertools.islice(M.MODEL_PRESETS, 4)) == ["1B", "7B", "13B", "70B"]
 
 
-@pytest.mark.parametrize("policy, opt", [("fp32", "sgd-momentum"), ("bf16-pure", "adamw"), ("mixed", "adam"),
-                                         ("mixed-fp32-grads", "adafactor")])
+@pytest.mark.parametrize("policy, opt", [("fp32", "sgd-momentum"), ("bf16-pure", "adamw"), ("bf16-master", "adam"),
+                                         ("bf16-master-fp32-grads", "adafactor")])
 def test_setup_training_matches_prediction(policy, opt):
     model, o = M.setup_training(models.MLP(8, 16, 2, depth=2, seed=0), policy, opt, lr=1e-2)
     want = torch.float32 if policy == "fp32" else torch.bfloat16
@@ -615,7 +616,7 @@ def test_memory_bars_plot():
     from labkit import plots
 
     ax = plots.memory_bars({"fp32": {"params": 4, "grads": 4, "optimizer": 8},
-                            "mixed": {"params": 2, "grads": 2, "master": 4, "optimizer": 8}})
+                            "bf16-master": {"params": 2, "grads": 2, "master": 4, "optimizer": 8}})
     assert [t.get_text() for t in ax.texts] == ["16", "16"]
     assert len(ax.patches) == 2 * 4  # 4 categories x 2 setups (a missing category is a 0-height bar)
     assert sorted(p.get_height() for p in ax.patches) == [0, 2, 2, 4, 4, 4, 8, 8]

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import re
-import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import install_torch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def install_torch(load_tool):
+    """tools/install_torch.py, loaded by tests/conftest.py (no sys.path edit)."""
+    return load_tool("install_torch")
+
 
 CONDA_TO_PIP = {"pytorch": "torch", "msgpack-python": "msgpack"}
 
@@ -73,18 +77,19 @@ def test_torch_pins_agree():
 
 @pytest.mark.parametrize("index,gpu,resolved,system,expect", [
     ("auto", False, "2.13.0+cpu", "Linux", None),
-    ("auto", False, "2.13.0", "Linux", install_torch.CPU_INDEX),
-    ("auto", False, None, "Linux", install_torch.CPU_INDEX),
+    ("auto", False, "2.13.0", "Linux", "CPU_INDEX"),
+    ("auto", False, None, "Linux", "CPU_INDEX"),
     ("auto", True, "2.13.0", "Linux", None),
     ("auto", False, "2.13.0", "Darwin", None),
-    ("cpu", True, None, "Linux", install_torch.CPU_INDEX),
+    ("cpu", True, None, "Linux", "CPU_INDEX"),
     ("cu128", False, None, "Linux", "https://download.pytorch.org/whl/cu128"),
     ("pypi", False, None, "Linux", None),
 ])
-def test_choose_torch_index(index, gpu, resolved, system, expect):
+def test_choose_torch_index(install_torch, index, gpu, resolved, system, expect):
+    expect = install_torch.CPU_INDEX if expect == "CPU_INDEX" else expect
     assert install_torch.choose_index(index, gpu, resolved, system) == expect
 
 
-def test_choose_torch_index_rejects_nonsense():
+def test_choose_torch_index_rejects_nonsense(install_torch):
     with pytest.raises(ValueError, match="TORCH_INDEX"):
         install_torch.choose_index("gpu-please", False, None, "Linux")

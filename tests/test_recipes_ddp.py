@@ -13,7 +13,6 @@ import time
 
 import pytest
 import torch
-from test_dist import ProcessWatcher
 
 from labkit import device as dev_gate
 from labkit import dist, train
@@ -56,11 +55,11 @@ def test_one_rank_with_batch_2b_equals_two_ranks_with_batch_b(reference):
     assert res1["allreduce_calls"] == [6]
 
 
-def test_crash_raises_fast_with_the_ranks_traceback_then_resume_is_bitwise_equal(reference, tmp_path):
+def test_crash_raises_fast_with_the_ranks_traceback_then_resume_is_bitwise_equal(reference, tmp_path, watch_processes):
     ref, ref_ckpt = reference
     args = [*COMMON, "--batch", "16", "--ckpt-dir", str(tmp_path), "--ckpt-every", "2"]
     t0 = time.monotonic()
-    with ProcessWatcher() as w, pytest.raises(LaunchError) as info:
+    with watch_processes() as w, pytest.raises(LaunchError) as info:
         launch("labkit.recipes.ddp", 2, [*args, "--crash-rank", "1", "--crash-step", "3"], timeout=120,
                stream=False)
     assert time.monotonic() - t0 < 30

@@ -15,8 +15,13 @@ from labkit import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-sys.path.insert(0, str(ROOT / "tools"))
-import nbbuild  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def nbbuild(load_tool):
+    """tools/nbbuild.py, loaded by tests/conftest.py (no sys.path edit)."""
+    return load_tool("nbbuild")
+
 
 
 def code_cells(path: Path) -> list[dict]:
@@ -39,7 +44,7 @@ def test_notebook_stored_executed(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_matches_its_source(path):
+def test_notebook_matches_its_source(nbbuild, path):
     src = ROOT / "tools" / "nbsrc" / (path.stem + ".py")
     assert src.exists(), f"{path.name} has no source {src.relative_to(ROOT)}"
     want = [(c["cell_type"], c["source"]) for c in nbbuild.parse(src.read_text())]
@@ -126,7 +131,7 @@ def test_catalog_matches_notebooks_dir():
 
 def test_readme_map_is_current():
     text = (ROOT / "README.md").read_text()
-    assert catalog.markdown_table() in text, "README notebook map is stale: run python -m labkit.catalog --readme"
+    assert catalog.markdown_table() in text, "README notebook map is stale: run python tools/readme.py"
     first = text.split("## ")[0]
     assert "make lab" in first and "make test" in first, "the two commands come first"
 
@@ -142,7 +147,8 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in ci and "CI=true" in ci and "set -euo pipefail" in ci
     makefile = (ROOT / "Makefile").read_text()
     assert "--nbval" in makefile and "tests notebooks" in makefile
-    assert re.search(r"^test: test-native test-capped$", makefile, re.M), "make test must include the capped run"
+    assert re.search(r"^test: lint test-native test-capped$", makefile, re.M), "make test: lint, native, capped"
+    assert re.search(r"^\t\$\(BIN\)/ruff check labkit tests tools$", makefile, re.M), "make lint covers the tree"
 
 
 def test_make_lab_allows_root_only_as_root():
@@ -154,14 +160,22 @@ def test_make_lab_allows_root_only_as_root():
     assert "--ip 127.0.0.1" in line and "--no-browser" in line
 
 
-def test_nbbuild_parse_roundtrip():
+def test_nbbuild_parse_roundtrip(nbbuild):
     text = '# %% [markdown]\n# # T\n#\n# x\n# %%\na = 1\n\n# %% tags=["x"]\nb = 2\n'
     cells = nbbuild.parse(text)
     assert [(c["cell_type"], c["source"]) for c in cells] == [("markdown", "# T\n\nx"), ("code", "a = 1"),
                                                               ("code", "b = 2")]
-    assert cells[2].metadata["tags"] == ["x"]
-    with pytest.raises(ValueError):
-        nbbuild.parse("# %% [markdown]\nnot a comment\n")
+    assert cells[2].metadata["tags"] == ["x"] and [c["id"] for c in cells] == ["c000", "c001", "c002"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_pairs_with_its_source(path):
+    """jupytext's pairing metadata resolves each notebook to its own source in tools/nbsrc."""
+    from jupytext.paired_paths import paired_paths
+
+    formats = json.loads(path.read_text())["metadata"]["jupytext"]["formats"]
+    paths = [p for p, _ in paired_paths(str(path), "ipynb", formats)]
+    assert paths == [str(path), str(ROOT / "tools" / "nbsrc" / (path.stem + ".py"))]
 
 
 def test_python_m_labkit_doctor_runs():

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit import device, formats, tf32
+from labkit import device as dev_gate
+from labkit import formats, tf32
 
 
 def wide_fp32(n: int = 50_000, seed: int = 0) -> torch.Tensor:
@@ -94,19 +95,19 @@ def test_tf32_matmul_equals_rounded_inputs_in_fp32():
 def test_real_matmul_errors_are_ordered():
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(128, 128, generator=g), torch.randn(128, 128, generator=g)
-    before = device.set_float32_matmul_precision("highest")
+    before = dev_gate.set_float32_matmul_precision("highest")
     try:
         e32 = tf32.matmul_error(a, b, torch.float32)
     finally:
-        device.set_float32_matmul_precision(before["float32_matmul_precision"]
+        dev_gate.set_float32_matmul_precision(before["float32_matmul_precision"]
                                             if before["float32_matmul_precision"] != "mixed" else "highest")
     assert e32 < 1e-6
-    if device.computes(torch.bfloat16, "cpu"):
+    if dev_gate.computes(torch.bfloat16, "cpu"):
         assert tf32.matmul_error(a, b, torch.bfloat16) > 1e-3
 
 
 def test_time_tf32_is_none_without_cuda():
-    if device.is_cuda():
+    if dev_gate.is_cuda():
         pytest.skip("this test checks the CPU answer")
     assert tf32.time_tf32(64, "cpu") is None
 
@@ -127,31 +128,31 @@ def test_bad_input():
 
 
 def test_matmul_precision_settings_roundtrip():
-    before = device.set_float32_matmul_precision("medium")
+    before = dev_gate.set_float32_matmul_precision("medium")
     try:
-        s = device.fp32_matmul_settings()
+        s = dev_gate.fp32_matmul_settings()
         assert s["float32_matmul_precision"] == "medium" and s["allow_tf32"] is True
     finally:
-        device.set_float32_matmul_precision("highest")
-    s = device.fp32_matmul_settings()
+        dev_gate.set_float32_matmul_precision("highest")
+    s = dev_gate.fp32_matmul_settings()
     assert s["float32_matmul_precision"] == "highest" and s["allow_tf32"] is False
     assert before["float32_matmul_precision"] in ("highest", "high", "medium", "mixed")
     with pytest.raises(ValueError):
-        device.set_float32_matmul_precision("low")
+        dev_gate.set_float32_matmul_precision("low")
     with pytest.raises(TypeError):
-        device.set_float32_matmul_precision(3)
+        dev_gate.set_float32_matmul_precision(3)
 
 
 def test_mixed_legacy_and_new_precision_settings_do_not_crash_the_gate():
     """set_float32_matmul_precision("high") then allow_tf32=False leaves torch refusing to report one precision."""
     try:
-        device.set_float32_matmul_precision("high")
-        device.set_tf32(False)
-        assert device.fp32_matmul_settings()["float32_matmul_precision"] == "mixed"
-        assert device.capabilities("cpu").float32_matmul_precision == "mixed"
-        assert device.set_tf32(True)["float32_matmul_precision"] == "mixed"
+        dev_gate.set_float32_matmul_precision("high")
+        dev_gate.set_tf32(False)
+        assert dev_gate.fp32_matmul_settings()["float32_matmul_precision"] == "mixed"
+        assert dev_gate.capabilities("cpu").float32_matmul_precision == "mixed"
+        assert dev_gate.set_tf32(True)["float32_matmul_precision"] == "mixed"
     finally:
-        device.set_tf32(True)
-        device.set_float32_matmul_precision("highest")  # back to PyTorch's defaults
-    s = device.fp32_matmul_settings()
+        dev_gate.set_tf32(True)
+        dev_gate.set_float32_matmul_precision("highest")  # back to PyTorch's defaults
+    s = dev_gate.fp32_matmul_settings()
     assert (s["float32_matmul_precision"], s["allow_tf32"], s["cudnn_allow_tf32"]) == ("highest", False, True)

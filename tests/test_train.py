@@ -3,6 +3,7 @@ and bitwise-exact resume on the CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -56,7 +57,7 @@ def test_every_policy_runs_and_records(task, policy):
 
 
 def test_custom_policy_bf16_with_scaler_and_resume(task, tmp_path):
-    pol = train.Policy("bf16+scaler", torch.bfloat16, torch.float32, True, "bf16 autocast + GradScaler")
+    pol = dataclasses.replace(train.get_policy("bf16"), name="bf16+scaler", scaler=True)
     full = _run(task, policy=pol, steps=4)
     assert full.policy == "bf16+scaler" and full.scale[0] == 65536.0
     _run(task, policy=pol, steps=2, checkpoint_dir=tmp_path, checkpoint_every=2)
@@ -141,7 +142,7 @@ def test_overflow_steps_are_skipped_and_scale_halves(task):
 
 def test_clipping_applies_to_unscaled_gradients(task):
     clip = 1e-3
-    opt = lambda params: torch.optim.SGD(params, lr=1.0)
+    opt = lambda params: torch.optim.SGD(params, lr=1.0)  # noqa: E731
     m0 = _model(task)
     r = _run(task, policy="fp16", steps=1, optimizer=opt, clip_grad_norm=clip)
     assert r.grad_norm[0] > 10 * clip  # so the clip was active
@@ -238,7 +239,7 @@ def test_exercise_pick_dtype_island_and_lost_update():
     assert _evaluate("04.pick-dtype", nb04.reference_pick_amp) == "correct"
     assert _evaluate("04.pick-dtype", lambda caps: ("fp16", True)) == "wrong"
     assert _evaluate("04.fp32-island", nb04.reference_island_softmax) == "correct"
-    naive = lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True)
+    naive = lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True)  # noqa: E731
     assert _evaluate("04.fp32-island", naive) == "wrong"
     assert _evaluate("04.lost-update", 2.0**-8) == "correct"
     assert _evaluate("04.lost-update", 2.0**-7) == "wrong"

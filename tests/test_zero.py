@@ -12,7 +12,8 @@ import os
 import pytest
 import torch
 
-from labkit import device, dist, memory, zero
+from labkit import device as dev_gate
+from labkit import dist, memory, zero
 
 deepspeed = pytest.importorskip("deepspeed")
 
@@ -141,7 +142,7 @@ def test_partition_layout_by_hand():
 # The recipe, for real: stages 0-3 in bf16 (+ fp16 where it computes and DeepSpeed accepts it) on 2 gloo ranks
 # --------------------------------------------------------------------------------------------------
 
-FP16 = device.computes(torch.float16, "cpu") and device.deepspeed_accepts(torch.float16)
+FP16 = dev_gate.computes(torch.float16, "cpu") and dev_gate.deepspeed_accepts(torch.float16)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +203,7 @@ def test_measured_bytes_equal_labkit_memory_prediction(launched, stage):
     res, _, _ = launched
     run = _run(res, stage)
     n = run["n_params"]
-    pred = memory.model_state_bytes(n, "mixed", "adamw", stage=stage, world_size=2).device
+    pred = memory.model_state_bytes(n, "bf16-master", "adamw", stage=stage, world_size=2).device
     layout = zero.partition_layout(run["param_numels"], 2, stage)
     for rank, measured in enumerate(run["bytes_per_rank"]):
         b = measured["bytes"]

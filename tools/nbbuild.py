@@ -4,7 +4,7 @@
     python tools/nbbuild.py 01 03           # by number prefix
     python tools/nbbuild.py --no-execute 01 # write cells only (tests/test_repo.py will complain)
 
-Source format (a subset of jupytext's "percent" format):
+The sources are jupytext's "percent" format, read with jupytext itself:
 
     # %% [markdown]
     # # Title
@@ -14,75 +14,50 @@ Source format (a subset of jupytext's "percent" format):
     # %% tags=["raises-exception"]
 
 Cells are written with deterministic ids, executed with nbclient in notebooks/ (the same working
-directory that nbval and JupyterLab use), and saved with outputs and widget state.
+directory that nbval and JupyterLab use), and saved with outputs and widget state. Each notebook carries
+jupytext pairing metadata (``notebooks///ipynb,tools/nbsrc///py:percent``), so that an author with jupytext
+installed can open a notebook in JupyterLab and have its source kept in step; the student build drops it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 import time
 from pathlib import Path
 
+import jupytext
 import nbformat
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tools" / "nbsrc"
 OUT = ROOT / "notebooks"
-HEADER = re.compile(r"^# %%(?:\s+\[(?P<kind>markdown|md)\])?(?:\s+tags=(?P<tags>\[.*\]))?\s*$")
 
 
 def parse(text: str) -> list[nbformat.NotebookNode]:
-    """Split percent-format text into notebook cells."""
-    cells: list[nbformat.NotebookNode] = []
-    kind, tags, lines = None, [], []
-
-    def flush() -> None:
-        if kind is None:
-            return
-        body = lines[:]
-        while body and not body[-1].strip():
-            body.pop()
-        while body and not body[0].strip():
-            body.pop(0)
-        if kind == "markdown":
-            md = []
-            for ln in body:
-                if ln.startswith("# "):
-                    md.append(ln[2:])
-                elif ln.strip() == "#":
-                    md.append("")
-                else:
-                    raise ValueError(f"markdown line does not start with '# ': {ln!r}")
-            cell = nbformat.v4.new_markdown_cell("\n".join(md))
-        else:
-            cell = nbformat.v4.new_code_cell("\n".join(body))
-        if tags:
-            cell.metadata["tags"] = tags
+    """Split percent-format text into notebook cells (with jupytext), with deterministic ids and only tags kept."""
+    nb = jupytext.reads(text, fmt="py:percent")
+    cells = []
+    for i, c in enumerate(nb.cells):
+        cell = (nbformat.v4.new_markdown_cell(c.source) if c.cell_type == "markdown"
+                else nbformat.v4.new_code_cell(c.source))
+        if c.metadata.get("tags"):
+            cell.metadata["tags"] = list(c.metadata["tags"])
+        cell["id"] = f"c{i:03d}"
         cells.append(cell)
-
-    for ln in text.splitlines():
-        m = HEADER.match(ln)
-        if m:
-            flush()
-            kind = "markdown" if m.group("kind") else "code"
-            tags = json.loads(m.group("tags")) if m.group("tags") else []
-            lines = []
-        elif kind is not None:
-            lines.append(ln)
-    flush()
-    for i, c in enumerate(cells):
-        c["id"] = f"c{i:03d}"
     return cells
+
+
+#: jupytext pairing: notebooks/NN_x.ipynb <-> tools/nbsrc/NN_x.py
+PAIRING = "notebooks///ipynb,tools/nbsrc///py:percent"
 
 
 def new_notebook(cells: list[nbformat.NotebookNode]) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.cells = cells
     nb.metadata = {
+        "jupytext": {"formats": PAIRING},
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
     }

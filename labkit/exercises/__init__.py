@@ -1,5 +1,8 @@
 """The exercise registry: one module per notebook (``nb01``, ``nb02`` …), each with an ``EXERCISES`` list.
 
+The exercise modules build on :class:`Exercise` and the graders of :mod:`labkit.exercises._core`,
+re-exported here. Nothing in this package imports :mod:`labkit.check`; ``check`` imports the registry.
+
 Introduced in notebook 01.
 """
 
@@ -8,9 +11,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from labkit.check import Exercise
+from labkit.exercises._core import NOT_GIVEN, Exercise, number_grader
 
-__all__ = ["all_exercises", "get_exercise"]
+__all__ = ["NOT_GIVEN", "Exercise", "all_exercises", "get_exercise", "number_grader"]
 
 _REGISTRY: dict[str, Exercise] | None = None
 

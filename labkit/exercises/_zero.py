@@ -44,7 +44,7 @@ def zero_bytes_grader(fn_name: str, seed: int, fixed: list[tuple[int, int, int]]
         cases = list(fixed) + [(rng.randrange(10**6, 10**11), rng.randrange(4), rng.choice([1, 2, 4, 8, 64, 512]))
                                for _ in range(20)]
         for n, stage, ws in cases:
-            want = memory.model_state_bytes(n, "mixed", "adam", stage=stage, world_size=ws).device_total
+            want = memory.model_state_bytes(n, "bf16-master", "adam", stage=stage, world_size=ws).device_total
             got = fn(n, stage, ws)
             if got is None or got is Ellipsis:
                 return None

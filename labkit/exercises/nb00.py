@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from labkit.check import Exercise
+from labkit.exercises._core import Exercise
 
 __all__ = ["EXERCISES"]
 

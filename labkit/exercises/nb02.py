@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from labkit import formats as F
-from labkit.check import Exercise, number_grader
+from labkit.exercises._core import Exercise, number_grader
 
 __all__ = ["EXERCISES", "UNDERFLOW_VALUES"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from labkit import scaling
-from labkit.check import Exercise
+from labkit.exercises._core import Exercise
 
 __all__ = ["EXERCISES", "PATTERN", "PATTERN_KNOBS", "RULE_KNOBS", "exercise_gradients"]
 
@@ -82,7 +82,7 @@ def _grade_rule(update: object) -> tuple[bool, str] | None:
     if not callable(update):
         return False, "Define a function update(scale, tracker, found_inf) -> (new_scale, new_tracker)."
     rng = random.Random(7)
-    for trial in range(40):
+    for _trial in range(40):
         ref = scaling.DynamicLossScaler(init_scale=2.0 ** rng.randint(0, 20), **RULE_KNOBS)
         scale, tracker = ref.get_scale(), 0
         for step in range(rng.randint(1, 30)):

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from labkit.check import Exercise
+from labkit.exercises._core import Exercise
 
 __all__ = ["EXERCISES", "reference_amp_step", "reference_island_softmax", "reference_pick_amp"]
 
@@ -19,16 +19,14 @@ def reference_amp_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scale
 
     Introduced in notebook 04.
     """
+    from labkit import precision
     from labkit.models import lm_loss
 
     opt.zero_grad(set_to_none=True)
     with torch.autocast(device_type=x.device.type, dtype=dtype):
         loss = lm_loss(model(x), y)
-    scaler.scale(loss).backward()
-    scaler.unscale_(opt)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
-    scaler.step(opt)
-    scaler.update()
+    precision.backward(loss, scaler)
+    precision.update(opt, scaler, model.parameters(), clip_grad_norm=1.0)
 
 
 def reference_pick_amp(caps: dict[str, Any]) -> tuple[str, bool]:
@@ -82,9 +80,9 @@ def _island_no_cast_back(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _amp_dtype() -> torch.dtype:
-    from labkit import device
+    from labkit import device as dev_gate
 
-    return torch.float16 if device.computes(torch.float16, "cpu") else torch.bfloat16
+    return torch.float16 if dev_gate.computes(torch.float16, "cpu") else torch.bfloat16
 
 
 def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
@@ -127,9 +125,9 @@ def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
 def _grade_pick_amp(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
         return False, "Define a function pick_amp(caps) returning e.g. ('bf16', False)."
-    from labkit import device
+    from labkit import device as dev_gate
 
-    here = device.capabilities("cpu").as_dict()
+    here = dev_gate.capabilities("cpu").as_dict()
     cases = [
         {"device_type": "cuda", "device_name": "V100", "bf16": False, "fp16": True},
         {"device_type": "cuda", "device_name": "A100", "bf16": True, "fp16": True},

@@ -8,7 +8,7 @@ import random
 import torch
 
 from labkit import fp8
-from labkit.check import Exercise
+from labkit.exercises._core import Exercise
 
 __all__ = ["EXERCISES", "FORMAT_CHOICES", "WORKLOADS", "exercise_tensor"]
 

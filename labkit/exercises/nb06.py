@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from labkit import memory as M
-from labkit.check import Exercise, number_grader
+from labkit.exercises._core import Exercise, number_grader
 from labkit.exercises._zero import stage2_shards_params, zero_bytes_grader
 
 __all__ = ["EXERCISES"]
@@ -12,7 +12,7 @@ __all__ = ["EXERCISES"]
 
 
 def _bytes_per_param(answer: object) -> tuple[bool, str]:
-    ok, msg = number_grader(M.bytes_per_param("mixed", "sgd-momentum"), "the bytes per parameter")(answer)
+    ok, msg = number_grader(M.bytes_per_param("bf16-master", "sgd-momentum"), "the bytes per parameter")(answer)
     if ok or msg:
         return ok, msg
     if float(answer) in (16.0, 18.0, 20.0):  # type: ignore[arg-type]
@@ -21,12 +21,12 @@ def _bytes_per_param(answer: object) -> tuple[bool, str]:
 
 
 def _smallest_stage(answer: object) -> tuple[bool, str]:
-    want = M.smallest_fitting_stage(7 * 10**9, 32 * M.GB, 8, "mixed", "adam")
+    want = M.smallest_fitting_stage(7 * 10**9, 32 * M.GB, 8, "bf16-master", "adam")
     if isinstance(answer, bool) or not isinstance(answer, int):
         return False, "Give the stage as an int (0, 1, 2 or 3)."
     if answer == want:
         return True, ""
-    per_gpu = M.model_state_bytes(7 * 10**9, "mixed", "adam", stage=answer, world_size=8).device_total \
+    per_gpu = M.model_state_bytes(7 * 10**9, "bf16-master", "adam", stage=answer, world_size=8).device_total \
         if answer in (0, 1, 2, 3) else None
     if per_gpu is not None and per_gpu > 32 * M.GB:
         return False, f"At stage {answer} a GPU holds {M.fmt_bytes(per_gpu)}: more than 32 GB."

@@ -6,7 +6,7 @@ import math
 import random
 
 from labkit import roofline as R
-from labkit.check import Exercise
+from labkit.exercises._core import Exercise
 
 __all__ = ["EXERCISES", "H100_BANDWIDTH", "H100_BF16_FLOPS", "PROFILE_TABLE"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from labkit.check import Exercise
+from labkit.exercises._core import Exercise
 from labkit.recipes import allreduce as _ar
 
 __all__ = ["EXERCISES"]

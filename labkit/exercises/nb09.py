@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from labkit.check import Exercise
+from labkit.exercises._core import Exercise
 from labkit.exercises._zero import stage2_shards_params, zero_bytes_grader
 
 __all__ = ["CONFIG_SETUP", "EXERCISES"]

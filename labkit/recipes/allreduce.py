@@ -127,9 +127,11 @@ def run_benchmark(sizes: Sequence[int], iters: int = 20, warmup: int = 5, repeat
     for name, v in (("iters", iters), ("warmup", warmup), ("repeats", repeats)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup" else 1):
             raise ValueError(f"{name} must be a non-negative int (iters/repeats >= 1), got {v!r}")
-    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype_name)
-    if dtype is None:
+    from labkit import precision
+
+    if dtype_name not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype_name!r}")
+    dtype = precision.dtype(dtype_name)
     rank, n = dist.get_rank(), dist.get_world_size()
     backend = dist.get_backend()
     device = torch.device("cpu") if device is None else torch.device(device)

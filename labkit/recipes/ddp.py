@@ -22,13 +22,14 @@ What happens, in order (the order matters):
 4. create the GradScaler (fp16 only) *after* DDP, so every rank's scaler starts from the same state;
 5. with ``--resume``, restore model/optimizer/scaler/step/loss history from ``CKPT_DIR/last.pt``
    (:mod:`labkit.train`'s checkpoint format) if it exists; the sampler then skips the batches already seen;
-6. each step: ``accum`` micro-batches from a DistributedSampler; all but the last under
-   ``model.no_sync()`` (no all-reduce), autocast around forward+loss, ``scaler.scale(loss).backward()``;
-   then ``scaler.step(opt)``/``scaler.update()``; rank 0 saves a checkpoint atomically every
+6. :func:`train_loop`, the loop itself, as plain as nanoGPT's: each step, ``accum`` micro-batches; all but the
+   last under ``model.no_sync()`` (no all-reduce), autocast around forward+loss, then the AMP step of
+   :mod:`labkit.precision` (scaled backward; unscale, step or skip, update). Around it, not in it: fault
+   injection and slow ranks (in the batch source), step timing, logging, and rank 0's atomic checkpoint every
    ``--ckpt-every`` steps (and at the end), followed by a barrier on all ranks.
 
-Precision policies are :mod:`labkit.train`'s ``fp32``, ``bf16`` and ``fp16`` (fp32 master weights in all
-three). Under ``srun`` without torchrun the rank layout comes from ``SLURM_PROCID``/``SLURM_NTASKS``/
+Precision policies are :mod:`labkit.precision`'s ``fp32``, ``bf16`` and ``fp16`` (autocast over fp32 weights in
+all three). Under ``srun`` without torchrun the rank layout comes from ``SLURM_PROCID``/``SLURM_NTASKS``/
 ``SLURM_LOCALID`` (see :func:`labkit.dist.rank_env`); multi-node runs must export ``MASTER_ADDR``.
 
 Rank 0 prints ``LABKIT_RESULT {json}`` with the global mean loss per step, every rank's gradient and
@@ -51,7 +52,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "checksum", "latest_checkpoint", "main", "tensor_sum"]
+__all__ = ["build_parser", "checksum", "latest_checkpoint", "main", "tensor_sum", "train_loop"]
 
 
 
@@ -174,6 +175,49 @@ def _micro_batches(loader: Any, sampler: Any, start: int) -> Iterator[tuple[Any,
         epoch, skip = epoch + 1, 0
 
 
+def train_loop(ddp: Any, opt: Any, scaler: Any, policy: Any, batches: Iterator[tuple[Any, Any]], loss_fn: Any,
+               steps: int, accum: int = 1, start: int = 0,
+               sync_every_micro: bool = False) -> Iterator[tuple[int, float, Any]]:
+    """The DDP training loop: yield ``(step, loss, precision.StepInfo)`` after each optimizer step.
+
+    ``ddp`` is the DDP-wrapped model, ``batches`` yields ``(x, y)`` micro-batches already on the device,
+    ``policy`` a :mod:`labkit.precision` policy, ``scaler`` a ``torch.amp.GradScaler`` (fp16) or ``None``.
+    Introduced in notebook 08.
+    """
+    from labkit import precision
+
+    device_type = next(ddp.parameters()).device.type
+    for step in range(start, steps):
+        opt.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for micro in range(accum):
+            x, y = next(batches)
+            last = micro == accum - 1
+            sync = contextlib.nullcontext() if last or sync_every_micro else ddp.no_sync()  # all-reduce on last
+            with sync:
+                with precision.autocast(policy, device_type):
+                    loss = loss_fn(ddp(x), y) / accum
+                precision.backward(loss, scaler)  # DDP all-reduces the (scaled) gradients during backward
+            step_loss += float(loss.detach())
+        yield step, step_loss, precision.update(opt, scaler)  # unscale, step or skip, new scale
+
+
+def _instrumented(batches: Iterator[tuple[Any, ...]], args: argparse.Namespace, rank: int, start: int,
+                  device: Any) -> Iterator[tuple[Any, Any]]:
+    """The micro-batch source with the recipe's fault injection: a crash at a step, a slow rank."""
+    import time as _time
+
+    index = start * args.accum
+    for xb, yb in batches:
+        if args.crash_rank == rank and args.crash_step == index // args.accum and index % args.accum == 0:
+            raise RuntimeError(f"injected crash: rank {rank} at step {index // args.accum} "
+                               "(--crash-rank/--crash-step)")
+        if args.slow_rank == rank and args.slow_ms > 0:
+            _time.sleep(args.slow_ms / 1000.0)
+        index += 1
+        yield xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+
+
 def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
@@ -183,6 +227,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
 
     from labkit import device as dev_gate
     from labkit import dist as ldist
+    from labkit import precision
     from labkit import train as ltrain
 
     t_start = time.perf_counter()
@@ -194,10 +239,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         device = torch.device("cuda", renv.local_rank)
     backend = dev_gate.dist_backend(device)
     _validate(args, renv.world_size)
-    if args.precision != "fp32":
-        want = torch.bfloat16 if args.precision == "bf16" else torch.float16
-        if not dev_gate.computes(want, device):
-            raise ValueError(f"--precision {args.precision}: autocast to {want} does not work on {device}")
+    policy = precision.get_policy(args.precision)  # fp32, or bf16/fp16 autocast over fp32 weights
+    if not dev_gate.computes(policy.compute_dtype, device):
+        raise ValueError(f"--precision {args.precision}: autocast to {policy.compute_dtype} does not work on {device}")
     dev_gate.set_current_device(device)  # object collectives and barriers then use this rank's GPU
     renv = ldist.init_process_group(backend, timeout_s=args.pg_timeout,
                                     device=device if dev_gate.is_cuda(device) else None)
@@ -218,8 +262,6 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
 
     ddp.register_comm_hook(comm, counting_hook)
     # 4. the GradScaler after DDP (fp16 only; bf16 has fp32's exponent range and needs none)
-    policy = ltrain.get_policy(args.precision)  # labkit.train's policies: fp32 master weights in all three
-    amp_dtype = policy.autocast_dtype
     scaler = torch.amp.GradScaler(device.type) if policy.scaler else None
     # 5. resume
     start, losses, resumed_from = 0, [], None
@@ -249,39 +291,21 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     step_times: list[float] = []
     local_losses: list[float] = []
     skipped, saved = 0, []
-    for step in range(start, args.steps):
-        if args.crash_rank == rank and args.crash_step == step:
-            raise RuntimeError(f"injected crash: rank {rank} at step {step} (--crash-rank/--crash-step)")
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        step_loss = 0.0
-        for micro in range(args.accum):
-            xb, yb = (t.to(device, non_blocking=True) for t in next(batches))
-            if args.slow_rank == rank and args.slow_ms > 0:
-                time.sleep(args.slow_ms / 1000.0)
-            last = micro == args.accum - 1
-            sync = ddp.no_sync() if not (last or args.sync_every_micro) else contextlib.nullcontext()
-            with sync:
-                with torch.amp.autocast(device_type=device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    loss = loss_fn(ddp(xb), yb) / args.accum
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-            step_loss += float(loss.detach())
-        if scaler is not None:
-            before = scaler.get_scale()
-            scaler.step(opt)
-            scaler.update()
-            skipped += int(scaler.get_scale() < before)
-        else:
-            opt.step()
+    source = _instrumented(batches, args, rank, start, device)
+    t0 = time.perf_counter()
+    for step, step_loss, info in train_loop(ddp, opt, scaler, policy, source, loss_fn, args.steps, args.accum,
+                                            start, args.sync_every_micro):
         dev_gate.synchronize(device)
         step_times.append(time.perf_counter() - t0)
         local_losses.append(step_loss)
+        skipped += int(info.skipped)
         if ckpt_dir is not None and args.ckpt_every and (step + 1) % args.ckpt_every == 0 and step + 1 < args.steps:
             saved += _checkpoint(ckpt_dir, step + 1, model, opt, scaler, args.precision, losses,
                                  local_losses, rank, world)
         if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
             print(f"step {step + 1}/{args.steps} local loss {step_loss:.4f} "
                   f"({step_times[-1] * 1e3:.1f} ms)", flush=True)
+        t0 = time.perf_counter()
     t_train = time.perf_counter() - t_ready
 
     # global mean loss per step (one all-reduce at the end, not one per step)
@@ -305,7 +329,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     if rank != 0:
         return None
     n_steps = args.steps - start
-    per = lambda key: [g[key] for g in gathered]
+    def per(key: str) -> list[Any]:
+        return [g[key] for g in gathered]
+
     return {
         "recipe": "ddp", "world_size": world, "backend": backend, "device": str(device),
         "launcher": renv.launcher, "model": args.model,
@@ -357,13 +383,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from labkit import dist as ldist
 
     args = build_parser().parse_args(argv)
-    try:
-        result = _run(args)
-        if result is not None:
-            ldist.emit_result(result)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    # On an exception the process group is left alone: torchrun's record() writes this rank's error file
+    # first, and only the exit then closes the connections, so the other ranks fail *after* it and the
+    # launch names this rank as the root cause (destroying the group first let a peer fail first).
+    result = _run(args)
+    if result is not None:
+        ldist.emit_result(result)
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 

@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from labkit import data
+    from labkit import data, precision
     from labkit import dist as ldist
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -260,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for _, dtype, _ in runs:
             if dtype == "fp32":
                 continue
-            tdt = torch.float16 if dtype == "fp16" else torch.bfloat16
+            tdt = precision.dtype(dtype)
             ds_ok, runs_here = dev_gate.deepspeed_accepts(tdt), dev_gate.computes(tdt, where)
             if not (ds_ok and runs_here):
                 raise RuntimeError(

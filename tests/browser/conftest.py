@@ -146,7 +146,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             console = ARTIFACTS / f"{stem}-{i}.console.txt"
             console.write_text("\n".join(getattr(page, "_labkit_console", [])))
             saved.append(str(console))
-        except Exception as exc:  # noqa: BLE001 - reporting must not mask the real failure
+        except Exception as exc:
             saved.append(f"(screenshot of page {i} failed: {exc})")
     log = ARTIFACTS / f"{stem}-jupyter-server.log"
     try:

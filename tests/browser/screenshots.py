@@ -40,7 +40,7 @@ def _scale_trace(run: NotebookRun) -> object:
 
 def _memory_calculator(run: NotebookRun) -> object:
     """Notebook 06's ZeRO memory calculator on the seeds' setup: 13B on 8 GPUs, ZeRO-2, optimizer offloaded."""
-    root = run.code_cell_with(".calculator(").locator(".jp-OutputArea-output").first
+    root = run.code_cell_with(".memory_calculator(").locator(".jp-OutputArea-output").first
     root.get_by_label("ZeRO stage", exact=True).select_option("2")
     root.get_by_label("offload", exact=True).select_option("optimizer")
     expect(root.locator(".lk-mem-result")).to_have_text(re.compile(r"^per GPU: 26.00 GB"))

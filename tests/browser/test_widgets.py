@@ -129,7 +129,7 @@ def zero_per_gpu_gb(n_params: float, gpus: int, stage: int, offload_optimizer: b
 def test_memory_calculator_follows_the_zero_stage(lab: Lab) -> None:
     """Changing ZeRO stage, offload and GPU count changes the per-GPU figure to the ZeRO paper's value."""
     run = lab.run_notebook(_notebook("06"))
-    root = run.code_cell_with("mem.calculator(").locator(".jp-OutputArea-output").first
+    root = run.code_cell_with("widgets.memory_calculator(").locator(".jp-OutputArea-output").first
     result = root.locator(".lk-mem-result")
     stage = root.get_by_label("ZeRO stage", exact=True)
     offload = root.get_by_label("offload", exact=True)

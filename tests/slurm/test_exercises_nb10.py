@@ -1,66 +1,18 @@
-"""Notebook 10's exercises and parsers; the header parser is checked against the real sbatch."""
+"""Notebook 10's exercises, and labkit.slurm's header parser checked against the real sbatch.
+
+The parsers' own unit tests are in tests/test_slurm_parsers.py.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-import pytest
-from conftest import ROOT
 from local_cluster import LocalCluster
 
 from labkit.check import evaluate
 from labkit.exercises import nb10
-
-
-def test_parse_sbatch_header_forms():
-    text = """#!/bin/bash
-# a comment
-#SBATCH -N 2 --ntasks-per-node=4
-#SBATCH --job-name "my job"   # trailing comment
-#SBATCH -t1:30:00
-#SBATCH --exclusive
-#SBATCH --gres=gpu:a100:4
-
-echo start
-#SBATCH --job-name=ignored
-"""
-    o = nb10.parse_sbatch_header(text)
-    assert o == {"nodes": "2", "ntasks-per-node": "4", "job-name": "my job", "time": "1:30:00",
-                 "exclusive": "", "gres": "gpu:a100:4"}
-    assert nb10.gpus_per_node(o) == 4
-    assert nb10.gpus_per_node({"gpus-per-node": "h100:8"}) == 8
-    assert nb10.gpus_per_node({"gres": "gpu"}) == 1 and nb10.gpus_per_node({}) is None
-    with pytest.raises(TypeError):
-        nb10.parse_sbatch_header(None)
-    with pytest.raises(ValueError, match="not an sbatch option"):
-        nb10.parse_sbatch_header("#SBATCH nodes=2\n")
-    with pytest.raises(ValueError, match="needs a value"):
-        nb10.parse_sbatch_header("#SBATCH -N\n")
-
-
-@pytest.mark.parametrize("value,minutes", [("90", 90), ("1:30:00", 90), ("05:30", 5.5), ("1-12", 2160),
-                                           ("2-00:30", 2910), ("0-01:00:30", 60.5)])
-def test_time_minutes(value, minutes):
-    assert nb10.time_minutes(value) == minutes
-
-
-def test_time_minutes_rejects_bad_input():
-    with pytest.raises(ValueError, match="not a Slurm time"):
-        nb10.time_minutes("1h30")
-    with pytest.raises(TypeError):
-        nb10.time_minutes(90)
-
-
-def test_parse_tunnel():
-    t = nb10.parse_tunnel("ssh -N -L 8899:gpu017:24817 alice@login.hpc.example")
-    assert t == {"local_port": 8899, "host": "gpu017", "port": 24817, "dest_user": "alice",
-                 "dest_host": "login.hpc.example", "jump": None, "no_shell": True}
-    t = nb10.parse_tunnel("ssh -J alice@login -L 127.0.0.1:1:gpu017:2 alice@gpu017")
-    assert (t["jump"], t["dest_host"], t["local_port"], t["no_shell"]) == ("alice@login", "gpu017", 1, False)
-    for bad in ("scp a b", "ssh alice@login", "ssh -L 1:a:2 -L 3:b:4 x", "ssh -L a:b:c x", "ssh -L 1:a:2"):
-        with pytest.raises(ValueError):
-            nb10.parse_tunnel(bad)
+from labkit.slurm import gpus_per_node, parse_sbatch_header, time_minutes
 
 
 def _status(ex: str, answer) -> str:
@@ -115,14 +67,7 @@ def test_problems_exercise():
     # the transcript really contains what the labels claim
     t = nb10.TRANSCRIPT
     assert "login1 ~]$ python train.py" in t and "--port=8888" in t
-    assert nb10.gpus_per_node(nb10.parse_sbatch_header(t.split("cat lab.sbatch\n")[1])) is None
-
-
-def test_the_workbook_scripts_parse():
-    for name in ("jupyter.sbatch", "ddp.sbatch", "deepspeed.sbatch"):
-        o = nb10.parse_sbatch_header((ROOT / "slurm" / name).read_text())
-        assert o["signal"].startswith("B:TERM@") and nb10.time_minutes(o["time"]) > 0
-        assert "account" not in o and "partition" not in o  # site specific: on the command line
+    assert gpus_per_node(parse_sbatch_header(t.split("cat lab.sbatch\n")[1])) is None
 
 
 def test_header_parser_agrees_with_sbatch(slurm_cluster: LocalCluster, tmp_path: Path):
@@ -138,7 +83,7 @@ def test_header_parser_agrees_with_sbatch(slurm_cluster: LocalCluster, tmp_path:
 true
 #SBATCH --job-name=too-late
 """)
-    o = nb10.parse_sbatch_header(script.read_text())
+    o = parse_sbatch_header(script.read_text())
     job = slurm_cluster.run("sbatch", "--parsable", "--hold", "-o", "/dev/null", str(script)).stdout.strip()
     try:
         info = slurm_cluster.run("scontrol", "show", "job", "-o", job).stdout
@@ -151,5 +96,5 @@ true
     assert field["CPUs/Task"] == o["cpus-per-task"]
     d, hms = field["TimeLimit"].split("-")
     h, m, s = map(int, hms.split(":"))
-    assert int(d) * 1440 + h * 60 + m + s / 60 == nb10.time_minutes(o["time"])
+    assert int(d) * 1440 + h * 60 + m + s / 60 == time_minutes(o["time"])
     assert re.search(r"gpu:2", field.get("TresPerNode", "") + field.get("Gres", "")), info

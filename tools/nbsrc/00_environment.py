@@ -12,7 +12,7 @@
 # **Estimated time:** 10 min
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import importlib.util
 import time
 from pathlib import Path

@@ -12,7 +12,7 @@
 # **Estimated time:** 25 min
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import math
 
 import matplotlib.pyplot as plt

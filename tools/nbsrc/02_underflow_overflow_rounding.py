@@ -14,7 +14,7 @@
 # **Estimated time:** 30 min
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import math
 
 import matplotlib.pyplot as plt
@@ -22,7 +22,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from labkit import formats as F, models, plots
+from labkit import formats as F
+from labkit import models, plots
 from labkit.check import check
 from labkit.exercises.nb02 import UNDERFLOW_VALUES
 

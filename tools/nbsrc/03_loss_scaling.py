@@ -17,7 +17,7 @@
 # **Estimated time:** 50 min
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import inspect
 import io
 import json
@@ -167,8 +167,7 @@ assert not torch.isfinite(scaled_grads(2.0 ** (hi + 8))).all()  # too big: inf, 
 # keeps the scale just below where gradients overflow. `DynamicLossScaler` is that rule in plain Python:
 
 # %%
-src = inspect.getsource(DynamicLossScaler.update)
-print(textwrap.dedent(src[src.index("        old = self._scale"):src.index("        self.history")]))
+print(textwrap.dedent(inspect.getsource(DynamicLossScaler.grow_or_back_off)))
 
 # %% [markdown]
 # The scale is stored as an FP32 number, as in GradScaler (`_fp32` rounds to FP32). `tests/test_scaling.py`

@@ -13,21 +13,23 @@
 # **Estimated time:** 45 min
 
 # %%
-%matplotlib inline
+# %matplotlib inline
+import dataclasses
+import inspect
 import math
 import tempfile
 
 import matplotlib.pyplot as plt
 import torch
 
-from labkit import data, device, models, plots, train
+from labkit import data, device, models, plots, precision, train
 from labkit.check import check
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest, and fair on a shared machine
 DEV = device.pick_device()
 AMP = torch.float16 if device.computes(torch.float16, DEV) else torch.bfloat16
 # where fp16 does not compute at all, the scaler demos run bf16 autocast with a GradScaler instead
-SCALED = "fp16" if AMP == torch.float16 else train.Policy("bf16+scaler", AMP, torch.float32, True, "fallback")
+SCALED = "fp16" if AMP == torch.float16 else dataclasses.replace(precision.get_policy("bf16"), scaler=True)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -47,7 +49,7 @@ task = data.make_token_task("reverse", n=4096, n_digits=6, vocab_size=12, seed=0
 batches = data.Batches(task.inputs, task.targets, batch_size=16, seed=0)  # batches(step) -> (x, y)
 print("input :", task.inputs[0].tolist())
 print("target:", task.targets[0].tolist())
-make_model = lambda: models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, seed=0)  # noqa: E731
+make_model = lambda: models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, seed=0)
 print(f"TinyGPT: {models.count_parameters(make_model()):,} parameters")
 
 # %% [markdown]
@@ -57,8 +59,18 @@ print(f"TinyGPT: {models.count_parameters(make_model()):,} parameters")
 # 2. **Autocast** around the forward pass *and the loss*: eligible ops (matmuls) run in FP16, others stay
 #    FP32. The weights stay FP32: autocast casts copies on the fly.
 # 3. **Scaled backward, then step through the scaler**: `scaler.scale(loss).backward()` multiplies the loss by
-#    `S` so small gradients survive FP16; `scaler.step(opt)` unscales them, skips the step on inf/NaN, and
-#    `scaler.update()` adapts `S`.
+#    `S` so small gradients survive FP16; `scaler.unscale_(opt)` divides them by `S` again (clipping, if any,
+#    comes after it); `scaler.step(opt)` skips the step on inf/NaN, and `scaler.update()` adapts `S`.
+#
+# Step 3 is written once in labkit, as `labkit.precision.backward` and `labkit.precision.update`; every training
+# loop in the workbook (this notebook's `train.train`, notebook 08's DDP loop, the benchmarks) calls these two:
+
+# %%
+print(inspect.getsource(precision.backward))
+print(inspect.getsource(precision.update))
+
+# %% [markdown]
+# The three steps, on a tiny GPT:
 
 # %%
 model = make_model().to(DEV)
@@ -70,9 +82,8 @@ for step in range(3):
     with torch.autocast(device_type=DEV.type, dtype=AMP):        # (2) forward + loss
         logits = model(x)
         loss = models.lm_loss(logits, y)
-    scaler.scale(loss).backward()                                # (3) scaled backward,
-    scaler.step(opt)                                             #     unscale + (maybe) step,
-    scaler.update()                                              #     adapt the scale
+    precision.backward(loss, scaler)                             # (3) scaled backward,
+    precision.update(opt, scaler)                                #     unscale, (maybe) step, adapt the scale
 
 # %%
 w = model.blocks[0].mlp[0].weight
@@ -92,25 +103,25 @@ assert logits.dtype == AMP and loss.dtype == torch.float32 and w.dtype == w.grad
 # everything else gets the output of a matmul, i.e. a low-precision tensor), and we read the output dtype.
 
 # %%
-short = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+short = precision.dtype_name   # torch.bfloat16 -> "bf16"
 low = [dt for dt in (torch.bfloat16, torch.float16) if device.computes(dt, DEV)]
-measured = {short[dt]: train.autocast_op_dtypes(DEV, dt) for dt in low}
+measured = {short(dt): train.autocast_op_dtypes(DEV, dt) for dt in low}
 ref = {"low": "low", "fp32": "fp32", "input": "= input"}
 print(f"{'op':<14}" + "".join(f"{DEV.type + ' ' + k:>12}" for k in measured) + f"{'CUDA (ref.)':>14}")
 for op in train.AUTOCAST_OPS:
-    cells = "".join(f"{short[i] + '->' + short[o]:>12}" for i, o in (m[op] for m in measured.values()))
+    cells = "".join(f"{short(i) + '->' + short(o):>12}" for i, o in (m[op] for m in measured.values()))
     print(f"{op:<14}{cells}{ref[train.CUDA_AUTOCAST_REFERENCE[op]]:>14}")
 
 # %%
 if device.is_cuda(DEV):  # measured on this GPU: it must agree with PyTorch's documented CUDA lists
     for op, kind in train.CUDA_AUTOCAST_REFERENCE.items():
-        out = measured[short[AMP]][op][1]
-        assert out == {"low": AMP, "fp32": torch.float32, "input": AMP}[kind], op
+        out = measured[short(AMP)][op][1]
+        assert out == (torch.float32 if kind == "fp32" else AMP), op
     print("CUDA column: measured on this GPU, and it matches the reference lists")
 else:
     print("CUDA column: reference data (PyTorch AMP docs, 'CUDA Ops that can autocast to float32'), "
           "not measured: no GPU here")
-    some = measured[short[AMP]]
+    some = measured[short(AMP)]
     assert some["softmax"][1] == AMP and some["layer_norm"][1] == AMP      # CPU autocast: stays low
     assert some["cross_entropy"][1] == torch.float32                        # ...but losses go FP32
 
@@ -122,7 +133,8 @@ else:
 #
 # ## 4. Six precision policies, one model
 #
-# `labkit.train.train(model, batches, policy=...)` runs the same loop under a policy (`train.POLICIES`):
+# `labkit.train.train(model, batches, policy=...)` runs the same loop under a policy. The policies live in one
+# table, `labkit.precision.POLICIES`, with one meaning per name; notebook 06 counts the bytes of exactly these:
 #
 # | policy | compute | weights / optimizer state | loss scaling |
 # |---|---|---|---|
@@ -131,6 +143,9 @@ else:
 # | `fp16-noscale` | FP16 autocast | FP32 | none |
 # | `bf16` | BF16 autocast | FP32 | none |
 # | `fp16-pure` / `bf16-pure` | FP16 / BF16 | FP16 / BF16, no FP32 master | none |
+#
+# (The table has three more, `bf16-master` and its two variants: 16-bit weights with an FP32 master copy inside
+# the optimizer, as DeepSpeed does it. Notebooks 06 and 09 use them.)
 #
 # **A realistic gradient size.** A real LLM step averages its loss over ~10^5–10^6 tokens, so each logit's
 # gradient is ~1/tokens. Our batch has 96 scored tokens (16 sequences × 6 answer digits). `loss_weight=2**-12`
@@ -168,7 +183,7 @@ print("memory:", runs["fp32"].memory_source)
 
 # %%
 final = {p: r.final_loss() for p, r in runs.items()}
-verdict = lambda v: "diverged (NaN)" if math.isnan(v) else ("learned" if v < 0.1 else "stuck")  # noqa: E731
+verdict = lambda v: "diverged (NaN)" if math.isnan(v) else ("learned" if v < 0.1 else "stuck")
 for p, v in final.items():
     print(f"{p:<13} {verdict(v)}")
 good = [final[p] for p in ("fp32", "fp16", "bf16") if p in final]
@@ -286,7 +301,7 @@ x, y = (t.to(DEV) for t in batches(0))
 with torch.autocast(device_type=DEV.type, dtype=AMP):
     loss = models.lm_loss(m(x), y)
 scaler.scale(loss).backward()
-scaled_norm = train.grad_norm(m.parameters())      # what clipping here would see
+scaled_norm = precision.grad_norm(m.parameters())  # what clipping here would see
 
 # %%
 scaler.unscale_(opt)                               # true gradients from here on

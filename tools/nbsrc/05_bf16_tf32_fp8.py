@@ -17,7 +17,7 @@
 # **Estimated time:** 45 min
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import math
 
 import matplotlib.pyplot as plt
@@ -111,8 +111,8 @@ trained, batch = runs["fp32"].model, batches(STEPS + 1)
 l32, g32 = loss_and_grads(trained, batch)
 noise = {}
 for name, dtype, scale in (("fp16", torch.float16, 2.0**16), ("bf16", torch.bfloat16, 1.0)):
-    l, g = loss_and_grads(trained, batch, dtype, scale)
-    noise[name] = (abs(l - l32) / l32, float((g - g32).norm() / g32.norm()))
+    loss_h, g = loss_and_grads(trained, batch, dtype, scale)
+    noise[name] = (abs(loss_h - l32) / l32, float((g - g32).norm() / g32.norm()))
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -19,11 +19,12 @@
 # **Estimated time:** 50 min
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import matplotlib.pyplot as plt
 import torch
 
-from labkit import data, device, memory as mem, models, plots
+from labkit import data, device, models, plots, precision, train, widgets
+from labkit import memory as mem
 from labkit.check import check
 
 torch.manual_seed(0)
@@ -49,17 +50,17 @@ dev = device.pick_device()
 
 # %%
 print(mem.conventions_table("adam"))
-assert [mem.bytes_per_param(p, "adam") for p in ("mixed", "mixed-fp32-grads", "mixed-fp32-accum")] == [16, 18, 20]
-assert mem.bytes_per_param("fp32", "adam") == mem.bytes_per_param("mixed", "adam") == 16
+assert [mem.bytes_per_param(p, "adam") for p in ("bf16-master", "bf16-master-fp32-grads", "bf16-master-fp32-accum")] == [16, 18, 20]
+assert mem.bytes_per_param("fp32", "adam") == mem.bytes_per_param("bf16-master", "adam") == 16
 
 # %% [markdown]
 # The same numbers per precision policy and optimizer, as stacked bars (bytes per parameter; `weight_copies` is
 # autocast's temporary bf16 copy of the weights; Adafactor's factored second moment is ~0 bytes per parameter):
 
 # %%
-setups = [("fp32", "adam"), ("amp", "adam"), ("mixed", "adam"), ("mixed-fp32-grads", "adam"),
-          ("mixed-fp32-accum", "adam"), ("mixed", "sgd-momentum"), ("mixed", "adam-8bit"),
-          ("mixed", "adafactor"), ("bf16-pure", "adam")]
+setups = [("fp32", "adam"), ("bf16", "adam"), ("bf16-master", "adam"), ("bf16-master-fp32-grads", "adam"),
+          ("bf16-master-fp32-accum", "adam"), ("bf16-master", "sgd-momentum"), ("bf16-master", "adam-8bit"),
+          ("bf16-master", "adafactor"), ("bf16-pure", "adam")]
 bars = {f"{p}\n{o}": mem.model_state_bytes(1, p, o).device for p, o in setups}
 plots.memory_bars(bars, title="model-state bytes per parameter (no ZeRO)")
 plt.show()
@@ -74,8 +75,13 @@ plt.show()
 # `mem.predict_torch_state` predicts, tensor by tensor, what a model and its optimizer hold after one step
 # (including torch's 4-byte `step` counter per tensor for Adam). `mem.measure_model_state` then counts the
 # bytes of the real storages: every parameter, every `.grad`, every fp32 master copy and every optimizer-state
-# tensor. The mixed policies use `mem.MasterWeightOptimizer`: bf16 model, fp32 masters, and the three
-# gradient layouts (16: bf16 grads; 18: fp32 grads; 20: both).
+# tensor. The policies come from the one table, `labkit.precision.POLICIES`: first exactly the six that notebook 04
+# trains (`train.POLICIES`), then the three `-master` layouts, which use `mem.MasterWeightOptimizer`: bf16 model,
+# fp32 masters, and three gradient layouts (16: bf16 grads; 18: fp32 grads; 20: both).
+#
+# Two names changed when the policies moved into one table: what this notebook called `mixed` is now
+# `bf16-master`, and `amp` is now `bf16` (autocast over fp32 weights, as in notebook 04). The old names still work
+# as aliases, each with one meaning; `bf16` no longer stands for the master-copy layout.
 
 # %%
 task = data.make_token_task("reverse", n=512, n_digits=6, vocab_size=12, seed=0)
@@ -84,7 +90,7 @@ x, y = task.inputs[:32].clone(), task.targets[:32].clone()  # own storage: a vie
 
 def one_step(policy, optimizer, batch=(x, y)):
     model, opt = mem.setup_training(models.TinyGPT(cfg, seed=0), policy, optimizer)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=policy == "amp"):
+    with precision.autocast(policy, "cpu"):
         models.lm_loss(model(batch[0]).float(), batch[1]).backward()
     opt.step()
     return model, opt
@@ -92,14 +98,15 @@ def one_step(policy, optimizer, batch=(x, y)):
 # %%
 n = models.count_parameters(models.TinyGPT(cfg))
 print(f"tiny GPT: {n:,} parameters in {len(list(models.TinyGPT(cfg).parameters()))} tensors\n")
-print(f"{'policy':<17} {'optimizer':<13} {'predicted B':>12} {'measured B':>11} {'B/param':>8}")
-for policy, optimizer in [("fp32", "adamw"), ("fp32", "sgd-momentum"), ("amp", "adamw"), ("mixed", "adamw"),
-                          ("mixed-fp32-grads", "adamw"), ("mixed-fp32-accum", "adamw"), ("fp32", "adafactor")]:
+print(f"{'policy':<23} {'optimizer':<13} {'predicted B':>12} {'measured B':>11} {'B/param':>8}")
+masters = [name for name, pol in precision.POLICIES.items() if pol.master]
+for policy, optimizer in [*[(p, "adamw") for p in train.POLICIES], *[(p, "adamw") for p in masters],
+                          ("fp32", "sgd-momentum"), ("fp32", "adafactor")]:
     model, opt = one_step(policy, optimizer)
     measured, predicted = mem.measure_model_state(model, opt), mem.predict_torch_state(model, policy, optimizer)
     assert measured == predicted, (policy, optimizer, measured, predicted)
     total = sum(measured.values())
-    print(f"{policy:<17} {optimizer:<13} {sum(predicted.values()):>12,} {total:>11,} {total / n:>8.2f}")
+    print(f"{policy:<23} {optimizer:<13} {sum(predicted.values()):>12,} {total:>11,} {total / n:>8.2f}")
 
 # %% [markdown]
 # Every row matches to the byte. The bytes per parameter are 16, 18 and 20 plus a little: 29 `step` counters of
@@ -108,7 +115,7 @@ for policy, optimizer in [("fp32", "adamw"), ("fp32", "sgd-momentum"), ("amp", "
 # The breakdown of the 20-byte layout, category by category:
 
 # %%
-model, opt = one_step("mixed-fp32-accum", "adamw")
+model, opt = one_step("bf16-master-fp32-accum", "adamw")
 for k, v in mem.measure_model_state(model, opt).items():
     print(f"{k:<11} {v:>9,} B = {v / n:.2f} B/param")
 
@@ -154,7 +161,7 @@ else:
 # ## 3. Why "memory went up when we turned on AMP"
 #
 # `torch.autocast` does not change what is stored: parameters, gradients and Adam states stay fp32 (16 B/param,
-# exactly as measured above for `amp`). It *adds* something: every Linear weight is cast to bf16 in the forward
+# exactly as measured above for `bf16`). It *adds* something: every Linear weight is cast to bf16 in the forward
 # pass, and autograd keeps those copies until backward (2 B/param more). Activations are partly bf16 (matmul
 # inputs) and partly still fp32 (LayerNorm inputs, the fp32 softmax island, the residual stream).
 # Saved-tensor hooks show exactly what the tiny GPT's forward pass keeps for backward:
@@ -175,11 +182,11 @@ for name, enabled in (("fp32", False), ("bf16 autocast", True)):
 # not move at all, and the weight copies add 14 GB:
 
 # %%
-for policy in ("fp32", "amp"):
+for policy in ("fp32", "bf16"):
     e = mem.model_state_bytes(7 * 10**9, policy, "adamw")
     print(f"{policy:<5} {mem.fmt_bytes(e.device_total):>10}  {e.device}")
-assert mem.model_state_bytes(7 * 10**9, "amp", "adamw").device_total > mem.model_state_bytes(7 * 10**9, "fp32", "adamw").device_total
-adam_share = (12 * 10**9 * 7) / mem.model_state_bytes(7 * 10**9, "mixed", "adam").device_total
+assert mem.model_state_bytes(7 * 10**9, "bf16", "adamw").device_total > mem.model_state_bytes(7 * 10**9, "fp32", "adamw").device_total
+adam_share = (12 * 10**9 * 7) / mem.model_state_bytes(7 * 10**9, "bf16-master", "adam").device_total
 print(f"master + Adam states: {adam_share:.0%} of mixed-precision model states")
 
 # %% [markdown]
@@ -237,7 +244,7 @@ assert len(calls) == 2
 # also the gradients, stage 3 also the parameters. The ZeRO paper's example, 7.5B parameters on 64 GPUs:
 
 # %%
-for stage, e in mem.zero_table(7_500_000_000, 64, "mixed", "adam").items():
+for stage, e in mem.zero_table(7_500_000_000, 64, "bf16-master", "adam").items():
     print(f"ZeRO-{stage}: {mem.fmt_bytes(e.device_total):>10} per GPU")
 assert [round(e.device_total / 1e9, 1) for e in mem.zero_table(7_500_000_000, 64).values()] == [120.0, 31.4, 16.6, 1.9]
 
@@ -250,10 +257,11 @@ assert [round(e.device_total / 1e9, 1) for e in mem.zero_table(7_500_000_000, 64
 #
 # **The calculator.** Pick a model size, the GPUs, the ZeRO stage, offload and precision; it says whether the
 # model states fit and how much is left for activations. It starts on the seeds' configuration: a 13B model on
-# 8 × A100-80GB with ZeRO-2, bf16 and the optimizer offloaded to the CPU.
+# 8 × A100-80GB with ZeRO-2, bf16 weights with fp32 masters (`bf16-master`) and the optimizer offloaded to the CPU.
 
 # %%
-calc = mem.calculator("13B", gpus_per_node=8, nodes=1, stage=2, offload="optimizer", policy="bf16", gpu_gb=80)
+calc = widgets.memory_calculator("13B", gpus_per_node=8, nodes=1, stage=2, offload="optimizer",
+                                 policy="bf16-master", gpu_gb=80)
 calc
 
 # %%
@@ -312,8 +320,8 @@ print("accumulated gradient == full-batch gradient (to fp32 rounding)")
 
 # %%
 for opt_name in ("adam", "sgd-momentum", "adam-8bit", "adafactor", "sgd"):
-    e = mem.model_state_bytes(7 * 10**9, "mixed", opt_name)
-    print(f"{opt_name:<13} {mem.bytes_per_param('mixed', opt_name):>3} B/param  {mem.fmt_bytes(e.device_total):>10}")
+    e = mem.model_state_bytes(7 * 10**9, "bf16-master", opt_name)
+    print(f"{opt_name:<13} {mem.bytes_per_param('bf16-master', opt_name):>3} B/param  {mem.fmt_bytes(e.device_total):>10}")
 
 # %% [markdown]
 # ## 7. Memory that does not drop
@@ -335,7 +343,7 @@ for opt_name in ("adam", "sgd-momentum", "adam-8bit", "adafactor", "sgd"):
 model = models.TinyGPT(cfg, seed=0)
 params = list(model.parameters())
 kept, logged = [], []
-for i in range(4):  # "validation": forward only, no backward, no torch.no_grad()
+for _ in range(4):  # "validation": forward only, no backward, no torch.no_grad()
     loss = models.lm_loss(model(x), y)
     kept.append(loss)          # the bug: the tensor, with its graph
     logged.append(loss.item())  # the fix: a Python float
@@ -444,7 +452,7 @@ check("06.bytes-per-param", answer)
 answer = ...
 ### BEGIN SOLUTION
 answer = next(s for s in range(4)
-              if mem.model_state_bytes(7 * 10**9, "mixed", "adam", stage=s, world_size=8).device_total <= 32e9)
+              if mem.model_state_bytes(7 * 10**9, "bf16-master", "adam", stage=s, world_size=8).device_total <= 32e9)
 ### END SOLUTION
 check("06.smallest-stage", answer)
 

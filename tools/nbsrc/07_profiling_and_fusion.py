@@ -21,14 +21,16 @@
 # tests; the cells assert only facts that hold everywhere (same results, fewer bytes, which side of the ridge).
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import os
 
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # small machines: compile workers steal the cores
 import matplotlib.pyplot as plt
 import torch
 
-from labkit import bench, device, models, profiling as P, roofline as R
+from labkit import bench, device, models
+from labkit import profiling as P
+from labkit import roofline as R
 from labkit.check import check
 from labkit.exercises.nb07 import H100_BANDWIDTH, H100_BF16_FLOPS, PROFILE_TABLE
 
@@ -177,7 +179,7 @@ notes.append(("torch.compile first call", f"{first_call_s:.1f} s"))
 ref = P.gelu_chain_reference(x, bias, mask, p)
 versions = {"unfused (12 ops)": P.gelu_chain_unfused, "fused by hand": P.gelu_chain_fused,
             "F.gelu (library)": P.gelu_chain_reference, "torch.compile": chain_compiled}
-for name, fn in versions.items():
+for fn in versions.values():
     torch.testing.assert_close(fn(x, bias, mask, p), ref, atol=1e-5, rtol=1e-5)
 print("all versions agree with F.gelu(approximate='tanh') + dropout to 1e-5")
 

@@ -16,7 +16,8 @@
 # node the same module with NCCL. Each launch costs a few seconds of process start-up.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
+import inspect
 import math
 import os
 import subprocess
@@ -31,6 +32,7 @@ from labkit import device, train
 from labkit.check import check
 from labkit.dist import LaunchError, launch
 from labkit.recipes import allreduce as ar
+from labkit.recipes import ddp as ddp_recipe
 
 # %% [markdown]
 # ## 1. Data parallelism in one picture
@@ -140,18 +142,18 @@ print(f"this machine: {os.cpu_count()} CPU cores for the notebook kernel, torchr
 #
 # ## 3. AMP inside DDP
 #
-# The order matters, and the recipe follows it:
-#
-# ```python
-# model = build_model().to(device)                  # same seed on every rank
-# opt = make_optimizer(model.parameters())
-# ddp = DDP(model, device_ids=...)                   # broadcasts rank 0's weights
-# scaler = torch.amp.GradScaler(device.type)         # fp16 only, created after DDP
-# with torch.amp.autocast(device_type=device.type, dtype=torch.float16):
-#     loss = loss_fn(ddp(x), y)                      # autocast around forward + loss only
-# scaler.scale(loss).backward()                      # DDP all-reduces the *scaled* gradients
-# scaler.step(opt); scaler.update()                  # unscale, inf check, step or skip, new scale
-# ```
+# The order matters, and the recipe follows it: build the model (same seed on every rank), then the optimizer;
+# wrap the model in `DDP` (which broadcasts rank 0's weights); create the `GradScaler` (fp16 only) after DDP. Then
+# the loop runs. This is the recipe's whole training loop, `labkit.recipes.ddp.train_loop`, printed from the code
+# that ran above (fault injection, timing and checkpoints sit around it, in the batch source and the caller):
+
+# %%
+print(inspect.getsource(ddp_recipe.train_loop))
+
+# %% [markdown]
+# Inside it, `precision.backward` is `scaler.scale(loss).backward()` (DDP all-reduces the *scaled* gradients
+# during backward) and `precision.update` is `scaler.unscale_(opt)`, then `scaler.step(opt)` (skipped on inf/NaN)
+# and `scaler.update()`: notebook 04's AMP step, written once in `labkit.precision`.
 #
 # Every rank has its own GradScaler. They agree only because each one looks at the *all-reduced* gradients:
 # an inf on one rank becomes an inf on all ranks, so all of them skip the step and halve the scale together. If
@@ -174,14 +176,8 @@ assert amp["param_checksums"][0] == amp["param_checksums"][1] and amp["global_ba
 # ## 4. Gradient accumulation with `no_sync()`
 #
 # Accumulating 4 micro-batches needs only one all-reduce, after the last one. Inside `ddp.no_sync()` DDP skips
-# the all-reduce and lets gradients add up locally:
-#
-# ```python
-# for i, (x, y) in enumerate(micro_batches):
-#     ctx = ddp.no_sync() if i < accum - 1 else contextlib.nullcontext()
-#     with ctx:
-#         scaler.scale(loss_fn(ddp(x), y) / accum).backward()
-# ```
+# the all-reduce and lets gradients add up locally: that is the `sync = ...` line of the loop above, and the loss
+# is divided by `accum` so that the summed gradients are the mean over the whole step.
 #
 # The recipe counts the all-reduces DDP really issues (a communication hook that counts, then all-reduces):
 

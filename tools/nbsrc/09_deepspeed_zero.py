@@ -17,7 +17,7 @@
 # node the same recipe runs on CUDA with NCCL.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import json
 
 import matplotlib.pyplot as plt
@@ -55,7 +55,7 @@ from labkit.exercises.nb09 import CONFIG_SETUP
 # %%
 model = models.TinyGPT(vocab_size=12, seq_len=12, seed=0)
 n_params = models.count_parameters(model)
-pred = {s: memory.model_state_bytes(n_params, "mixed", "adamw", stage=s, world_size=2) for s in range(4)}
+pred = {s: memory.model_state_bytes(n_params, "bf16-master", "adamw", stage=s, world_size=2) for s in range(4)}
 print(f"TinyGPT: {n_params:,} parameters")
 for s, p in pred.items():
     print(f"ZeRO-{s}: {p.device_total:>9,} bytes per rank = {p.device_total / n_params:5.2f} bytes/param  {p.device}")
@@ -309,10 +309,10 @@ ref13 = zero.config(2, "bf16", offload="cpu", micro_batch=4, grad_accum=8, world
 print(json.dumps(ref13, indent=1))
 
 # %%
-est = memory.model_state_bytes(13 * 10**9, "mixed", "adam", stage=2, world_size=8, offload_optimizer=True)
+est = memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=2, world_size=8, offload_optimizer=True)
 print(est.table("GB"))
 print(f"CPU RAM per node for the 8 ranks' offloaded states: {memory.fmt_bytes(est.host_per_node(8))}")
-assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "mixed", "adam", stage=0).device_total
+assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=0).device_total
 
 # %% [markdown]
 # Without ZeRO the same model needs 208 GB of model states per GPU, so it cannot start at all. With ZeRO-2 and
@@ -354,7 +354,7 @@ assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "mixed", "
 # %%
 for size in ("1B", "7B", "13B", "70B"):
     n = memory.MODEL_PRESETS[size]
-    st = memory.smallest_fitting_stage(n, 80e9, 8, "mixed", "adam", reserve_bytes=20e9)
+    st = memory.smallest_fitting_stage(n, 80e9, 8, "bf16-master", "adam", reserve_bytes=20e9)
     print(f"{size:>4} on 8 x 80 GB (20 GB kept for activations): smallest stage = {st}")
 
 # %% [markdown]

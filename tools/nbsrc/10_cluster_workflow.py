@@ -19,7 +19,7 @@
 # differ on every run. Every other output is exact.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import json
 import os
 import re
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from labkit import env
 from labkit.check import check
-from labkit.exercises.nb10 import (CONNECTION, JOB, LAUNCH, PROBLEMS, TRANSCRIPT, gpus_per_node,
-                                   parse_sbatch_header, time_minutes)
+from labkit.exercises.nb10 import CONNECTION, JOB, LAUNCH, PROBLEMS, TRANSCRIPT
+from labkit.slurm import parse_sbatch_header
 
 ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "slurm" / "jupyter.sbatch").is_file())
 SLURM_DIR = ROOT / "slurm"
@@ -84,7 +84,7 @@ if in_job:
 #
 # A job asks for resources with `#SBATCH` lines at the top of its script. sbatch reads them **only until
 # the first command**; an `#SBATCH` line after that is an ordinary comment. Options on the command line
-# override the script's lines. `labkit.exercises.nb10.parse_sbatch_header` follows the same rules, and it
+# override the script's lines. `labkit.slurm.parse_sbatch_header` follows the same rules, and it
 # is tested against the real sbatch. Here is what the workbook's three scripts ask for:
 
 # %%

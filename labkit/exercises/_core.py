@@ -1,0 +1,72 @@
+"""What every exercise module builds on: the :class:`Exercise` record and the shared grader factories.
+
+It lives in the exercises package, not in :mod:`labkit.check`, so that the imports go one way only:
+``labkit.check`` imports ``labkit.exercises``, and nothing in ``labkit.exercises`` imports ``labkit.check``.
+Not an exercise module (its name does not start with ``nb``), so the registry does not load it.
+
+Introduced in notebook 01.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["NOT_GIVEN", "Exercise", "number_grader"]
+
+
+class _NotGiven:
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+#: The default of :attr:`Exercise.reference` and :attr:`Exercise.wrong`: no answer given.
+NOT_GIVEN: Any = _NotGiven()
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: an id such as ``"01.fp16-max"``, a one-line prompt, a grader and a hint.
+
+    ``grade(answer)`` returns ``True``/``False`` or a ``(bool, message)`` pair; it may call the
+    learner's function on fresh inputs, and returns ``None`` when a learner's function is still a stub
+    (it returned ``...`` or ``None``), which reports "not attempted yet". ``hint`` is shown on a wrong
+    answer. ``reference`` (a correct answer) and ``wrong`` (a typical mistake) let the tests prove that
+    the grader tells them apart.
+
+    Introduced in notebook 01.
+    """
+
+    id: str
+    prompt: str
+    grade: Callable[[Any], Any]
+    hint: str
+    success: str = ""
+    meta: dict = field(default_factory=dict)
+    reference: Any = NOT_GIVEN
+    wrong: Any = NOT_GIVEN
+
+
+def number_grader(want: float, what: str = "the value", rel: float = 0.0,
+                  close: float = 1e-2) -> Callable[[Any], tuple[bool, str]]:
+    """Return a grader for a numeric answer: equal to ``want`` within ``rel`` (0 means exactly).
+
+    A bool or a non-number gets a "give a number" hint; an answer within ``close`` (relative) but not
+    within ``rel`` is told it is close. Introduced in notebook 01.
+    """
+    def grade(answer: Any) -> tuple[bool, str]:
+        if isinstance(answer, bool):
+            return False, f"Give {what} as a number, not a bool."
+        try:
+            got = float(answer)
+        except (TypeError, ValueError, OverflowError):
+            return False, f"Give {what} as a number."
+        if got == want or (math.isfinite(got) and abs(got - want) <= rel * abs(want)):
+            return True, ""
+        if math.isfinite(got) and want and abs(got - want) <= close * abs(want):
+            return False, f"{got!r} is close, but {'the exact value' if rel == 0 else 'not close enough'} is wanted."
+        return False, ""
+
+    return grade
