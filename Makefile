@@ -18,7 +18,7 @@ ALLOW_ROOT  := $(if $(filter 0,$(shell id -u)),--allow-root,)
 BIN := $(VENV)/bin
 DS_BUILD_DEPS := ninja packaging psutil py-cpuinfo pydantic hjson msgpack einops setuptools wheel
 
-.PHONY: lab test test-native test-capped lint install install-dev notebooks student doctor clean screenshots
+.PHONY: lab test test-native test-capped lint gpu-check install install-dev notebooks student doctor clean screenshots
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,11 @@ lab: $(VENV)/.base
 # Lint, everything on this CPU, then every notebook again (strict nbval) with the CPU capped to the laptop class.
 test: lint test-native test-capped
 
+# The GPU acceptance run (notebooks 03-09 on CUDA + every CUDA-only result -> gpu-report.json/.md); on a
+# machine without a CUDA GPU it says so in one line and exits 0.
+gpu-check: $(VENV)/.dev
+	$(BIN)/python tools/gpu_check.py --out .
+
 # ruff on labkit, the tests, the repo tooling and the notebook sources (rules: pyproject.toml)
 lint: $(VENV)/.dev
 	$(BIN)/ruff check labkit tests tools
@@ -70,9 +75,10 @@ doctor: $(VENV)/.base
 notebooks: $(VENV)/.dev
 	$(BIN)/python tools/nbbuild.py
 
-# Student copies of the notebooks, solutions removed: dist/student/
+# The students' copy of the workbook, no solutions: dist/student/ (README, notebooks/, slurm/; no labkit/, tools/,
+# tests/). It replaces only an earlier build; STUDENT_ARGS=--force moves any other dist/student aside, deleting nothing.
 student: $(VENV)/.base
-	$(BIN)/python -m labkit student-build --src notebooks --out dist/student
+	$(BIN)/python -m labkit student-build --tree --out dist/student $(STUDENT_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache  # dist/ (student builds) is left alone

@@ -41,6 +41,8 @@ def check_count(name: str, value: object, minimum: int) -> int:
 
     The argument check shared by the memory and activation models. Introduced in notebook 06.
     """
+    if isinstance(minimum, bool) or not isinstance(minimum, int):
+        raise TypeError(f"minimum must be an int, got {type(minimum).__name__}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if isinstance(value, float):
@@ -156,6 +158,13 @@ def graph_saved_bytes(t: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> 
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"t must be a tensor, got {type(t).__name__}")
+    if isinstance(exclude, torch.Tensor):
+        exclude = [exclude]
+    if isinstance(exclude, (str, bytes)) or not isinstance(exclude, Iterable):
+        raise TypeError(f"exclude must be an iterable of tensors, got {type(exclude).__name__}")
+    exclude = list(exclude)
+    if not all(isinstance(p, torch.Tensor) for p in exclude):
+        raise TypeError("exclude must hold tensors (e.g. model.parameters())")
     skip = {p.untyped_storage().data_ptr() for p in exclude}
     seen: dict[int, int] = {}
     stack, visited = [t.grad_fn], set()

@@ -17,7 +17,6 @@ Introduced in notebook 04.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import statistics
@@ -179,7 +178,7 @@ def compare(
     if baseline not in candidates:
         raise ValueError(f"baseline {baseline!r} is not one of {list(candidates)}")
     _check_counts(warmup, repeats)
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     timer, method = _timer(dev)
     names = list(candidates)
     for _ in range(warmup):
@@ -213,7 +212,9 @@ def matmul_candidates(
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     g = torch.Generator().manual_seed(seed)
     a32, b32 = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     cands: dict[str, Callable[[], Any]] = {}
@@ -238,7 +239,7 @@ def train_step_candidates(
     """
     from labkit import data, models
 
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     task = data.make_token_task("reverse", n=batch_size, n_digits=8, vocab_size=16, seed=seed)
     x, y = task.inputs.to(dev), task.targets.to(dev)
     cands: dict[str, Callable[[], Any]] = {}
@@ -273,7 +274,7 @@ def amp_benchmark(
     Returns ``{"matmul": Comparison, "train_step": Comparison}`` with fp32 as the baseline.
     ``matmul_size`` defaults to 1024 on CPU and 4096 on CUDA. Introduced in notebook 04.
     """
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     dtypes = list(dict.fromkeys(["fp32", *dtypes]))
     n = matmul_size if matmul_size is not None else (4096 if dev.type == "cuda" else 1024)
     mm = compare(matmul_candidates(n, dtypes, dev), baseline="fp32", warmup=warmup, repeats=repeats, device=dev)
@@ -350,7 +351,7 @@ def peak_matmul_flops(dtype: str | torch.dtype = "fp32", device: torch.device | 
     device cannot compute in ``dtype``. Introduced in notebook 07.
     """
     name, dt = _peak_dtype(dtype)
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     if dt != torch.float32 and not dev_gate.computes(dt, dev):
         raise ValueError(f"{dev} does not compute in {name}; measure fp32 instead")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -396,7 +397,7 @@ def memory_bandwidth(nbytes: int = 256 * 2**20, device: torch.device | str | Non
         raise ValueError(f"nbytes must be an int >= 4096, got {nbytes!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     src = torch.ones(nbytes // 4, device=dev)
     dst = torch.empty_like(src)
     sec = time_fn(functools.partial(dst.copy_, src), warmup=1, repeats=repeats, device=dev).median
@@ -499,7 +500,7 @@ def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | s
     lacks. Introduced in notebook 07.
     """
     name, _ = _peak_dtype(dtype)
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     if dev_gate.is_cuda(dev):
         props = dev_gate.cuda_properties(dev)
         assert props is not None
@@ -535,7 +536,7 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
 
     dtypes the device cannot compute in are listed as skipped. Introduced in notebook 07.
     """
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     lines = [f"labkit peak report on {dev} ({dev_gate.capabilities(dev).device_name})", ""]
     for name in dtypes:
         _, dt = _peak_dtype(name)
@@ -560,30 +561,48 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
     return "\n".join(lines)
 
 
+# The largest values the command line takes: a typo fails while parsing, not in a giant allocation.
+_MAX_MATMUL_N = 32768
+_MAX_BATCH = 65536
+_MAX_BANDWIDTH_MIB = 16384
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m labkit.bench amp [--device D] [--dtypes bf16,fp16] [--size N] [--repeats R]``.
 
     ``python -m labkit.bench peak [--device D] [--dtypes fp32,bf16,fp16]`` prints measured vs theoretical
-    peak FLOP/s and the copy bandwidth (notebook 07).
+    peak FLOP/s and the copy bandwidth (notebook 07). A bad flag value exits with status 2 and one line on
+    stderr before anything is measured.
 
     Introduced in notebook 04.
     """
-    ap = argparse.ArgumentParser(prog="python -m labkit.bench", description="labkit benchmarks")
+    from labkit import _cli
+
+    count, dtypes = _cli.int_in(1), _cli.choices_list(list(PEAK_DTYPES))
+    size = _cli.int_in(1, _MAX_MATMUL_N)
+    ap = _cli.ArgumentParser(prog="python -m labkit.bench", description="labkit benchmarks")
     sub = ap.add_subparsers(dest="suite", required=True)
     amp = sub.add_parser("amp", help="bf16 (and fp16) vs fp32: matmul and tiny-GPT train step, one run")
-    amp.add_argument("--device", default=None, help="cpu, cuda, ... (default: labkit.device.pick_device())")
-    amp.add_argument("--dtypes", default="bf16", help="comma-separated, compared with fp32 (bf16,fp16)")
-    amp.add_argument("--size", type=int, default=None, help="matmul size n (default 1024 CPU, 4096 CUDA)")
-    amp.add_argument("--warmup", type=int, default=3)
-    amp.add_argument("--repeats", type=int, default=10)
-    amp.add_argument("--batch-size", type=int, default=64, help="tiny-GPT batch size for the train step")
-    amp.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for a CPU run")
+    amp.add_argument("--device", type=_cli.device, default=None,
+                     help="cpu, cuda, ... (default: labkit.device.pick_device())")
+    amp.add_argument("--dtypes", type=dtypes, default="bf16", help="comma-separated, compared with fp32 (bf16,fp16)")
+    amp.add_argument("--size", type=size, default=None,
+                     help=f"matmul size n, at most {_MAX_MATMUL_N} (default 1024 CPU, 4096 CUDA)")
+    amp.add_argument("--warmup", type=_cli.int_in(0), default=3)
+    amp.add_argument("--repeats", type=count, default=10)
+    amp.add_argument("--batch-size", type=_cli.int_in(1, _MAX_BATCH), default=64,
+                     help=f"tiny-GPT batch size for the train step, at most {_MAX_BATCH}")
+    amp.add_argument("--threads", type=count, default=None, help="torch.set_num_threads for a CPU run")
     peak = sub.add_parser("peak", help="measured vs theoretical peak FLOP/s (fp32, bf16, fp16) and copy bandwidth")
-    peak.add_argument("--device", default=None, help="cpu, cuda, ... (default: labkit.device.pick_device())")
-    peak.add_argument("--dtypes", default="fp32,bf16,fp16", help="comma-separated peak dtypes")
-    peak.add_argument("--bandwidth-mib", type=int, default=512, help="size of the copied tensor in MiB")
-    peak.add_argument("--sizes", default=None, help="comma-separated square matmul sizes (default: a few per device)")
-    peak.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for a CPU run")
+    peak.add_argument("--device", type=_cli.device, default=None,
+                      help="cpu, cuda, ... (default: labkit.device.pick_device())")
+    peak.add_argument("--dtypes", type=dtypes, default="fp32,bf16,fp16", help="comma-separated peak dtypes")
+    peak.add_argument("--bandwidth-mib", type=_cli.int_in(1, _MAX_BANDWIDTH_MIB), default=512,
+                      help=f"size of the copied tensor in MiB, at most {_MAX_BANDWIDTH_MIB}")
+    peak.add_argument("--sizes", type=_cli.int_list(1, _MAX_MATMUL_N), default=None,
+                      help=f"comma-separated square matmul sizes, each at most {_MAX_MATMUL_N} "
+                           "(default: a few per device)")
+    peak.add_argument("--threads", type=count, default=None, help="torch.set_num_threads for a CPU run")
     args = ap.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -84,7 +84,10 @@ def markdown_table(notebooks: list[Notebook] | None = None) -> str:
 
     Introduced in notebook 00.
     """
+    chosen = available() if notebooks is None else notebooks
+    if isinstance(chosen, (str, bytes)) or not all(isinstance(n, Notebook) for n in chosen):
+        raise TypeError("notebooks must be a list of labkit.catalog.Notebook (or None for all)")
     rows = ["| # | Notebook | What it teaches | On CPU | On a GPU |", "|---|---|---|---|---|"]
-    for n in notebooks if notebooks is not None else available():
+    for n in chosen:
         rows.append(f"| {n.number} | [{n.title}](notebooks/{n.filename}) | {n.teaches} | {n.cpu} | {n.gpu} |")
     return "\n".join(rows)

@@ -45,18 +45,44 @@ class Verdict:
 _RESULTS: dict[str, str] = {}
 
 
-def contains_ellipsis(answer: Any) -> bool:
-    """Say whether ``answer`` still holds the ``...`` placeholder (also inside tuples, lists and dicts).
+# What contains_ellipsis looks into, and how deep; deeper levels count as filled in.
+_CONTAINERS = (tuple, list, set, frozenset, dict)
+_SCAN_DEPTH = 64
 
+
+def contains_ellipsis(answer: Any) -> bool:
+    """Say whether ``answer`` still holds the ``...`` placeholder (also inside tuples, lists, sets and dicts).
+
+    The scan is iterative: a container that holds itself is visited once, and nothing more than 64 levels
+    deep is looked at, so no answer can exhaust the recursion limit. An exception raised by the answer's
+    own ``__iter__``/``values`` propagates (:func:`evaluate` reports it as the answer's error).
     Introduced in notebook 01.
     """
-    if answer is Ellipsis:
-        return True
-    if isinstance(answer, (tuple, list, set, frozenset)):
-        return any(contains_ellipsis(a) for a in answer)
-    if isinstance(answer, dict):
-        return any(contains_ellipsis(v) for v in answer.values())
+    if not isinstance(answer, _CONTAINERS):
+        return answer is Ellipsis
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(answer, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        for child in item.values() if isinstance(item, dict) else item:
+            if child is Ellipsis:
+                return True
+            if depth + 1 < _SCAN_DEPTH and isinstance(child, _CONTAINERS):
+                stack.append((child, depth + 1))
     return False
+
+
+def _outcome(out: Any) -> tuple[bool, str]:
+    """Read a grader's result, ``ok`` or ``(ok, detail)``, as ``(bool, str)``."""
+    if isinstance(out, tuple):
+        if len(out) != 2:
+            raise ValueError(f"a grader returns ok or (ok, message), got a tuple of {len(out)}")
+        ok, detail = out
+        return bool(ok), "" if detail is None else str(detail)
+    return bool(out), ""
 
 
 def evaluate(exercise_id: str, answer: Any) -> Verdict:
@@ -66,17 +92,17 @@ def evaluate(exercise_id: str, answer: Any) -> Verdict:
     Introduced in notebook 01.
     """
     ex = get_exercise(exercise_id)
-    if contains_ellipsis(answer):
-        return Verdict("not attempted", f"{ex.id}: not attempted yet. Replace the `...` and run the cell again.")
     try:
+        if contains_ellipsis(answer):
+            return Verdict("not attempted", f"{ex.id}: not attempted yet. Replace the `...` and run the cell again.")
         out = ex.grade(answer)
-    except Exception as exc:
+        if out is None:
+            return Verdict("not attempted", f"{ex.id}: not attempted yet. Your function still returns nothing; "
+                                            "fill in its body and run the cell again.")
+        ok, detail = _outcome(out)
+    except (Exception, SystemExit) as exc:  # whatever the answer does, the cell goes on (Ctrl-C still stops it)
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return Verdict("wrong", f"{ex.id}: your answer raised {last}. Hint: {ex.hint}")
-    if out is None:
-        return Verdict("not attempted", f"{ex.id}: not attempted yet. Your function still returns nothing; "
-                                        "fill in its body and run the cell again.")
-    ok, detail = (out if isinstance(out, tuple) else (bool(out), ""))
     if ok:
         msg = f"{ex.id}: correct."
         if ex.success or detail:
@@ -91,12 +117,16 @@ def evaluate(exercise_id: str, answer: Any) -> Verdict:
 def check(exercise_id: str, answer: Any) -> None:
     """Print ✓ and a short confirmation, ✗ and a hint, or "not attempted yet"; never raise on an answer.
 
+    Whatever ``answer`` is (a container that holds itself, a list nested thousands deep, an object whose
+    methods raise), the outcome is printed, not raised; only an unknown ``exercise_id`` (a bug in the
+    notebook, not in the answer) raises ``ValueError``/``TypeError``.
     Introduced in notebook 01.
     """
     verdict = evaluate(exercise_id, answer)
     mark = {"correct": "✓", "wrong": "✗", "not attempted": "…"}[verdict.status]
     _RESULTS[exercise_id] = verdict.status
-    print(f"{mark} {verdict.message}")
+    # lone surrogates (from an answer's text) cannot be encoded for printing: show them escaped
+    print(f"{mark} {verdict.message}".encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def results() -> dict[str, str]:

@@ -20,6 +20,7 @@ Introduced in notebook 03.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,9 @@ def make_regression(
     _check_int("n", n, 1)
     _check_int("in_features", in_features, 1)
     _check_int("out_features", out_features, 1)
+    for name, v in (("noise", noise), ("target_scale", target_scale)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise TypeError(f"{name} must be a finite number, got {v!r}")
     if not (noise >= 0):
         raise ValueError(f"noise must be >= 0, got {noise}")
     if not (target_scale > 0):
@@ -216,6 +220,8 @@ class Batches:
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"Batches takes tensors, got {type(t).__name__}")
+            if t.dim() == 0:
+                raise ValueError("Batches takes tensors of examples (at least 1-D), got a 0-d tensor")
         n = tensors[0].shape[0]
         if any(t.shape[0] != n for t in tensors):
             raise ValueError(f"tensors disagree on the number of examples: {[t.shape[0] for t in tensors]}")

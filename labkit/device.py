@@ -48,6 +48,7 @@ __all__ = [
     "memory_summary",
     "nccl_version",
     "pick_device",
+    "resolve",
     "reset_peak_memory_stats",
     "set_current_device",
     "set_float32_matmul_precision",
@@ -79,6 +80,19 @@ def _mps_available() -> bool:
     return bool(mps is not None and mps.is_available())
 
 
+def _present(device: torch.device | str | None) -> torch.device:
+    """:func:`_as_device`, and a ValueError (not torch's AssertionError) for a GPU this machine does not have."""
+    dev = _as_device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{dev} was asked for, but torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{dev} was asked for, but torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+    elif dev.type == "mps" and not _mps_available():
+        raise ValueError("an MPS device was asked for, but this machine has none")
+    return dev
+
+
 def pick_device(prefer: str | None = None) -> torch.device:
     """Return the best available device: CUDA, then MPS, then CPU (``prefer`` or $LABKIT_DEVICE overrides).
 
@@ -102,6 +116,22 @@ def pick_device(prefer: str | None = None) -> torch.device:
     if _mps_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def resolve(device: torch.device | str | None = None) -> torch.device:
+    """Return ``device`` as a ``torch.device`` that is really present (``None``: :func:`pick_device`).
+
+    A bad name or type raises ``ValueError``/``TypeError``, and so does asking for a GPU this machine lacks (torch
+    itself would raise a RuntimeError or an AssertionError deep inside). Introduced in notebook 00.
+    """
+    if device is None:
+        return pick_device()
+    if isinstance(device, torch.device):
+        return device if device.type == "cpu" else pick_device(str(device))
+    if isinstance(device, str):
+        return pick_device(device)
+    raise TypeError(f"device must be a torch.device, a str such as 'cpu' or 'cuda:0', or None, got "
+                    f"{type(device).__name__}")
 
 
 def is_cuda(device: torch.device | str | None = None) -> bool:
@@ -234,7 +264,7 @@ def fast(dtype: torch.dtype, device: torch.device | str | None = None) -> bool:
         raise ValueError(f"fast() knows float32, float16, bfloat16 and the float8 dtypes, got {dtype}")
     if dtype == torch.float32:
         return True
-    dev = _as_device(device)
+    dev = _present(device)
     if dev.type == "cuda":
         cc = tuple(torch.cuda.get_device_capability(dev))
         need = {torch.float16: (7, 0), torch.bfloat16: (8, 0)}.get(dtype, (8, 9))
@@ -338,7 +368,7 @@ def autocast_dtype(device: torch.device | str | None = None) -> torch.dtype:
     A V100 gets fp16 (fast there; its bf16 is emulated); a CPU without AVX512-BF16 still gets bf16, which
     computes and needs no loss scaler. Introduced in notebook 00.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     for question in (fast, computes):
         for dt in (torch.bfloat16, torch.float16):
             if question(dt, dev) and (question is computes or computes(dt, dev)):
@@ -360,14 +390,14 @@ def set_current_device(device: torch.device | str) -> None:
     A DDP rank calls it with ``cuda:LOCAL_RANK`` before joining an NCCL group, so that object collectives and
     barriers use its own GPU rather than GPU 0. Introduced in notebook 08.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for queued work on ``device`` to finish (a no-op on CPU). Introduced in notebook 04."""
-    dev = _as_device(device)
+    dev = _present(device)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     elif dev.type == "mps":
@@ -379,7 +409,7 @@ def max_memory_allocated(device: torch.device | str | None = None) -> int | None
 
     Introduced in notebook 04.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None
 
 
@@ -389,7 +419,7 @@ def cuda_properties(device: torch.device | str | None = None) -> dict[str, objec
     Clocks are the maximum (boost) clocks the driver reports, in kHz; ``None`` where this torch build
     does not expose them. Introduced in notebook 07.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     if dev.type != "cuda":
         return None
     p = torch.cuda.get_device_properties(dev)
@@ -416,7 +446,7 @@ def memory_summary(device: torch.device | str | None = None) -> str | None:
 
     Introduced in notebook 06.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     return torch.cuda.memory_summary(dev, abbreviated=True) if dev.type == "cuda" else None
 
 
@@ -425,7 +455,7 @@ def memory_allocated(device: torch.device | str | None = None) -> int | None:
 
     Introduced in notebook 04.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     return int(torch.cuda.memory_allocated(dev)) if dev.type == "cuda" else None
 
 
@@ -434,7 +464,7 @@ def memory_reserved(device: torch.device | str | None = None) -> int | None:
 
     Introduced in notebook 06.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     return int(torch.cuda.memory_reserved(dev)) if dev.type == "cuda" else None
 
 
@@ -443,7 +473,7 @@ def empty_cache(device: torch.device | str | None = None) -> None:
 
     Introduced in notebook 06.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     if dev.type == "cuda":
         with torch.cuda.device(dev):
             torch.cuda.empty_cache()
@@ -451,7 +481,7 @@ def empty_cache(device: torch.device | str | None = None) -> None:
 
 def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
     """Reset the peak-memory counter on a CUDA device (a no-op elsewhere). Introduced in notebook 04."""
-    dev = _as_device(device)
+    dev = _present(device)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
 
@@ -462,7 +492,7 @@ def event_timer(device: torch.device | str | None = None) -> Callable[[Callable[
     Events measure the GPU's time for the queued work; the timer synchronises on the end event.
     Introduced in notebook 04.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     if dev.type != "cuda":
         return None
 
@@ -483,7 +513,7 @@ def get_rng_state(device: torch.device | str | None = None) -> torch.Tensor | No
 
     Introduced in notebook 04.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     return torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
 
 
@@ -492,7 +522,7 @@ def set_rng_state(state: torch.Tensor | None, device: torch.device | str | None 
 
     Introduced in notebook 04.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     if state is not None and dev.type == "cuda":
         torch.cuda.set_rng_state(state.cpu(), dev)
 
@@ -613,7 +643,7 @@ def capabilities(device: torch.device | str | None = None) -> Capabilities:
 
     Introduced in notebook 00.
     """
-    dev = _as_device(device)
+    dev = _present(device)
     cuda = dev.type == "cuda"
     bf16, fp16 = computes(torch.bfloat16, dev), computes(torch.float16, dev)
     name = torch.cuda.get_device_name(dev) if cuda else _cpu_model_name()

@@ -14,14 +14,17 @@ Rank side: :func:`rank_env` reads the rank layout from torchrun's or Slurm's env
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import importlib.util
 import json
 import math
 import os
 import queue
+import random
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -51,7 +54,24 @@ RESULT_PREFIX = "LABKIT_RESULT "
 
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _ROOT_CAUSE_RE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)", re.DOTALL)
+_ROOT_EXIT_RE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
 _GRACE_S = 3.0
+#: Linux's range for ephemeral (outgoing) ports; launch picks MASTER_PORT below it.
+_PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_EPHEMERAL_FALLBACK = (32768, 60999)
+_PORT_FLOOR = 20000  # below it sit many well-known services (databases, 8888 for Jupyter, ...)
+_PORT_TRIES = 200
+#: Where DeepSpeed's CPU shm all-reduce op keeps its buffers, and their name (deepspeed/ops/csrc/cpu/comm/
+#: shm.cpp): ``deepspeed_allreduce_buffer_{uid}_{MASTER_ADDR}_{MASTER_PORT}_{rank}``, one per rank.
+_SHM_DIR = Path("/dev/shm")
+_SHM_PREFIX = "deepspeed_allreduce_buffer"
+#: What a rank's death by a signal usually means, for the LaunchError headline.
+_SIGNAL_HINTS = {
+    "SIGKILL": "often the out-of-memory killer: check `dmesg` or the job's memory limit; or a kill -9",
+    "SIGSEGV": "a crash in native code (a C++/CUDA extension, or a library bug)",
+    "SIGBUS": "often a full /dev/shm (shared memory) or a truncated memory-mapped file",
+    "SIGABRT": "a C++ abort, e.g. 'terminate called ...' or a failed assertion in native code",
+}
 
 
 class LaunchError(RuntimeError):
@@ -60,19 +80,22 @@ class LaunchError(RuntimeError):
     Attributes: ``rank`` (the failing rank, or None when unknown), ``returncode`` (torchrun's exit
     status, None after a timeout), ``rank_traceback`` (the failing rank's Python traceback, "" if it
     printed none), ``log`` (everything the launch printed), ``leftover`` (pids still alive after the
-    kill; always empty unless something outlived SIGKILL).
+    kill; always empty unless something outlived SIGKILL), ``signal_name`` (e.g. "SIGKILL" when the
+    failing rank was killed by a signal, else None).
 
     Introduced in notebook 08.
     """
 
     def __init__(self, message: str, *, rank: int | None = None, returncode: int | None = None,
-                 rank_traceback: str = "", log: str = "", leftover: Sequence[int] = ()) -> None:
+                 rank_traceback: str = "", log: str = "", leftover: Sequence[int] = (),
+                 signal_name: str | None = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.returncode = returncode
         self.rank_traceback = rank_traceback
         self.log = log
         self.leftover = list(leftover)
+        self.signal_name = signal_name
 
 
 class LaunchTimeout(LaunchError):
@@ -86,16 +109,81 @@ class LaunchTimeout(LaunchError):
 # Notebook side
 # ---------------------------------------------------------------------------------------------------
 
+def _ephemeral_range(path: Path | None = None) -> tuple[int, int]:
+    """Return the OS's ephemeral port range (Linux: ``ip_local_port_range``), else 32768-60999."""
+    try:
+        lo, hi = (int(x) for x in (path or _PORT_RANGE_FILE).read_text().split()[:2])
+    except (OSError, ValueError):
+        return _EPHEMERAL_FALLBACK
+    return (lo, hi) if 1 <= lo <= hi <= 65535 else _EPHEMERAL_FALLBACK
+
+
+def _port_pool(path: Path | None = None) -> range:
+    """The ports find_free_port draws from: below the ephemeral range (from 20000 up when there is room).
+
+    The kernel hands out ephemeral ports to outgoing connections at any moment, so a free port in that
+    range can be taken between the check and torchrun's bind; ports below it are only taken on purpose.
+    When the ephemeral range leaves fewer than 1000 ports below it, the ports above it are used.
+    """
+    lo, hi = _ephemeral_range(path)
+    for pool in (range(_PORT_FLOOR, lo), range(1024, lo), range(hi + 1, 65536)):
+        if len(pool) >= 1000:
+            return pool
+    return range(0)
+
+
+def _bindable(addr: str, port: int) -> bool:
+    """True if nothing holds ``port`` on ``addr``, nor on all interfaces (IPv4, and IPv6 where there is one)."""
+    tries = [(socket.AF_INET, addr), (socket.AF_INET, "0.0.0.0")]
+    if socket.has_ipv6:
+        tries.append((socket.AF_INET6, "::"))
+    for family, where in tries:
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this machine
+            continue
+        with s:
+            try:
+                s.bind((where, port))  # no SO_REUSEADDR: a port with lingering connections is skipped too
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL and family == socket.AF_INET6:
+                    continue
+                if exc.errno == errno.EADDRNOTAVAIL and where == addr:
+                    raise ValueError(f"host {addr!r} is not an address of this machine") from None
+                return False
+    return True
+
+
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` right now (the OS picks it; bind to port 0).
+    """Return a TCP port that is free on ``host`` (and on all interfaces) right now, below the ephemeral range.
+
+    Ports are drawn at random from below the start of the OS's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``, 32768 if unreadable; from 20000 up), where the kernel
+    does not hand out ports to outgoing connections, and each is checked by binding it. ``host`` is an
+    IPv4 address or a host name of this machine. Only when no port there is free after 200 tries (or
+    the range leaves no room) does the OS pick one. A race with another process that picks the same port
+    stays possible (torchrun then fails to bind, and the launch fails clearly).
 
     Introduced in notebook 08.
     """
     if not isinstance(host, str) or not host:
         raise TypeError(f"host must be a non-empty str such as '127.0.0.1', got {host!r}")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
+    try:
+        addr = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, UnicodeError):
+        raise ValueError(f"host {host!r} is neither an IPv4 address nor a host name this machine resolves "
+                         "(use '127.0.0.1' for a single node)") from None
+    pool = _port_pool()
+    rng = random.SystemRandom()
+    for _ in range(min(_PORT_TRIES, len(pool))):
+        port = rng.choice(pool)
+        if _bindable(addr, port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # last resort: let the OS pick one
+        try:
+            s.bind((addr, 0))
+        except OSError as exc:
+            raise ValueError(f"cannot bind a port on host {host!r} ({addr}): {exc}") from None
         return int(s.getsockname()[1])
 
 
@@ -291,6 +379,54 @@ def _failing_rank(torchrun_log: str, log_dir: Path, nproc: int) -> int | None:
     return None
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _root_cause_signal(torchrun_log: str) -> tuple[int, str] | None:
+    """(rank, signal name) when torchrun's root-cause block says that rank died of a signal (exitcode < 0)."""
+    m = _ROOT_EXIT_RE.search(torchrun_log)
+    if m is None or int(m.group(2)) >= 0:
+        return None
+    return int(m.group(1)), _signal_name(-int(m.group(2)))
+
+
+def _launch_shm_buffers(addr: str, port: int, nproc: int, since: float) -> list[Path]:
+    """DeepSpeed shm all-reduce buffers that provably belong to one launch.
+
+    A buffer belongs to it when its name is DeepSpeed's for this user, ``addr`` and ``port`` with a rank
+    below ``nproc`` (one launch holds its port, so no other job on the node can use the same name at the same
+    time), and it is a regular file of this user last written after the launch began (``since``, wall
+    clock), so a stale file from an earlier job that used the same port is not this launch's either.
+    """
+    uid = os.getuid()
+    found = []
+    for rank in range(nproc):
+        path = _SHM_DIR / f"{_SHM_PREFIX}_{uid}_{addr}_{port}_{rank}"
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == uid and st.st_mtime >= since - 1.0:
+            found.append(path)
+    return found
+
+
+def _remove_launch_shm(addr: str, port: int, nproc: int, since: float) -> list[str]:
+    """Unlink the launch's leftover DeepSpeed shm buffers (ranks that died before removing theirs)."""
+    removed = []
+    for path in _launch_shm_buffers(addr, port, nproc, since):
+        try:
+            path.unlink()
+        except OSError:  # gone already, or not ours to remove after all: never mask the launch's own error
+            continue
+        removed.append(str(path))
+    return removed
+
+
 def _print_line(line: str) -> None:
     """Print one streamed log line; the (long) result line is shortened, since launch returns it."""
     i = line.find(RESULT_PREFIX)
@@ -326,7 +462,11 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
 
     Raises :class:`LaunchError` (with ``.rank`` and ``.rank_traceback``) when a rank fails, and
     :class:`LaunchTimeout` after ``timeout`` seconds; both only after every process of the launch is
-    dead. Bad arguments raise ``TypeError``/``ValueError`` before anything starts.
+    dead. A rank that died of a signal is named in the headline ("rank 1 killed by SIGKILL"). Once its
+    processes are gone, the launch removes the DeepSpeed shared-memory buffers
+    (``/dev/shm/deepspeed_allreduce_buffer_*``) that its ranks left, and only those. Bad arguments
+    raise ``TypeError``/``ValueError`` before anything starts. ``MASTER_PORT`` comes from
+    :func:`find_free_port` (below the ephemeral port range).
 
     Introduced in notebook 08.
     """
@@ -366,6 +506,7 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
 
     lines: list[str] = []
     q: queue.Queue[str | None] = queue.Queue()
+    started = time.time()  # wall clock: compared with the mtime of shm buffers the ranks create
     proc = subprocess.Popen(cmd, cwd=str(work), env=child_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1, start_new_session=True)
@@ -408,6 +549,7 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
     finally:
         # Runs on success, failure, timeout and KeyboardInterrupt alike.
         leftover = _kill_all(proc, known)
+        _remove_launch_shm("127.0.0.1", port, nproc, started)  # a killed rank cannot remove its own
         reader.join(timeout=5)
         while True:
             try:
@@ -433,12 +575,24 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
         rc = proc.returncode
         if rc != 0:
             rank = _failing_rank(log, logs, nproc)
+            killed = _root_cause_signal(log)
+            sig = None
+            if killed is not None and killed[0] == rank:
+                sig = killed[1]
+            elif rc < 0 and rank is None:  # torchrun itself died of a signal
+                sig = _signal_name(-rc)
             tb = _rank_traceback(logs, rank) if rank is not None else ""
             where = f"rank {rank}" if rank is not None else "a rank"
-            last = _exception_line(tb) or f"torchrun exit status {rc}"
+            last = _exception_line(tb)
+            if sig is not None:
+                who = where if rank is not None or rc >= 0 else "torchrun"
+                hint = _SIGNAL_HINTS.get(sig, "")
+                head = f"{who} killed by {sig}" + (f" ({hint})" if hint else "") + (f": {last}" if last else "")
+            else:
+                head = f"{where} failed: {last or f'torchrun exit status {rc}'}"
             detail = tb or _quiet_failure_detail(logs, rank, lines)
-            raise LaunchError(f"{where} failed: {last}\n\n{detail}".rstrip(), rank=rank, returncode=rc,
-                              rank_traceback=tb, log=log, leftover=leftover)
+            raise LaunchError(f"{head}\n\n{detail}".rstrip(), rank=rank, returncode=rc,
+                              rank_traceback=tb, log=log, leftover=leftover, signal_name=sig)
         return parse_result(_read(_rank_files(logs, 0, "stdout.log")))
     finally:
         if tmp is not None:
@@ -476,7 +630,8 @@ def rank_env(environ: dict[str, str] | None = None) -> RankEnv:
 
     Under ``srun`` (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), MASTER_ADDR defaults to 127.0.0.1 on one
     node (a multi-node job must export it, e.g. the first host of ``scontrol show hostnames``) and
-    MASTER_PORT to 20000 + SLURM_JOB_ID % 20000, the same on every task.
+    MASTER_PORT to 20000 + SLURM_JOB_ID % 12768, the same on every task (20000-32767: below the usual ephemeral
+    port range, 32768-60999, where the kernel picks ports for outgoing connections).
 
     Introduced in notebook 08.
     """
@@ -503,7 +658,7 @@ def rank_env(environ: dict[str, str] | None = None) -> RankEnv:
     if env.get("MASTER_PORT"):
         port = _int_env(env, "MASTER_PORT")
     elif launcher == "slurm":
-        port = 20000 + _int_env(env, "SLURM_JOB_ID") % 20000 if "SLURM_JOB_ID" in env else 29500
+        port = 20000 + _int_env(env, "SLURM_JOB_ID") % 12768 if "SLURM_JOB_ID" in env else 29500
     else:
         port = 0  # single process: init_process_group picks a free port
     return RankEnv(rank, world, local, addr, port, launcher)
@@ -521,8 +676,8 @@ def init_process_group(backend: str, timeout_s: float = 60.0, device: Any = None
 
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"timeout_s must be a number > 0, got {timeout_s!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 7 * 86400:
+        raise ValueError(f"timeout_s must be a number of seconds in (0, 604800] (a week), got {timeout_s!r}")
     renv = rank_env()
     port = renv.master_port or find_free_port(renv.master_addr)
     os.environ.update({"MASTER_ADDR": renv.master_addr, "MASTER_PORT": str(port),

@@ -92,6 +92,13 @@ def report() -> dict[str, Any]:
     }
 
 
+_REPORT_KEYS = ("python", "executable", "platform", "versions", "torch_cuda", "nccl", "cudnn", "device", "threads",
+                "env", "seeds")
+_DEVICE_KEYS = ("device", "device_name", "tier", "gpu_count", "bf16", "bf16_fast", "fp16", "fp16_fast",
+                "autocast_dtype", "tf32_matmul", "tf32_cudnn", "float32_matmul_precision", "fp8_dtypes",
+                "fp8_matmul", "cpu_isa", "cpu_capability", "cpu_class")
+
+
 def format_report(r: dict[str, Any] | None = None) -> str:
     """Return the report as aligned text (the same text ``python -m labkit doctor`` prints).
 
@@ -100,7 +107,13 @@ def format_report(r: dict[str, Any] | None = None) -> str:
     r = report() if r is None else r
     if not isinstance(r, dict):
         raise TypeError(f"expected the dict from report(), got {type(r).__name__}")
+    missing_keys = [k for k in _REPORT_KEYS if k not in r]
+    if missing_keys or not all(isinstance(r[k], dict) for k in ("device", "versions", "threads", "env", "seeds")):
+        raise ValueError(f"expected the dict from report(), with {', '.join(_REPORT_KEYS)}; "
+                         f"missing or not dicts: {missing_keys or 'device/versions/threads/env/seeds'}")
     d = r["device"]
+    if not all(k in d for k in _DEVICE_KEYS):
+        raise ValueError(f"r['device'] must be Capabilities.as_dict() (with {', '.join(_DEVICE_KEYS)})")
     lines = ["labkit doctor", "=" * 13, f"python        {r['python']}  ({r['executable']})",
              f"platform      {r['platform']}"]
     lines.append("packages      " + ", ".join(f"{k} {v}" for k, v in r["versions"].items() if v))

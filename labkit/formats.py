@@ -256,6 +256,8 @@ def decode(bits: int, fmt: FloatFormat | str, *, exact: bool = False) -> float |
     """
     f = get_format(fmt)
     bits = _check_bits(bits, f)
+    if not isinstance(exact, bool):
+        raise TypeError(f"exact must be True or False, got {type(exact).__name__}")
     s, e, m = _split(bits, f)
     kind = _kind(e, m, f)
     sign = -1 if s else 1
@@ -594,6 +596,8 @@ def table(names: list[str] | None = None) -> str:
 
     Introduced in notebook 01.
     """
+    if names is not None and (isinstance(names, str) or not isinstance(names, (list, tuple))):
+        raise TypeError(f"names must be a list of format names such as ['fp16', 'bf16'], or None, got {names!r}")
     fs = [get_format(n) for n in (names or list(FORMATS))]
 
     def p2(v: float) -> str:

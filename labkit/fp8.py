@@ -290,6 +290,11 @@ class TensorTap:
     def __init__(self, model: nn.Module, layers: Sequence[str] | None = None, keep_all: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(keep_all, bool):
+            raise TypeError(f"keep_all must be True or False, got {type(keep_all).__name__}")
+        if layers is not None and (isinstance(layers, str) or not isinstance(layers, (list, tuple))
+                                   or not all(isinstance(n, str) for n in layers)):
+            raise TypeError(f"layers must be None or a list of nn.Linear module names, got {layers!r}")
         linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         if layers is None:
             layers = list(linears)
@@ -385,7 +390,7 @@ def time_fp8_matmul(n: int = 4096, device: torch.device | str | None = None, war
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n % 16:
         raise ValueError(f"n must be a positive multiple of 16 (an FP8 GEMM requirement), got {n!r}")
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     if not dev_gate.capabilities(dev).fp8_matmul:
         return None
     g = torch.Generator().manual_seed(0)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from labkit import zero
 from labkit.activations import (
     ActivationEstimate,
     SavedTensors,
@@ -261,8 +262,9 @@ def model_state_bytes(
     """Predict the model-state bytes per rank for ``n_params`` parameters, by category, GPU and CPU side.
 
     ZeRO stage 1 shards the optimizer side (master weights, states and the fp32 gradient copy) over
-    ``world_size`` ranks, stage 2 also the 16-bit gradients, stage 3 also the parameters. A shard is
-    ``ceil(n_params / world_size)`` elements. At stage 3 a rank also holds the gathered working params
+    ``world_size`` ranks, stage 2 also the 16-bit gradients, stage 3 also the parameters. A shard is what
+    :func:`labkit.zero.partition_layout` gives one rank: ``n_params`` padded to a multiple of ``2 x world_size``
+    (stages 1-2) or of ``world_size`` (stage 3), divided by ``world_size``. At stage 3 a rank also holds the gathered working params
     and their full gradient for the largest layer while it runs (``gathered``: 2 x ``param_bytes`` x
     ``largest_layer_params``). ``offload_optimizer`` (ZeRO-Offload, stage >= 1) moves the optimizer side to
     CPU; at stage >= 2 the gradient shard goes there too, stored once at its widest precision.
@@ -285,7 +287,9 @@ def model_state_bytes(
         raise ValueError("optimizer offload (ZeRO-Offload) needs ZeRO stage >= 1")
     if offload_params and (stage != 3 or not offload_optimizer):
         raise ValueError("parameter offload needs ZeRO stage 3 and offload_optimizer=True")
-    shard = -(-n // ws)  # ceil: DeepSpeed pads the flat buffer to a multiple of the world size
+    # the partition DeepSpeed gives each rank: one rule, labkit.zero.partition_layout's (stages 1-2 pad the flat
+    # buffer to a multiple of 2 x world_size; stage 3 pads each parameter, here the model as one flat tensor)
+    shard = zero.partition_layout([n], ws, stage)[0]["partition"] if stage else n
     width = _state_width(pol, opt)
 
     # Elements each category holds on this rank, before deciding GPU or CPU.
@@ -439,6 +443,8 @@ def predict_torch_state(
 
     Introduced in notebook 06.
     """
+    if not isinstance(with_grads, bool):
+        raise TypeError(f"with_grads must be True or False, got {type(with_grads).__name__}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     pol, opt = get_policy(policy), get_optimizer(optimizer)
@@ -496,7 +502,11 @@ class MasterWeightOptimizer:
             raise ValueError(f"no torch optimizer for {optimizer!r}; choose one of {sorted(classes)}")
         if name == "sgd-momentum":
             kwargs.setdefault("momentum", 0.9)
-        self.params = [p for p in params]
+        if isinstance(params, (str, bytes, torch.Tensor)) or not isinstance(params, Iterable):
+            raise TypeError(f"params must be an iterable of tensors (model.parameters()), got {type(params).__name__}")
+        self.params = list(params)
+        if not all(isinstance(p, torch.Tensor) for p in self.params):
+            raise TypeError("params must hold tensors (model.parameters())")
         if not self.params:
             raise ValueError("MasterWeightOptimizer got no parameters")
         for p in self.params:

@@ -50,6 +50,11 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "ta
 SOFTMAX_IMPLS = ("naive", "stable", "fp32", "torch")
 
 
+def _check_seed(seed: object) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise TypeError(f"seed must be None or an int >= 0, got {seed!r}")
+
+
 def softmax(scores: torch.Tensor, impl: str = "fp32", dim: int = -1) -> torch.Tensor:
     """Return the softmax of ``scores`` along ``dim`` with one of :data:`SOFTMAX_IMPLS`; same dtype out.
 
@@ -64,6 +69,10 @@ def softmax(scores: torch.Tensor, impl: str = "fp32", dim: int = -1) -> torch.Te
     """
     if not isinstance(scores, torch.Tensor):
         raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if scores.dim() == 0 or not -scores.dim() <= dim < scores.dim() or scores.shape[dim] == 0:
+        raise ValueError(f"dim {dim} must name a non-empty dimension of scores {tuple(scores.shape)}")
     if impl == "naive":
         e = torch.exp(scores)
         return e / e.sum(dim=dim, keepdim=True)
@@ -110,6 +119,7 @@ class MLP(nn.Module):
             raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
         if not (isinstance(init_scale, (int, float)) and init_scale > 0 and math.isfinite(init_scale)):
             raise ValueError(f"init_scale must be a positive finite number, got {init_scale!r}")
+        _check_seed(seed)
         self.config = {"in_features": in_features, "hidden": hidden, "out_features": out_features,
                        "depth": depth, "activation": activation, "init_scale": float(init_scale)}
         layers: list[nn.Module] = []
@@ -173,6 +183,9 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, seq_len: int, softmax_impl: str = "fp32") -> None:
         super().__init__()
+        for name, v in (("d_model", d_model), ("n_heads", n_heads), ("seq_len", seq_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if softmax_impl not in SOFTMAX_IMPLS:
@@ -239,6 +252,7 @@ class TinyGPT(nn.Module):
             if unknown:
                 raise ValueError(f"unknown GPTConfig fields {sorted(unknown)}")
             cfg = GPTConfig(**{**asdict(cfg), **overrides})  # type: ignore[arg-type]
+        _check_seed(seed)
         self.config = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
@@ -292,7 +306,10 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
     ``logits`` has shape (batch, t, vocab), ``targets`` (batch, t). Introduced in notebook 04.
     """
-    if logits.shape[:-1] != targets.shape:
+    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise TypeError(f"logits and targets must be tensors, got {type(logits).__name__} and "
+                        f"{type(targets).__name__}")
+    if logits.dim() < 2 or logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} do not match")
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 

@@ -23,6 +23,10 @@ FORMAT_COLORS = {"fp64": "#6d6d6d", "fp32": "#1f77b4", "tf32": "#17becf", "fp16"
 
 def _axes(ax: Any, figsize: tuple[float, float]) -> Any:
     if ax is not None:
+        from matplotlib.axes import Axes
+
+        if not isinstance(ax, Axes):
+            raise TypeError(f"ax must be a matplotlib Axes (or None for a new figure), got {type(ax).__name__}")
         return ax
     import matplotlib.pyplot as plt
 
@@ -30,11 +34,47 @@ def _axes(ax: Any, figsize: tuple[float, float]) -> Any:
     return ax
 
 
+def _names(names: Any) -> list[str]:
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not names:
+        raise TypeError(f"names must be a non-empty list or tuple of format names such as ('fp16', 'bf16'), "
+                        f"got {names!r}")
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(f"format names are str such as 'bf16', got {type(n).__name__}")
+    return list(names)
+
+
+def _array(values: Any, dtype: Any) -> np.ndarray:
+    """``values`` as a numpy array of ``dtype``; a tensor is detached and moved to the CPU first.
+
+    torch is imported here, not at the top: importing labkit.plots stays cheap.
+    """
+    import torch
+
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu()
+        values = values.double() if values.is_floating_point() else values  # numpy has no bfloat16
+    return np.asarray(values, dtype=dtype)
+
+
+def _title(title: Any) -> str | None:
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title must be a str or None, got {type(title).__name__}")
+    return title
+
+
+def _real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
 def format_ranges(names: Sequence[str] = ("fp32", "tf32", "bf16", "fp16", "e5m2", "e4m3fn"), ax: Any = None) -> Any:
     """Draw each format's range on a log2 axis: subnormals pale, normals solid, eps written beside it.
 
     Introduced in notebook 01.
     """
+    names = _names(names)
     ax = _axes(ax, (9, 0.55 * len(names) + 1.2))
     for i, name in enumerate(names):
         f = F.get_format(name)
@@ -58,7 +98,8 @@ def relative_spacing(names: Sequence[str] = ("fp32", "bf16", "fp16"), lo: float 
 
     Introduced in notebook 01.
     """
-    if not lo < hi:
+    names = _names(names)
+    if not _real("lo", lo) < _real("hi", hi):
         raise ValueError(f"need lo < hi (log2 bounds), got {lo} and {hi}")
     ax = _axes(ax, (8, 3.5))
     x = np.exp2(np.linspace(lo, hi, 1500))
@@ -104,11 +145,12 @@ def grad_histogram(values: Any, names: Sequence[str] = ("fp16", "bf16", "e5m2"),
     with a dashed line where values flush to zero (half the smallest subnormal). Zeros and
     non-finite values are left out of the histogram. Introduced in notebook 03.
     """
-    if not (isinstance(scale, (int, float)) and 0 < scale < math.inf):
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and 0 < scale < math.inf):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    names = _names(names)
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ValueError(f"bins must be a positive int, got {bins!r}")
-    g = np.asarray(values.detach().cpu().double() if hasattr(values, "detach") else values, dtype=np.float64)
+    g = _array(values, np.float64)
     g = np.abs(g.reshape(-1)) * scale
     g = g[np.isfinite(g) & (g > 0)]
     if g.size == 0:
@@ -147,8 +189,8 @@ def scale_history(scales: Sequence[float], skipped: Sequence[bool], ax: Any = No
     ``scales[i]`` is the scale step ``i`` used and ``skipped[i]`` whether its optimizer step was skipped.
     Introduced in notebook 03.
     """
-    s = np.asarray(scales, dtype=np.float64)
-    k = np.asarray(skipped, dtype=bool)
+    s = _array(scales, np.float64)
+    k = _array(skipped, bool)
     if s.ndim != 1 or s.size == 0 or s.shape != k.shape:
         raise ValueError(f"scales and skipped must be 1-D and of the same nonzero length, got {s.shape} and {k.shape}")
     if np.any(s < 0) or not np.all(np.isfinite(s)):
@@ -161,7 +203,7 @@ def scale_history(scales: Sequence[float], skipped: Sequence[bool], ax: Any = No
     ax.set_yscale("log", base=2)
     ax.set_xlabel("step")
     ax.set_ylabel("scale")
-    ax.set_title(title or "Dynamic loss scale: back off on inf/NaN, grow after clean steps")
+    ax.set_title(_title(title) or "Dynamic loss scale: back off on inf/NaN, grow after clean steps")
     ax.legend(loc="best", fontsize=8)
     return ax
 
@@ -178,8 +220,12 @@ def memory_bars(breakdowns: dict[str, dict[str, float]], unit: float = 1.0, ylab
     Categories are those of :mod:`labkit.memory` (params, grads, fp32_grads, master, optimizer, ...), each
     with a fixed colour; the total is written on top of each bar. Introduced in notebook 06.
     """
+    if not isinstance(breakdowns, dict) or not all(isinstance(d, dict) for d in breakdowns.values()):
+        raise TypeError("breakdowns must be a dict of setup label -> {category: bytes}")
     if not breakdowns:
         raise ValueError("memory_bars needs at least one setup")
+    if not _real("unit", unit) > 0:
+        raise ValueError(f"unit must be > 0, got {unit}")
     ax = _axes(ax, (9, 4))
     cats = [c for c in MEMORY_COLORS if any(c in d for d in breakdowns.values())]
     unknown = {c for d in breakdowns.values() for c in d} - set(MEMORY_COLORS)
@@ -197,7 +243,7 @@ def memory_bars(breakdowns: dict[str, dict[str, float]], unit: float = 1.0, ylab
     ax.set_ylim(0, bottom.max() * 1.15)
     ax.tick_params(axis="x", labelrotation=30)
     ax.legend(fontsize=8, ncol=2)
-    if title:
+    if _title(title):
         ax.set_title(title)
     return ax
 
@@ -212,12 +258,16 @@ def loss_curves(curves: dict[str, Sequence[float]], ax: Any = None, title: str |
     """
     if not isinstance(curves, dict) or not curves:
         raise ValueError("curves must be a non-empty dict of label -> sequence of losses")
+    if not isinstance(logy, bool):
+        raise TypeError(f"logy must be True or False, got {type(logy).__name__}")
+    if styles is not None and not isinstance(styles, dict):
+        raise TypeError(f"styles must be a dict of label -> matplotlib format string, or None, got {styles!r}")
     ax = _axes(ax, (9, 3.6))
     for label, values in curves.items():
         if isinstance(values, tuple) and len(values) == 2:
-            x, y = np.asarray(values[0], dtype=np.float64), np.asarray(values[1], dtype=np.float64)
+            x, y = _array(values[0], np.float64), _array(values[1], np.float64)
         else:
-            y = np.asarray(values, dtype=np.float64)
+            y = _array(values, np.float64)
             x = np.arange(y.size, dtype=np.float64)
         if y.ndim != 1 or y.size == 0 or x.shape != y.shape:
             raise ValueError(f"curve {label!r} must be a non-empty 1-D sequence (or a (steps, losses) pair)")
@@ -230,6 +280,6 @@ def loss_curves(curves: dict[str, Sequence[float]], ax: Any = None, title: str |
         ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(title or "Training loss")
+    ax.set_title(_title(title) or "Training loss")
     ax.legend(loc="best", fontsize=8)
     return ax

@@ -31,6 +31,7 @@ Introduced in notebook 04.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -210,8 +211,13 @@ def autocast(policy: str | Policy, device_type: str) -> torch.autocast:
     Introduced in notebook 04.
     """
     pol = get_policy(policy)
-    return torch.autocast(device_type=device_type, dtype=pol.autocast_dtype or torch.float32,
-                          enabled=pol.autocast_dtype is not None)
+    if not isinstance(device_type, str):
+        raise TypeError(f"device_type must be a str such as 'cpu' or 'cuda', got {type(device_type).__name__}")
+    try:
+        return torch.autocast(device_type=device_type, dtype=pol.autocast_dtype or torch.float32,
+                              enabled=pol.autocast_dtype is not None)
+    except RuntimeError as exc:
+        raise ValueError(f"device_type must be a device type such as 'cpu' or 'cuda', got {device_type!r}") from exc
 
 
 def grad_norm(params: Iterable[torch.Tensor]) -> float:
@@ -219,10 +225,30 @@ def grad_norm(params: Iterable[torch.Tensor]) -> float:
 
     Introduced in notebook 04.
     """
-    norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in params if p.grad is not None]
+    plist = _tensors(params, "params")
+    norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in plist if p.grad is not None]
     if not norms:
         return 0.0
     return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+
+def _tensors(params: object, name: str) -> list[torch.Tensor]:
+    if isinstance(params, torch.Tensor):
+        return [params]
+    if isinstance(params, (str, bytes)) or not isinstance(params, Iterable):
+        raise TypeError(f"{name} must be an iterable of tensors (e.g. model.parameters()), got {type(params).__name__}")
+    out = list(params)
+    bad = [type(p).__name__ for p in out if not isinstance(p, torch.Tensor)]
+    if bad:
+        raise TypeError(f"{name} must hold tensors, got {bad[0]}")
+    return out
+
+
+def _check_scaler(scaler: object) -> None:
+    needed = ("scale", "unscale_", "step", "update", "get_scale")
+    if scaler is not None and not all(callable(getattr(scaler, m, None)) for m in needed):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler (or have its methods) or None, got "
+                        f"{type(scaler).__name__}")
 
 
 @dataclass(frozen=True)
@@ -242,6 +268,11 @@ def backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None = None, wei
     """
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"loss must be a tensor, got {type(loss).__name__}")
+    if not loss.requires_grad:
+        raise ValueError("loss does not require grad: compute it from the model's parameters, outside torch.no_grad()")
+    _check_scaler(scaler)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        raise ValueError(f"weight must be a positive finite number, got {weight!r}")
     weighted = loss * weight if weight != 1.0 else loss
     (scaler.scale(weighted) if scaler is not None else weighted).backward()
 
@@ -256,9 +287,14 @@ def update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
     before clipping, so that ``clip_grad_norm`` applies to the true gradients; ``scaler.step`` skips the step if
     they hold inf/NaN; ``scaler.update`` adapts the scale. Introduced in notebook 04.
     """
-    if clip_grad_norm is not None and not clip_grad_norm > 0:
-        raise ValueError(f"clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
-    plist = list(params) if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    _check_scaler(scaler)
+    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
+                                       or not clip_grad_norm > 0):
+        raise ValueError(f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
+    plist = (_tensors(params, "params") if params is not None
+             else [p for g in optimizer.param_groups for p in g["params"]])
     scale = float(scaler.get_scale()) if scaler is not None else 1.0
     if scaler is not None:
         scaler.unscale_(optimizer)  # true gradients from here on

@@ -80,6 +80,20 @@ def _quiet_native_stderr() -> Iterator[None]:
             os.close(saved)
 
 
+def _device(device: torch.device | str | None) -> torch.device:
+    """``device`` as a torch.device this machine has (None: the device gate's pick); TypeError/ValueError if not."""
+    if device is None or isinstance(device, str):
+        return dev_gate.pick_device(device)
+    if not isinstance(device, torch.device):
+        raise TypeError(f"device must be a torch.device, a str such as 'cpu', or None, got {type(device).__name__}")
+    return device
+
+
+def _check_prof(prof: object) -> None:
+    if not isinstance(prof, torch.profiler.profile):
+        raise TypeError(f"prof must be the torch.profiler.profile from profile_steps, got {type(prof).__name__}")
+
+
 def _activities(device: torch.device) -> list[Any]:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if dev_gate.is_cuda(device):
@@ -101,7 +115,9 @@ def profile_steps(step: Callable[[], Any], steps: int = 3, warmup: int = 1, devi
     for name, v, lo in (("steps", steps, 1), ("warmup", warmup, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    if not isinstance(record_shapes, bool):
+        raise TypeError(f"record_shapes must be True or False, got {type(record_shapes).__name__}")
+    dev = _device(device)
     for _ in range(warmup):
         step()
     dev_gate.synchronize(dev)
@@ -134,6 +150,7 @@ def op_table(prof: torch.profiler.profile, by: str | None = None, row_limit: int
     total and shows where time really goes; total time double-counts nested ops.
     Introduced in notebook 07.
     """
+    _check_prof(prof)
     if isinstance(row_limit, bool) or not isinstance(row_limit, int) or row_limit < 1:
         raise ValueError(f"row_limit must be a positive int, got {row_limit!r}")
     return prof.key_averages().table(sort_by=_sort_key(prof, by), row_limit=row_limit)
@@ -157,17 +174,35 @@ def top_ops(prof: torch.profiler.profile, k: int = 5, by: str | None = None,
     """Return the ``k`` ops with the most self time and each one's share of the profile's total self time.
 
     ``exclude`` drops user annotations (``record_function`` labels), whose self time is Python overhead
-    between ops rather than an op. Introduced in notebook 07.
+    between ops rather than an op; torch's own annotations (``Optimizer.step#AdamW.step``,
+    ``ProfilerStep#3``, ``Optimizer.zero_grad#...``: a ``#`` in the name) are dropped too. Introduced in
+    notebook 07.
     """
+    _check_prof(prof)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
+    if isinstance(exclude, str) or not isinstance(exclude, (list, tuple, set, frozenset)):
+        raise TypeError(f"exclude must be a list or tuple of annotation names, got {exclude!r}")
     attr = _sort_key(prof, by)
-    events = [e for e in prof.key_averages() if e.key not in exclude]
+    events = [e for e in prof.key_averages() if e.key not in exclude and "#" not in e.key]
     total = sum(getattr(e, attr) for e in events)
     if total <= 0:
         raise ValueError("the profile recorded no self time; profile at least one step that runs ops")
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
     return [OpShare(e.key, float(getattr(e, attr)), int(e.count), float(getattr(e, attr)) / total) for e in events[:k]]
+
+
+def _iter(value: Any, name: str) -> list[Any]:
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence, got {type(value).__name__}") from None
+
+
+def _is_real(v: Any) -> bool:
+    import numbers
+
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 def ops_to_cover(shares: Sequence[float], fraction: float = 0.8) -> int:
@@ -176,8 +211,12 @@ def ops_to_cover(shares: Sequence[float], fraction: float = 0.8) -> int:
     The Pareto check of a profile: if 3 ops cover 80 %, optimise those and ignore the long tail.
     Introduced in notebook 07.
     """
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise TypeError(f"fraction must be a number in (0, 1], got {type(fraction).__name__}")
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    if isinstance(shares, (str, bytes, dict)) or not all(_is_real(v) for v in _iter(shares, "shares")):
+        raise TypeError("shares must be a sequence of numbers (fractions of the total)")
     vals = sorted((float(s) for s in shares), reverse=True)
     if not vals or any(v < 0 for v in vals):
         raise ValueError("shares must be a non-empty sequence of non-negative fractions")
@@ -194,6 +233,9 @@ def write_chrome_trace(prof: torch.profiler.profile, path: str | os.PathLike[str
 
     Parent folders are created. Introduced in notebook 07.
     """
+    _check_prof(prof)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(p))
@@ -205,6 +247,8 @@ def read_chrome_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Introduced in notebook 07.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
     data = json.loads(Path(path).read_text())
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ValueError(f"{path} is not a Chrome trace (no traceEvents list)")
@@ -231,6 +275,9 @@ def busy_fraction(events: Sequence[dict[str, Any]], category: str = "cpu_op", wi
     """
     if not isinstance(category, str) or not isinstance(window, str):
         raise TypeError("category and window must be event names (str)")
+    if isinstance(events, (str, bytes, dict)) or not all(isinstance(e, dict) for e in _iter(events, "events")):
+        raise TypeError("events must be a list of trace events (dicts), e.g. read_chrome_trace(path)['traceEvents']")
+    events = [e for e in events if "ts" in e and "dur" in e]
     wins = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
             if e.get("ph") == "X" and e.get("name") == window and "dur" in e]
     wins = [w for w in wins if w[1] > w[0]]
@@ -302,7 +349,9 @@ def make_gpt_step(batch: int = 32, seed: int = 0, device: torch.device | str | N
     """
     from labkit import data, models
 
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive int, got {batch!r}")
+    dev = _device(device)
     task = data.make_token_task("reverse", n_digits=6, vocab_size=12, n=max(batch, 256), seed=seed)
     torch.manual_seed(seed)
     model = models.TinyGPT(models.GPTConfig(vocab_size=task.vocab_size, seq_len=task.seq_len, **config)).to(dev)
@@ -326,11 +375,11 @@ def interleaved_times(fns: dict[str, Callable[..., Any]], *args: Any, repeats: i
     Round-robin (a, b, c, b, c, a, ...; :func:`labkit.bench.compare`) exposes every candidate to the same
     background load, so the *ratios* are fair even on a busy machine. Introduced in notebook 07.
     """
-    if not fns or not all(callable(f) for f in fns.values()):
+    if not isinstance(fns, dict) or not fns or not all(callable(f) for f in fns.values()):
         raise TypeError("fns must be a non-empty dict of name -> callable")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = _device(device)
     cmp = bench.compare({k: functools.partial(f, *args) for k, f in fns.items()}, warmup=warmup, repeats=repeats,
                         device=dev)
     return {k: t.median for k, t in cmp.timings.items()}
@@ -347,7 +396,7 @@ def launch_overhead(n_ops: int = 2000, size: int = 64, repeats: int = 5,
     for name, v in (("n_ops", n_ops), ("size", size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = _device(device)
     big = torch.zeros(n_ops, size, device=dev)
     out = torch.empty_like(big)
     rows_in, rows_out = list(big.unbind(0)), list(out.unbind(0))
@@ -392,6 +441,8 @@ def gelu_chain_cost(numel: int, dtype: Any = "fp32", fused: bool = False) -> OpC
     """
     if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
         raise ValueError(f"numel must be a positive int, got {numel!r}")
+    if not isinstance(fused, bool):
+        raise TypeError(f"fused must be True or False, got {type(fused).__name__}")
     b = dtype_bytes(dtype)
     flops = float(len(CHAIN_STEPS) * numel)
     if fused:

@@ -89,6 +89,20 @@ def _positive_int(name: str, v: object) -> int:
     return v
 
 
+def _nonneg_number(name: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _flag(name: str, v: object) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be True or False, got {type(v).__name__}")
+    return v
+
+
 def _positive_number(name: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(v).__name__}")
@@ -109,6 +123,13 @@ class OpCost:
     bytes: float
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__}")
+        for field_name, v in (("flops", self.flops), ("bytes", self.bytes)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise TypeError(f"{self.name}: {field_name} must be a number, got {type(v).__name__}")
+            if not math.isfinite(v):
+                raise ValueError(f"{self.name}: {field_name} must be finite, got {v!r}")
         if self.flops < 0 or self.bytes <= 0:
             raise ValueError(f"{self.name}: flops must be >= 0 and bytes > 0, got {self.flops}, {self.bytes}")
 
@@ -157,10 +178,11 @@ def elementwise_chain_cost(numel: int, n_ops: int, dtype: Any = "fp32", fused: b
     Introduced in notebook 07.
     """
     numel, n_ops = _positive_int("numel", numel), _positive_int("n_ops", n_ops)
-    if not isinstance(fused, bool):
-        raise TypeError(f"fused must be True or False, got {type(fused).__name__}")
-    if extra_input_bytes < 0:
-        raise ValueError(f"extra_input_bytes must be >= 0, got {extra_input_bytes!r}")
+    _flag("fused", fused)
+    _nonneg_number("flops_per_element", flops_per_element)
+    _nonneg_number("extra_input_bytes", extra_input_bytes)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, got {type(name).__name__}")
     b = dtype_bytes(dtype)
     passes = 1 if fused else n_ops
     label = name or f"{n_ops}-op chain ({'fused' if fused else 'unfused'})"
@@ -177,6 +199,7 @@ def layernorm_cost(rows: int, cols: int, dtype: Any = "fp32", affine: bool = Tru
     Introduced in notebook 07.
     """
     rows, cols = _positive_int("rows", rows), _positive_int("cols", cols)
+    _flag("affine", affine)
     b = dtype_bytes(dtype)
     per = 8 if affine else 6
     nbytes = 2 * rows * cols * b + (2 * cols * b if affine else 0)
@@ -259,11 +282,22 @@ def place(cost: OpCost, seconds: float, peak_flops: float, bandwidth: float, nam
                          bound(cost.intensity, peak_flops, bandwidth), attainable(cost.intensity, peak_flops, bandwidth))
 
 
+def _points(points: object) -> list[RooflinePoint]:
+    try:
+        out = [] if isinstance(points, (str, bytes)) else list(points)  # type: ignore[call-overload]
+    except TypeError:
+        out = None
+    if out is None or (isinstance(points, (str, bytes))) or not all(isinstance(p, RooflinePoint) for p in out):
+        raise TypeError(f"points must be a sequence of RooflinePoint (from place()), got {type(points).__name__}")
+    return out
+
+
 def table(points: Sequence[RooflinePoint]) -> str:
     """Return a text table of placed ops: intensity, achieved GFLOP/s and GB/s, bound, % of the ceiling.
 
     Introduced in notebook 07.
     """
+    points = _points(points)
     head = f"{'op':<28} {'FLOP/B':>8} {'GFLOP/s':>9} {'GB/s':>7} {'bound':>8} {'% of roof':>9}"
     rows = [head, "-" * len(head)]
     for p in points:
@@ -285,11 +319,23 @@ def plot(peaks: dict[str, float], bandwidth: float, points: Sequence[RooflinePoi
     for k, v in peaks.items():
         _positive_number(f"peaks[{k!r}]", v)
     bw = _positive_number("bandwidth", bandwidth)
+    points = _points(points)
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"title must be a str or None, got {type(title).__name__}")
+    if intensity_range is not None:
+        if not isinstance(intensity_range, (tuple, list)) or len(intensity_range) != 2:
+            raise TypeError(f"intensity_range must be a (low, high) pair of FLOP/byte, got {intensity_range!r}")
+        lo, hi = (_positive_number("intensity_range", v) for v in intensity_range)
+        if not lo < hi:
+            raise ValueError(f"intensity_range must have low < high, got {intensity_range!r}")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.axes import Axes
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 4.8))
+    elif not isinstance(ax, Axes):
+        raise TypeError(f"ax must be a matplotlib Axes (or None for a new figure), got {type(ax).__name__}")
     ridges = [p / bw for p in peaks.values()]
     lo_i = min([min(ridges) / 100, *[p.intensity / 3 for p in points]])
     hi_i = max([max(ridges) * 100, *[p.intensity * 3 for p in points]])

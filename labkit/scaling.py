@@ -30,6 +30,7 @@ import torch
 from labkit import precision
 
 __all__ = [
+    "LossScaleAtMinimumError",
     "DEEPSPEED_KNOBS",
     "DTYPES",
     "DynamicLossScaler",
@@ -262,12 +263,22 @@ class DynamicLossScaler:
         missing = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"} - set(state)
         if missing:
             raise ValueError(f"not a loss-scaler state: missing keys {sorted(missing)}")
+        # GradScaler accepts any finite scale >= 0, and so must we: update() can halve a scale down to 0 (a
+        # collapsed scale), and a checkpoint written then must load in both directions.
+        scale = _check_number("scale", state["scale"])
+        if not (0.0 <= scale < math.inf):
+            raise ValueError(f"scale must be a finite number >= 0, got {scale}")
         fresh = DynamicLossScaler(
-            init_scale=float(state["scale"]), growth_factor=float(state["growth_factor"]),
+            init_scale=1.0, growth_factor=float(state["growth_factor"]),
             backoff_factor=float(state["backoff_factor"]), growth_interval=int(state["growth_interval"]),
-            min_scale=min(float(state.get("min_scale", 0.0)), float(state["scale"])),
+            min_scale=0.0,
         )
         self.__dict__.update({k: v for k, v in fresh.__dict__.items() if k != "history"})
+        self._scale = _fp32(scale)
+        min_scale = _check_number("min_scale", state.get("min_scale", 0.0))
+        if not min_scale >= 0.0:
+            raise ValueError(f"min_scale must be >= 0, got {min_scale}")
+        self.min_scale = _fp32(min(min_scale, scale))
         self._growth_tracker = _check_int("_growth_tracker", state["_growth_tracker"], 0)
 
     def __repr__(self) -> str:
@@ -284,10 +295,11 @@ def simulate_scales(found_infs: Iterable[bool], **scaler_kwargs: Any) -> list[fl
     after the final update. Keyword arguments go to :class:`DynamicLossScaler`.
     Introduced in notebook 03.
     """
+    flags = _flags(found_infs, "found_infs")
     scaler = DynamicLossScaler(**scaler_kwargs)
     scales = [scaler.get_scale()]
-    for f in found_infs:
-        scales.append(scaler.update(found_inf=bool(f)))
+    for f in flags:
+        scales.append(scaler.update(found_inf=f))
     return scales
 
 
@@ -312,6 +324,23 @@ def _dtype(fmt: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
+class LossScaleAtMinimumError(RuntimeError, ValueError):
+    """DeepSpeed's stop: an overflow with the loss scale already at ``min_loss_scale`` (the flags given cannot be
+    trained through). A RuntimeError, as DeepSpeed raises, and a ValueError, since the input decided it.
+
+    Introduced in notebook 03.
+    """
+
+
+def _flags(values: object, name: str) -> list[bool]:
+    if isinstance(values, (str, bytes, torch.Tensor, np.ndarray)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be a list of bools (one per step), got {type(values).__name__}")
+    out = list(values)
+    if not all(isinstance(v, (bool, np.bool_)) for v in out):
+        raise TypeError(f"{name} must hold bools (True: that step overflowed)")
+    return [bool(v) for v in out]
+
+
 def grad_values(params: Iterable[torch.Tensor] | torch.nn.Module) -> torch.Tensor:
     """Return every gradient of a model (or of an iterable of parameters) as one flat float32 tensor.
 
@@ -319,6 +348,11 @@ def grad_values(params: Iterable[torch.Tensor] | torch.nn.Module) -> torch.Tenso
     """
     if isinstance(params, torch.nn.Module):
         params = params.parameters()
+    if isinstance(params, (str, bytes, torch.Tensor)) or not isinstance(params, Iterable):
+        raise TypeError(f"params must be a model or an iterable of tensors, got {type(params).__name__}")
+    params = list(params)
+    if not all(isinstance(p, torch.Tensor) for p in params):
+        raise TypeError("params must hold tensors (e.g. model.parameters())")
     grads = [p.grad.detach().reshape(-1).float() for p in params if p.grad is not None]
     if not grads:
         raise ValueError("no parameter has a gradient yet: run backward() first")
@@ -522,7 +556,7 @@ def deepspeed_fp16_config(scaler: Any = None, *, hysteresis: int = 1, min_loss_s
     """
     if scaler is None:
         state = {"scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
-    elif hasattr(scaler, "state_dict"):
+    elif isinstance(scaler, (torch.amp.GradScaler, DynamicLossScaler)):
         state = scaler.state_dict()
         if not state:
             raise ValueError("this scaler is disabled (empty state_dict): use DeepSpeed's bf16 or fp32 instead")
@@ -597,11 +631,11 @@ def deepspeed_scale_sequence(
     scale = 2.0 ** _check_int("initial_scale_power", initial_scale_power, -126)
     cur_hyst, last_overflow = hysteresis, -1
     scales = [scale]
-    for it, overflow in enumerate(overflows):
+    for it, overflow in enumerate(_flags(overflows, "overflows")):
         if overflow:
             if hysteresis == 1 or cur_hyst == 1:
                 if scale == min_loss_scale:
-                    raise RuntimeError(f"step {it}: overflow with the loss scale already at min_loss_scale="
+                    raise LossScaleAtMinimumError(f"step {it}: overflow with the loss scale already at min_loss_scale="
                                        f"{min_loss_scale}; DeepSpeed stops here")
                 scale = max(scale / 2.0, min_loss_scale)
             else:

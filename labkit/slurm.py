@@ -93,6 +93,8 @@ def gpus_per_node(opts: dict[str, str]) -> int | None:
 
     Returns None when neither is given. Introduced in notebook 10.
     """
+    if not isinstance(opts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
+        raise TypeError("opts must be a dict of option name to value, both str (parse_sbatch_header's result)")
     if "gpus-per-node" in opts:
         return int(opts["gpus-per-node"].split(":")[-1])
     for item in opts.get("gres", "").split(","):

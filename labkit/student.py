@@ -4,31 +4,66 @@ Solutions sit between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` lines in c
 ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->`` in markdown cells). The learner's ``...`` line
 stays above each block, so in the student copy ``check(...)`` reports "not attempted yet" and the
 notebook still runs top to bottom. Run it with ``python -m labkit student-build`` (or ``make student``).
+
+Two builds: :func:`build_student` writes the stripped notebooks alone; :func:`build_student_tree` writes
+everything a student needs to run the workbook (README, ``notebooks/``, ``slurm/``, the README's images) and
+nothing that holds a solution (no ``labkit/``, ``tools/``, ``tests/``). labkit itself comes from the class's
+shared environment, installed there as a normal (non-editable) package.
+
+Neither build ever deletes a user's file. Each writes a marker file, ``.labkit-student-build``, with the list
+of files it wrote and their SHA-256. An output folder is used only if it is new, empty, or an earlier build
+whose files are all still as that build wrote them; anything else is refused, saying what is in the way,
+unless ``force=True`` (``--force``), which moves the old folder aside to ``<out>.replaced-<time>``, intact.
+The build is written to a temporary folder next to the output and renamed into place, so an interrupted
+build leaves the previous one as it was. Then the previous build's own files, and only those, are removed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BuildReport", "build_student", "solution_blocks", "strip_solutions"]
+__all__ = ["BuildReport", "MARKER", "TREE_PATHS", "build_student", "build_student_tree", "solution_blocks",
+           "strip_solutions"]
 
 _CODE = (re.compile(r"^\s*### BEGIN SOLUTION\s*$"), re.compile(r"^\s*### END SOLUTION\s*$"))
 _MD = (re.compile(r"^\s*<!-- BEGIN SOLUTION -->\s*$"), re.compile(r"^\s*<!-- END SOLUTION -->\s*$"))
 
+#: The file every student build writes at its top: what wrote the folder, and the manifest of its files.
+MARKER = ".labkit-student-build"
+_FORMAT = 1
+_ABOUT = ("Written by `python -m labkit student-build`. A later build replaces this folder only while every "
+          "file in it is one listed here, unchanged; anything else makes it stop and say so. Delete this "
+          "marker and the folder counts as yours: no build will touch it.")
+
+#: What a student tree holds besides ``notebooks/``: paths relative to the workbook root, files or folders.
+#: Not ``labkit/``, ``tools/`` or ``tests/`` (solutions and reference answers), not the instructor's docs.
+TREE_PATHS = ("README.md", "docs/img", "slurm")
+# the checkout's own folders: a student tree is never written inside one (pytest, ruff and nbbuild read them)
+_WORKBOOK_DIRS = ("docs", "labkit", "notebooks", "slurm", "tests", "tools")
+_SKIP = {"__pycache__", ".ipynb_checkpoints"}
+
 
 @dataclass(frozen=True)
 class BuildReport:
-    """What a student build wrote: notebooks, and how many solution blocks were removed from each.
+    """What a student build wrote: notebooks and how many solution blocks each lost, every file, and
+    where an earlier folder was moved aside (``--force``), if it was.
 
     Introduced in notebook 00.
     """
 
     out_dir: Path
     removed: dict[str, int]
+    files: tuple[str, ...] = ()
+    moved_aside: Path | None = None
 
 
 def solution_blocks(source: str, cell_type: str = "code") -> list[list[str]]:
@@ -36,6 +71,10 @@ def solution_blocks(source: str, cell_type: str = "code") -> list[list[str]]:
 
     Raises ``ValueError`` on an unbalanced or nested marker, naming the line. Introduced in notebook 00.
     """
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a cell's text (a str), got {type(source).__name__}")
+    if cell_type not in ("code", "markdown", "raw"):
+        raise ValueError(f"cell_type must be 'code', 'markdown' or 'raw', got {cell_type!r}")
     begin, end = _CODE if cell_type == "code" else _MD
     blocks: list[list[str]] = []
     current: list[str] | None = None
@@ -76,35 +115,351 @@ def strip_solutions(source: str, cell_type: str = "code") -> tuple[str, int]:
     return "\n".join(out), n
 
 
-def build_student(src_dir: str | Path = "notebooks", out_dir: str | Path = "dist/student") -> BuildReport:
+def _student_notebook(path: Path) -> tuple[bytes, int]:
+    """Return the student copy of one notebook (JSON bytes) and how many solution blocks it lost.
+
+    Cells that held a solution lose their outputs and execution count; every other cell and output is
+    kept. Introduced in notebook 00.
+    """
+    nb = json.loads(path.read_text())
+    total = 0
+    for cell in nb["cells"]:
+        text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        try:
+            new, n = strip_solutions(text, cell["cell_type"])
+        except ValueError as e:
+            raise ValueError(f"{path.name}: {e}") from None
+        if n:
+            total += n
+            cell["source"] = new
+            if cell["cell_type"] == "code":
+                cell["outputs"], cell["execution_count"] = [], None
+    if total:
+        nb.get("metadata", {}).pop("widgets", None)
+    nb.get("metadata", {}).pop("jupytext", None)  # the pairing with tools/nbsrc is for authors only
+    return (json.dumps(nb, indent=1, ensure_ascii=False) + "\n").encode(), total
+
+
+def _listing(names: Iterable[str], limit: int = 5) -> str:
+    """Return ``a, b, c (and 4 more)`` for a message. Introduced in notebook 00."""
+    names = sorted(names)
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _contents(folder: Path) -> set[str]:
+    """Return every entry below ``folder`` (files, links and folders) as a POSIX path relative to it.
+
+    Introduced in notebook 00.
+    """
+    found: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        rel = Path(dirpath).relative_to(folder)
+        found.update((rel / n).as_posix() for n in [*dirnames, *filenames])
+    return found
+
+
+def _sha256(path: Path) -> str:
+    """Return the SHA-256 of a file's bytes, in hex. Introduced in notebook 00."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _read_manifest(out: Path) -> dict[str, str] | None:
+    """Return ``{relative path: sha256}`` from an earlier build's marker, or None where there is no
+    readable marker of a known format.
+
+    Introduced in notebook 00.
+    """
+    marker = out / MARKER
+    if not marker.is_file() or marker.is_symlink():
+        return None
+    try:
+        data = json.loads(marker.read_text())
+        files = data["files"] if data.get("format") == _FORMAT else None
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
+        return None
+    if not isinstance(files, dict) or not all(isinstance(v, str) and _inside_path(k)
+                                              for k, v in files.items()):
+        return None  # a marker that names a file outside the folder is not one a build wrote
+    return files
+
+
+def _inside_path(rel: object) -> bool:
+    """Whether ``rel`` is a relative POSIX path that stays inside its folder (no ``..``, not absolute).
+
+    Introduced in notebook 00.
+    """
+    if not isinstance(rel, str) or not rel or "\\" in rel:
+        return False
+    parts = Path(rel).parts
+    return not Path(rel).is_absolute() and bool(parts) and ".." not in parts and rel == Path(rel).as_posix()
+
+
+def _not_from_build(out: Path, manifest: dict[str, str]) -> list[str]:
+    """Return what in ``out`` the earlier build did not write, or wrote and was changed since.
+
+    Introduced in notebook 00.
+    """
+    ours = {MARKER, *manifest}
+    ours |= {p.as_posix() for rel in manifest for p in Path(rel).parents if p != Path(".")}
+    odd = [f"{rel} (added)" for rel in sorted(_contents(out) - ours)]
+    for rel, digest in sorted(manifest.items()):
+        path = out / rel
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            odd.append(f"{rel} (replaced)")
+        elif path.is_file() and _sha256(path) != digest:
+            odd.append(f"{rel} (changed)")
+    return odd
+
+
+def _refuse_places(out: Path, anchors: dict[str, Path], inside: dict[str, Path]) -> None:
+    """Raise ``ValueError`` if ``out`` is one of the ``anchors`` or a folder above one, or lies inside one
+    of the ``inside`` folders. Keys name the folders in the message.
+
+    Introduced in notebook 00.
+    """
+    if out == out.parent:
+        raise ValueError(f"out_dir {out} is the file system root; choose a new folder such as dist/student")
+    for what, path in anchors.items():
+        if out == path or out in path.parents:
+            raise ValueError(f"out_dir {out} is {what} ({path}) or a folder above it, and a build "
+                             "would replace it; choose a new folder such as dist/student")
+    for what, path in inside.items():
+        if out == path or path in out.parents:
+            raise ValueError(f"out_dir {out} is inside {what} ({path}), where pytest, JupyterLab and the "
+                             "workbook tools would pick the copies up; choose a folder outside it, "
+                             "such as dist/student")
+
+
+def _plan(out: Path, force: bool) -> tuple[str, dict[str, str]]:
+    """Decide how a build may take the place of ``out``: ``("new"|"replace"|"aside", manifest)``.
+
+    ``replace``: ``out`` is empty or an earlier, unchanged build (its manifest is returned); ``aside``: it
+    holds something else and ``force`` is set. Anything else raises ``ValueError`` naming what is in the
+    way and how to go on. Introduced in notebook 00.
+    """
+    if out.is_symlink():
+        raise ValueError(f"out_dir {out} is a symbolic link; give the folder it points to, or a new one")
+    if not out.exists():
+        return "new", {}
+    if not out.is_dir():
+        raise ValueError(f"out_dir {out} is an existing file, not a folder; give a new folder, an empty one, "
+                         "or an earlier student build")
+    found = _contents(out)
+    if not found:
+        return "replace", {}
+    manifest = _read_manifest(out)
+    if manifest is None:
+        if force:
+            return "aside", {}
+        raise ValueError(f"out_dir {out} is not empty and is not an earlier student build (it has no "
+                         f"readable {MARKER}): it holds {_listing(found)}; choose a new or empty folder, "
+                         "or pass --force (force=True) to move it aside, whole, to "
+                         f"{out.name}.replaced-<time> beside it")
+    odd = _not_from_build(out, manifest)
+    if odd and not force:
+        raise ValueError(f"out_dir {out} is an earlier student build, but it holds files that build did "
+                         f"not write as they are: {_listing(odd)}; move them out, or pass --force "
+                         f"(force=True) to move the folder aside, whole, to {out.name}.replaced-<time> "
+                         "beside it")
+    return ("aside", {}) if odd else ("replace", manifest)
+
+
+def _sibling(out: Path, kind: str, hidden: bool = True) -> Path:
+    """Return a name that does not exist yet next to ``out``, for a folder being built or set aside.
+
+    Introduced in notebook 00.
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S") if not hidden else uuid.uuid4().hex[:8]
+    base = f".{out.name}.{kind}-{stamp}" if hidden else f"{out.name}.{kind}-{stamp}"
+    path, n = out.parent / base, 1
+    while path.exists() or path.is_symlink():
+        n += 1
+        path = out.parent / f"{base}-{n}"
+    return path
+
+
+def _remove_build(folder: Path, manifest: dict[str, str]) -> bool:
+    """Remove an earlier build's own files (those of its manifest still as it wrote them, and its marker),
+    then the folders they emptied.
+
+    Nothing else is touched: a file changed since, or a folder not empty afterwards, stays. Returns whether
+    ``folder`` is gone. Introduced in notebook 00.
+    """
+    for rel, digest in manifest.items():
+        path = folder / rel
+        if path.is_file() and not path.is_symlink() and _sha256(path) == digest:
+            path.unlink()
+    if (folder / MARKER).is_file() and not (folder / MARKER).is_symlink():
+        (folder / MARKER).unlink()
+    dirs = {p for rel in manifest for p in (folder / rel).parents if folder in p.parents}
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    try:
+        folder.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def _write(root: Path, rel: str, data: bytes, files: dict[str, str], like: Path | None = None) -> None:
+    """Write ``data`` to ``root/rel`` (copying the permission bits of ``like``) and record its SHA-256.
+
+    Introduced in notebook 00.
+    """
+    dest = root / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(data)
+    if like is not None:
+        shutil.copymode(like, dest)
+    files[rel] = hashlib.sha256(data).hexdigest()
+
+
+def _publish(out: Path, kind: str, force: bool, fill: Callable[[Path, dict[str, str]], None]) -> BuildReport:
+    """Build into a fresh folder next to ``out`` with ``fill(folder, files)``, then rename it into place.
+
+    An exception while building removes the fresh folder and leaves ``out`` as it was.
+
+    Introduced in notebook 00.
+    """
+    how, manifest = _plan(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(out, "building")
+    tmp.mkdir()
+    files: dict[str, str] = {}
+    try:
+        fill(tmp, files)
+        marker = {"about": _ABOUT, "format": _FORMAT, "kind": kind, "files": dict(sorted(files.items()))}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # the fresh folder this call made; nobody else writes there
+        raise
+    if how == "new":
+        tmp.rename(out)
+        return BuildReport(out, {}, tuple(sorted(files)))
+    old = _sibling(out, "replaced", hidden=False) if how == "aside" else _sibling(out, "previous")
+    moved = False
+    try:
+        out.rename(old)
+        moved = True
+        tmp.rename(out)
+    except BaseException:
+        if moved:
+            old.rename(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if how == "aside" or _remove_build(old, manifest):
+        return BuildReport(out, {}, tuple(sorted(files)), old if how == "aside" else None)
+    kept = _sibling(out, "replaced", hidden=False)  # someone added a file while this build ran: keep it
+    old.rename(kept)
+    return BuildReport(out, {}, tuple(sorted(files)), kept)
+
+
+def _resolve_out(out_dir: str | Path) -> Path:
+    """Return ``out_dir`` as an absolute path (``~`` expanded), without following a link at its end.
+
+    Introduced in notebook 00.
+    """
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise TypeError(f"out_dir must be a path (str or Path), got {type(out_dir).__name__}")
+    out = Path(out_dir).expanduser()
+    return out.parent.resolve() / out.name if out.name not in ("", ".", "..") else out.resolve()
+
+
+def _user_anchors() -> dict[str, Path]:
+    """Return the folders a build must never take the place of, whatever ``force`` says.
+
+    Introduced in notebook 00.
+    """
+    return {"your home folder": Path.home().resolve(), "the current folder": Path.cwd().resolve()}
+
+
+def _notebooks(src: Path) -> list[Path]:
+    """Return the notebooks in ``src``, sorted; raise ``ValueError`` if there are none.
+
+    Introduced in notebook 00.
+    """
+    notebooks = sorted(src.glob("*.ipynb"))
+    if not notebooks:
+        raise ValueError(f"no notebooks found in {src}; expected the instructor notebooks, e.g. notebooks/")
+    return notebooks
+
+
+def build_student(src_dir: str | Path = "notebooks", out_dir: str | Path = "dist/student", *,
+                  force: bool = False) -> BuildReport:
     """Write student copies of every notebook in ``src_dir`` to ``out_dir``; return what was removed.
 
     Cells that held a solution lose their outputs and execution count; every other cell, output and
-    file is kept as it is. ``out_dir`` is replaced. Introduced in notebook 00.
+    file is kept as it is. ``out_dir`` must be new, empty, or an earlier unchanged build (replaced
+    whole); it may not be, hold, or lie inside ``src_dir``. ``force=True`` moves any other folder aside
+    instead of refusing. Nothing is ever deleted but an earlier build's own files. Introduced in notebook 00.
     """
-    src, out = Path(src_dir), Path(out_dir)
-    notebooks = sorted(src.glob("*.ipynb"))
-    if not notebooks:
-        raise ValueError(f"no notebooks found in {src}")
-    if out.resolve() == src.resolve() or out.resolve() in src.resolve().parents:
-        raise ValueError("the student build must not overwrite the instructor notebooks")
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    src, out = Path(src_dir).expanduser().resolve(), _resolve_out(out_dir)
+    notebooks = _notebooks(src)
+    _refuse_places(out, {"the source notebooks folder": src, **_user_anchors()},
+                   {"the source notebooks folder": src})
     removed: dict[str, int] = {}
-    for path in notebooks:
-        nb = json.loads(path.read_text())
-        total = 0
-        for cell in nb["cells"]:
-            text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            new, n = strip_solutions(text, cell["cell_type"])
-            if n:
-                total += n
-                cell["source"] = new
-                if cell["cell_type"] == "code":
-                    cell["outputs"], cell["execution_count"] = [], None
-        nb.get("metadata", {}).pop("widgets", None) if total else None
-        nb.get("metadata", {}).pop("jupytext", None)  # the pairing with tools/nbsrc is for authors only
-        (out / path.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-        removed[path.name] = total
-    return BuildReport(out, removed)
+
+    def fill(folder: Path, files: dict[str, str]) -> None:
+        for path in notebooks:
+            data, removed[path.name] = _student_notebook(path)
+            _write(folder, path.name, data, files)
+
+    rep = _publish(out, "notebooks", force, fill)
+    return BuildReport(rep.out_dir, removed, rep.files, rep.moved_aside)
+
+
+def _tree_sources(root: Path) -> list[tuple[Path, str]]:
+    """Return ``(source file, path in the tree)`` for everything in :data:`TREE_PATHS`, sorted.
+
+    Raises ``ValueError`` if one is missing. Introduced in notebook 00.
+    """
+    pairs: list[tuple[Path, str]] = []
+    for rel in TREE_PATHS:
+        path = root / rel
+        if path.is_file():
+            pairs.append((path, rel))
+        elif path.is_dir():
+            for dirpath, dirnames, filenames in os.walk(path):
+                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP and not d.startswith("."))
+                for name in sorted(filenames):
+                    f = Path(dirpath) / name
+                    if not name.startswith(".") and f.is_file():
+                        pairs.append((f, f.relative_to(root).as_posix()))
+        else:
+            raise ValueError(f"{root} does not look like the workbook: it has no {rel}")
+    return pairs
+
+
+def build_student_tree(repo_root: str | Path = ".", out_dir: str | Path = "dist/student", *,
+                       force: bool = False) -> BuildReport:
+    """Write a complete student copy of the workbook to ``out_dir``, holding no solution.
+
+    ``out_dir`` gets the student notebooks in ``notebooks/`` plus :data:`TREE_PATHS` (README, its
+    images, ``slurm/``, which notebook 10 reads): what a student needs to run the workbook with labkit
+    installed in the class environment. ``labkit/``, ``tools/``, ``tests/`` and the instructor's docs
+    stay out. The rules on ``out_dir`` are :func:`build_student`'s; it may also not be the checkout,
+    a folder above it, or inside one of its folders. Introduced in notebook 00.
+    """
+    root, out = Path(repo_root).expanduser().resolve(), _resolve_out(out_dir)
+    if not (root / "slurm" / "jupyter.sbatch").is_file():
+        raise ValueError(f"{root} does not look like the workbook checkout: no slurm/jupyter.sbatch; "
+                         "give its root folder")
+    notebooks = _notebooks(root / "notebooks")
+    copies = _tree_sources(root)
+    inside = {f"the checkout's {d}/ folder": root / d for d in _WORKBOOK_DIRS}
+    _refuse_places(out, {"the workbook checkout": root, **_user_anchors()}, inside)
+    removed: dict[str, int] = {}
+
+    def fill(folder: Path, files: dict[str, str]) -> None:
+        for path in notebooks:
+            data, removed[path.name] = _student_notebook(path)
+            _write(folder, f"notebooks/{path.name}", data, files)
+        for path, rel in copies:
+            _write(folder, rel, path.read_bytes(), files, like=path)
+
+    rep = _publish(out, "tree", force, fill)
+    return BuildReport(rep.out_dir, removed, rep.files, rep.moved_aside)

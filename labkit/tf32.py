@@ -50,6 +50,12 @@ def _check_fp32(x: Any) -> torch.Tensor:
     return x
 
 
+def _check_matrices(a: Any, b: Any) -> None:
+    _check_fp32(a), _check_fp32(b)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"expected matrices (m, k) and (k, n), got {tuple(a.shape)} and {tuple(b.shape)}")
+
+
 def round_mantissa(x: torch.Tensor, man_bits: int) -> torch.Tensor:
     """Round a float32 tensor to ``man_bits`` explicit mantissa bits (RNE), keeping fp32's exponent range.
 
@@ -90,6 +96,7 @@ def tf32_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     Introduced in notebook 05.
     """
+    _check_matrices(a, b)
     return emulate(a, "tf32") @ emulate(b, "tf32")
 
 
@@ -103,9 +110,7 @@ def input_rounding_error(a: torch.Tensor, b: torch.Tensor, fmt: str) -> float:
     Only the input rounding counts here, so the figure is the same on every machine (inf if fp16
     overflows). Introduced in notebook 05.
     """
-    _check_fp32(a), _check_fp32(b)
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"expected matrices (m, k) and (k, n), got {tuple(a.shape)} and {tuple(b.shape)}")
+    _check_matrices(a, b)
     ref = a.double() @ b.double()
     c = emulate(a, fmt).double() @ emulate(b, fmt).double()
     return _rel(c, ref) if bool(torch.isfinite(c).all()) else math.inf
@@ -117,8 +122,8 @@ def matmul_error(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype = torch.fl
     The kernel's accumulation order and output rounding are included, so the value depends on the
     machine (and, for fp32, on ``float32_matmul_precision``). Introduced in notebook 05.
     """
-    _check_fp32(a), _check_fp32(b)
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    _check_matrices(a, b)
+    if not isinstance(dtype, torch.dtype) or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, got {dtype}")
     ref = a.double().cpu() @ b.double().cpu()
     c = (a.to(dtype) @ b.to(dtype)).cpu()
@@ -135,7 +140,7 @@ def time_tf32(
     """
     from labkit import bench
 
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     caps = dev_gate.capabilities(dev)
     if caps.device_type != "cuda" or caps.cuda_capability is None or caps.cuda_capability < (8, 0):
         return None

@@ -35,9 +35,14 @@ Introduced in notebook 04.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import math
 import os
+import re
 import tempfile
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +58,10 @@ from labkit.precision import Policy, grad_norm
 
 __all__ = [
     "AUTOCAST_OPS",
+    "CHECKPOINT_FORMAT",
     "CHECKPOINT_NAME",
     "CUDA_AUTOCAST_REFERENCE",
+    "CheckpointError",
     "POLICIES",
     "Policy",
     "TrainResult",
@@ -138,7 +145,7 @@ def autocast_op_dtypes(
     """
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"autocast dtype must be torch.float16 or torch.bfloat16, got {dtype}")
-    dev = dev_gate.pick_device() if device is None else torch.device(device)
+    dev = dev_gate.resolve(device)
     out: dict[str, tuple[torch.dtype, torch.dtype]] = {}
     for name, (low, fn) in AUTOCAST_OPS.items():
         inputs = _op_inputs(dev, low, dtype)
@@ -174,7 +181,10 @@ def make_optimizer(
 
     Introduced in notebook 04.
     """
-    if not (isinstance(lr, (int, float)) and lr > 0):
+    for what, v in (("lr", lr), ("weight_decay", weight_decay), ("momentum", momentum), ("eps", eps)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{what} must be a finite number >= 0, got {v!r}")
+    if not lr > 0:
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     params = list(params)
     if name == "adamw":
@@ -256,12 +266,86 @@ class TrainResult:
         }
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be used: empty, truncated, corrupted, not a labkit checkpoint, or unsafe.
+
+    ``path`` is the file and ``reason`` what is wrong with it; the message names both and says what to do.
+    :func:`load_checkpoint` raises it for every bad file, never ``EOFError``/``UnpicklingError``/``KeyError``.
+
+    Introduced in notebook 04.
+    """
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(
+            f"checkpoint {self.path} cannot be used: {reason}. Delete it (or move it aside), then resume "
+            "from an earlier checkpoint or start fresh without resume.")
+
+
+#: Version of the checkpoint file layout written by :func:`save_checkpoint`.
+CHECKPOINT_FORMAT = 1
+_CKPT_MAGIC = b"LABKIT-CHECKPOINT "
+_CKPT_HEADER_RE = re.compile(rb"LABKIT-CHECKPOINT v(\d{1,4}) sha256=([0-9a-f]{64}) bytes=(\d{1,15})\n")
+_CKPT_HEADER_MAX = 128
+_CKPT_KEYS = ("step", "policy", "model", "optimizer", "scaler", "rng_cpu", "rng_device", "history")
+# what torch.load(weights_only=True) rebuilds; save_checkpoint refuses anything else up front
+_PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.dtype, torch.device,
+                 torch.Size)
+_PLAIN_CONTAINERS = (dict, OrderedDict, Counter, list, tuple, set)
+
+
+def _check_loadable(obj: Any, where: str) -> None:
+    """Raise TypeError if ``obj`` holds anything ``torch.load(weights_only=True)`` would refuse."""
+    if type(obj) in (torch.Tensor, nn.Parameter):
+        return
+    if isinstance(obj, _PLAIN_LEAVES) and type(obj) in _PLAIN_LEAVES:
+        return
+    if type(obj) in _PLAIN_CONTAINERS:
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for k, v in items:
+            if isinstance(obj, dict):
+                _check_loadable(k, f"{where} (a key)")
+            _check_loadable(v, f"{where}[{k!r}]")
+        return
+    raise TypeError(f"cannot checkpoint {where}: it is a {type(obj).__module__}.{type(obj).__qualname__}, "
+                    "and a checkpoint holds only tensors and plain values (numbers, strings, lists, dicts), "
+                    "so that it loads with torch.load(weights_only=True)")
+
+
+def _plain_history(history: Any) -> dict[str, list]:
+    """Return ``history`` as ``{str: [int | float | bool | None, ...]}`` (numpy/0-d tensor scalars converted)."""
+    if history is None:
+        return {}
+    if not isinstance(history, dict):
+        raise TypeError(f"history must be a dict of lists, got {type(history).__name__}")
+    out: dict[str, list] = {}
+    for key, values in history.items():
+        if not isinstance(key, str):
+            raise TypeError(f"history keys must be str, got {key!r}")
+        if not isinstance(values, (list, tuple)):
+            raise TypeError(f"history[{key!r}] must be a list, got {type(values).__name__}")
+        row: list = []
+        for v in values:
+            if v is not None and not isinstance(v, (bool, int, float)):
+                if isinstance(v, torch.Tensor) and v.numel() == 1:
+                    v = v.item()
+                elif type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+                    v = v.item()
+                else:
+                    raise TypeError(f"history[{key!r}] must hold numbers, bools or None, got {v!r}")
+            row.append(v)
+        out[key] = row
+    return out
+
+
+def _atomic_save(data: bytes, path: Path) -> None:
+    """Write ``data`` to ``path`` atomically: a temp file in the same folder, fsync, ``os.replace``, fsync."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -269,6 +353,16 @@ def _atomic_save(obj: Any, path: Path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    try:  # make the rename itself durable (best effort: some file systems refuse to fsync a folder)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
 
 
 def save_checkpoint(
@@ -284,29 +378,142 @@ def save_checkpoint(
 ) -> Path:
     """Save model, optimizer, scaler, RNG states and history to ``path`` atomically (temp file + rename).
 
-    ``step`` is the number of completed steps. Introduced in notebook 04.
+    ``step`` is the number of completed steps. The file is one header line
+    ``LABKIT-CHECKPOINT v1 sha256=<hex> bytes=<n>`` followed by the ``torch.save`` payload it describes, so
+    :func:`load_checkpoint` detects a truncated or altered file. Everything saved is a tensor or a plain
+    value, so the payload loads with ``torch.load(weights_only=True)``; anything else raises ``TypeError``
+    here, before a file is touched.
+
+    Introduced in notebook 04.
     """
     path = Path(path)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0 (the completed steps), got {step!r}")
+    if not isinstance(policy, str) or not policy:
+        raise TypeError(f"policy must be a non-empty str such as 'fp16', got {policy!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler or None, got {type(scaler).__name__}")
     state = {
-        "step": int(step),
+        "step": step,
         "policy": policy,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng_cpu": torch.random.get_rng_state(),
         "rng_device": dev_gate.get_rng_state(device) if device is not None else None,
-        "history": history or {},
+        "history": _plain_history(history),
     }
-    _atomic_save(state, path)
+    for key in ("model", "optimizer", "scaler", "rng_device"):
+        _check_loadable(state[key], key)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    header = (f"LABKIT-CHECKPOINT v{CHECKPOINT_FORMAT} sha256={hashlib.sha256(payload).hexdigest()} "
+              f"bytes={len(payload)}\n").encode("ascii")
+    _atomic_save(header + payload, path)
     return path
 
 
+def _checkpoint_payload(path: Path) -> bytes:
+    """Check a checkpoint file's header, length and sha256; return the payload or raise CheckpointError.
+
+    The header is checked before the rest is read, so a large file that is no checkpoint is not read whole.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(_CKPT_HEADER_MAX)
+        total = os.fstat(fh.fileno()).st_size
+        if not head:
+            raise CheckpointError(path, "the file is empty (0 bytes)")
+        if not head.startswith(_CKPT_MAGIC):
+            raise CheckpointError(path, "it is not a labkit checkpoint: it does not start with the "
+                                        "'LABKIT-CHECKPOINT' header that save_checkpoint writes (random bytes, "
+                                        "a file from another tool, or one from a labkit without checksums)")
+        m = _CKPT_HEADER_RE.match(head)
+        if m is None:
+            raise CheckpointError(path, f"its header line is damaged or cut short ({head[:80]!r})")
+        version, digest, size = int(m.group(1)), m.group(2).decode("ascii"), int(m.group(3))
+        if version != CHECKPOINT_FORMAT:
+            raise CheckpointError(path, f"it is in checkpoint format v{version}, and this labkit reads "
+                                        f"v{CHECKPOINT_FORMAT}")
+        held = total - m.end()
+        if held < size:
+            raise CheckpointError(path, f"it is truncated: the header promises {size} payload bytes and the "
+                                        f"file holds {held} (an interrupted copy, or a full disk)")
+        if held > size:
+            raise CheckpointError(path, f"it has {held - size} unexpected byte(s) after the payload")
+        fh.seek(m.end())
+        payload = fh.read(size + 1)
+    if len(payload) != size:  # the file changed while it was read
+        raise CheckpointError(path, f"it holds {len(payload)} payload bytes, not the {size} its header says")
+    got = hashlib.sha256(payload).hexdigest()
+    if got != digest:
+        raise CheckpointError(path, f"its sha256 checksum does not match (header {digest[:16]}…, contents "
+                                    f"{got[:16]}…): the file was altered or corrupted after it was written")
+    return payload
+
+
+def _type_problem(state: Any) -> str | None:
+    """Return what is wrong with a loaded checkpoint's keys or value types, or None if nothing is."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not a dict of checkpoint entries"
+    missing = [k for k in _CKPT_KEYS if k not in state]
+    if missing:
+        return f"it lacks the key(s) {missing}"
+    checks = {
+        "step": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "policy": lambda v: isinstance(v, str) and bool(v),
+        "model": lambda v: isinstance(v, dict)
+        and all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()),
+        "optimizer": lambda v: isinstance(v, dict) and isinstance(v.get("state"), dict)
+        and isinstance(v.get("param_groups"), list) and all(isinstance(g, dict) for g in v["param_groups"]),
+        "scaler": lambda v: v is None or isinstance(v, dict),
+        "rng_cpu": lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1,
+        "rng_device": lambda v: v is None or isinstance(v, torch.Tensor),
+        "history": lambda v: isinstance(v, dict) and all(
+            isinstance(k, str) and isinstance(row, list)
+            and all(x is None or isinstance(x, (bool, int, float)) for x in row) for k, row in v.items()),
+    }
+    for key, ok in checks.items():
+        if not ok(state[key]):
+            return f"its {key!r} entry has the wrong type or value ({type(state[key]).__name__})"
+    return None
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU. Introduced in notebook 04."""
+    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU, safely, and check it.
+
+    The header's length and sha256 are verified before anything is unpickled, the payload is read with
+    ``torch.load(weights_only=True)`` (a file that would run code is refused, not run), and the keys
+    and value types are checked. Every bad file (empty, truncated, corrupted, altered, not a labkit
+    checkpoint, unsafe, or with missing or mistyped entries) raises :class:`CheckpointError` naming the
+    file; a missing file raises ``FileNotFoundError``.
+
+    Introduced in notebook 04.
+    """
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    payload = _checkpoint_payload(path)
+    try:
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError, RuntimeError (zip), EOFError …: one error for all
+        # name what was refused, but not torch's advice to retry with weights_only=False (so: from None)
+        detail = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "Unsupported" in ln),
+                      str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "")
+        raise CheckpointError(path, "torch.load(weights_only=True) refused its payload ("
+                                    f"{type(exc).__name__}{': ' + detail if detail else ''}); a labkit "
+                                    "checkpoint holds only tensors and plain values, so this file was "
+                                    "crafted or written by something else, and nothing in it was run") from None
+    problem = _type_problem(state)
+    if problem is not None:
+        raise CheckpointError(path, problem)
+    return state
 
 
 class _SavedTensorBytes:

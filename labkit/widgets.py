@@ -217,6 +217,13 @@ def memory_calculator_report(
     return line
 
 
+def _within(name: str, value: object, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low:g} and {high:g}, got {value!r}")
+
+
 def memory_calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes: int = 1, stage: int = 2,
                offload: str = "optimizer", policy: str = "bf16-master", optimizer: str = "adam",
                gpu_gb: float = 80.0) -> Any:
@@ -236,6 +243,15 @@ def memory_calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes
     else:
         billions = M.check_count("n_params", n_params, 1) / 1e9
         preset = next((k for k, v in M.MODEL_PRESETS.items() if v == n_params), "custom")
+    # the widgets' own ranges: a value outside them would be clamped silently (or raise a TraitError)
+    _within("n_params (billions)", billions, 0.001, 10000)
+    _within("gpus_per_node", M.check_count("gpus_per_node", gpus_per_node, 1), 1, 64)
+    _within("nodes", M.check_count("nodes", nodes, 1), 1, 4096)
+    _within("gpu_gb", gpu_gb, 1, 1000)
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+    if not isinstance(offload, str) or offload not in ("none", "optimizer", "optimizer+params"):
+        raise ValueError(f"offload must be 'none', 'optimizer' or 'optimizer+params', got {offload!r}")
 
     class MemoryCalculator(widgets.VBox):
         def __repr__(self) -> str:

@@ -111,7 +111,7 @@ labkit_activate() {
     esac
     command -v python >/dev/null 2>&1 || labkit_die "no python after activating '${kind}'"
     # From / : in the checkout, `import labkit` would find ./labkit even where it is not installed.
-    (cd / && python -c 'import labkit') 2>/dev/null || labkit_die "python ($(command -v python)) cannot import labkit; install it with: pip install -e ${LABKIT_ROOT}"
+    (cd / && python -c 'import labkit') 2>/dev/null || labkit_die "python ($(command -v python)) cannot import labkit; in a class, set LABKIT_VENV (or LABKIT_ENV) to the class environment your instructor gave you; in your own checkout: pip install -e ${LABKIT_ROOT}"
     labkit_log "environment: ${kind} ($(command -v python))"
 }
 

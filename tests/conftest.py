@@ -102,6 +102,19 @@ class ProcessWatcher:
 
 
 @pytest.fixture
+def one_torch_thread():
+    """Run a test with one torch thread (tiny tensors: one thread is fastest, and two threads on a shared 2-core
+    machine can be 20x slower), then restore the count. Modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def watch_processes() -> type[ProcessWatcher]:
     """The :class:`ProcessWatcher` class: ``with watch_processes() as w: ...; assert not w.leftovers()``."""
     return ProcessWatcher

@@ -76,3 +76,26 @@ def test_cli_amp_prints_ratios_measured_in_one_run():
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300).stdout
     assert "bf16/fp32 time ratio: matmul" in out and "train step" in out
     assert "interleaved" in out and "perf_counter" in out
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["amp", "--threads", "0"], "--threads"), (["amp", "--size", "0"], "--size"),
+    (["amp", "--dtypes", "fp8"], "--dtypes"), (["amp", "--repeats", "-1"], "--repeats"),
+    (["amp", "--device", "nonsense"], "--device"), (["peak", "--sizes", "64,x"], "--sizes"),
+    (["peak", "--bandwidth-mib", "0"], "--bandwidth-mib"), (["nope"], "invalid choice"),
+])
+def test_cli_bad_values_fail_while_parsing(argv, match, capsys):
+    """One line on stderr and exit status 2, before anything is measured (in-process: no torch start-up)."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err and err.startswith("python -m labkit.bench")
+
+
+def test_cli_amp_threads_0_as_a_user_runs_it():
+    """``--threads 0`` used to reach torch.set_num_threads and end in a RuntimeError traceback."""
+    out = subprocess.run([sys.executable, "-m", "labkit.bench", "amp", "--threads", "0"], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and "--threads" in out.stderr

@@ -3,7 +3,10 @@ and the all-reduce bandwidth formulas of labkit.recipes.allreduce."""
 
 from __future__ import annotations
 
+import glob
 import math
+import os
+import re
 import socket
 import textwrap
 import time
@@ -42,10 +45,26 @@ if rank == 1:
 time.sleep(300)
 """
 
-# Every rank hangs; rank 1 even ignores SIGTERM (so only SIGKILL ends it) and has a grandchild.
+# What DeepSpeed's shm all-reduce op creates per rank (deepspeed/ops/csrc/cpu/comm/shm.cpp), made here by hand
+# so that no test has to compile the op (about 70 s cold): /dev/shm/deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}
+MAKE_SHM = """
+def make_shm_buffer():
+    path = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ['MASTER_ADDR']}_"
+            f"{os.environ['MASTER_PORT']}_{os.environ['RANK']}")
+    with open(path, "wb") as fh:
+        fh.write(b"\\0" * 65536)
+    print(f"rank {os.environ['RANK']} made {path}", flush=True)
+"""
+SHM_GLOB = "/dev/shm/deepspeed_allreduce_buffer_*"
+SHM_MADE_RE = re.compile(r"rank \d made (/dev/shm/\S+)")
+
+# Every rank makes a (fake) DeepSpeed shm buffer and hangs; rank 1 even ignores SIGTERM (so only SIGKILL
+# ends it) and has a grandchild.
 HANG_SCRIPT = """
 import os, signal, subprocess, sys, time
+""" + MAKE_SHM + """
 rank = int(os.environ["RANK"])
+make_shm_buffer()
 if rank == 1:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
@@ -67,7 +86,7 @@ def test_launch_returns_rank0_result_and_streams_every_rank(tmp_path, watch_proc
     with watch_processes() as w:
         res = launch(script, nproc=2, args=["--flag", 7], timeout=60, stream=lines.append)
     assert res["world"] == 2 and res["args"] == ["--flag", "7"] and res["omp"] == "1"
-    assert 1024 <= int(res["port"]) <= 65535
+    assert 1024 <= int(res["port"]) < dist._ephemeral_range()[0]  # MASTER_PORT from below the ephemeral range
     assert any(ln.startswith("[default0]:hello from rank 0 of 2") for ln in lines)
     assert any(ln.startswith("[default1]:hello from rank 1 of 2") for ln in lines)
     assert w.seen, "the watcher saw no process: the test would prove nothing"
@@ -102,6 +121,7 @@ def test_rank_failure_raises_with_that_ranks_traceback_and_leaves_no_process(tmp
 def test_hanging_launch_is_killed_at_its_timeout(tmp_path, watch_processes):
     script = _write(tmp_path, "hang.py", HANG_SCRIPT)
     lines: list[str] = []
+    before_shm = set(glob.glob(SHM_GLOB))
     t0 = time.monotonic()
     with watch_processes() as w, pytest.raises(LaunchTimeout) as info:
         launch(script, nproc=2, timeout=20, stream=lines.append)  # 20 s: torchrun starts slowly on a busy box
@@ -114,6 +134,10 @@ def test_hanging_launch_is_killed_at_its_timeout(tmp_path, watch_processes):
             assert f"rank {r}: last line 'rank {r} waiting forever'" in str(info.value)
     assert len(w.seen) >= 4, w.seen  # torchrun, 2 ranks, rank 1's grandchild
     assert w.leftovers() == [] and info.value.leftover == []
+    made = SHM_MADE_RE.findall("\n".join(lines))
+    assert made, "no rank made its shm buffer: the cleanup was not tested"
+    assert [m for m in made if os.path.exists(m)] == []  # launch removed what the killed ranks left
+    assert set(glob.glob(SHM_GLOB)) <= before_shm
 
 
 def test_interrupting_the_cell_still_kills_everything(tmp_path, watch_processes):
@@ -124,10 +148,12 @@ def test_interrupting_the_cell_still_kills_everything(tmp_path, watch_processes)
         if "rank 1 waiting forever" in line:
             raise KeyboardInterrupt
 
+    before_shm = set(glob.glob(SHM_GLOB))
     with watch_processes() as w, pytest.raises(KeyboardInterrupt):
         launch(script, nproc=2, timeout=120, stream=interrupt_once_rank1_runs)
     assert len(w.seen) >= 4, w.seen
     assert w.leftovers() == []
+    assert set(glob.glob(SHM_GLOB)) <= before_shm
 
 
 @pytest.mark.parametrize(
@@ -162,13 +188,49 @@ def test_launch_rejects_bad_input_before_starting_anything(kwargs, exc):
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
-def test_find_free_port_is_bindable():
-    port = dist.find_free_port()
-    assert 1024 <= port <= 65535
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
-    with pytest.raises(TypeError):
-        dist.find_free_port("")
+def test_find_free_port_is_bindable_and_below_the_ephemeral_range():
+    lo, _ = dist._ephemeral_range()
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+        assert lo == int(fh.read().split()[0])
+    for _ in range(20):
+        port = dist.find_free_port()
+        assert 20000 <= port < lo
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    assert dist.find_free_port("localhost") < lo
+
+
+@pytest.mark.parametrize("host, exc", [("", TypeError), (None, TypeError), (3.5, TypeError), (8080, TypeError),
+                                       ("float64", ValueError), ("no such host.invalid", ValueError),
+                                       ("192.0.2.1", ValueError)])  # 192.0.2.1: TEST-NET, not this machine
+def test_find_free_port_rejects_bad_hosts(host, exc):
+    with pytest.raises(exc, match="host"):
+        dist.find_free_port(host)
+
+
+@pytest.mark.parametrize("text, pool", [
+    ("32768\t60999\n", range(20000, 32768)),
+    ("49152 65535", range(20000, 49152)),
+    ("20500 60999", range(1024, 20500)),  # too little room above 20000: go lower
+    ("1024 60999", range(61000, 65536)),  # nothing below: use the ports above the range
+    ("1024 65000", range(0)),  # no room anywhere: find_free_port lets the OS pick
+    ("garbage", range(20000, 32768)),  # unreadable: the Linux default 32768-60999
+])
+def test_port_pool_stays_out_of_the_ephemeral_range(tmp_path, text, pool):
+    f = tmp_path / "ip_local_port_range"
+    f.write_text(text)
+    assert dist._port_pool(f) == pool
+    assert dist._port_pool(tmp_path / "missing") == range(20000, 32768)
+
+
+def test_find_free_port_skips_ports_in_use(monkeypatch):
+    busy = dist.find_free_port()
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", busy))  # held on all interfaces, not on 127.0.0.1 itself
+        held.listen()
+        assert not dist._bindable("127.0.0.1", busy)
+        monkeypatch.setattr(dist, "_port_pool", lambda path=None: range(busy, busy + 1))
+        assert dist.find_free_port() != busy  # every try hit the busy port: the OS picked another
 
 
 def test_parse_result_takes_the_last_result_line():
@@ -198,7 +260,7 @@ def test_rank_env_reads_torchrun_then_slurm_then_single():
     sl = dist.rank_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1",
                         "SLURM_JOB_ID": "123456", "SLURM_NNODES": "1"})
     assert (sl.rank, sl.world_size, sl.local_rank, sl.launcher) == (1, 2, 1, "slurm")
-    assert sl.master_addr == "127.0.0.1" and sl.master_port == 20000 + 123456 % 20000
+    assert sl.master_addr == "127.0.0.1" and sl.master_port == 20000 + 123456 % 12768 < 32768
     single = dist.rank_env({})
     assert (single.rank, single.world_size, single.launcher, single.master_port) == (0, 1, "single", 0)
 
@@ -290,3 +352,66 @@ os._exit(1 if os.environ["RANK"] == "0" else 0)
     with pytest.raises(LaunchError) as info:
         launch(script, nproc=2, timeout=60, stream=False)
     assert "no Python traceback" in str(info.value) and "rank says goodbye" in str(info.value)
+
+
+# ------------------------------------------------------------------ ranks killed by a signal, shm buffers
+
+KILL_SCRIPT = """
+import os, signal, time
+""" + MAKE_SHM + """
+make_shm_buffer()
+time.sleep(1.0)
+if os.environ["RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(300)
+"""
+
+
+def test_rank_killed_by_sigkill_is_named_and_its_shm_buffers_removed(tmp_path, watch_processes, monkeypatch):
+    port = dist.find_free_port()
+    monkeypatch.setattr(dist, "find_free_port", lambda host="127.0.0.1": port)  # so decoys can share the port
+    uid = os.getuid()
+    stale = f"/dev/shm/deepspeed_allreduce_buffer_{uid}_127.0.0.1_{port}_0.decoy"  # not DeepSpeed's name
+    old = f"/dev/shm/deepspeed_allreduce_buffer_{uid}_127.0.0.1_{port}_2"  # rank 2: not one of this launch's
+    other = f"/dev/shm/deepspeed_allreduce_buffer_{uid}_127.0.0.1_1_0"  # another job's port
+    decoys = [stale, old, other]
+    before = set(glob.glob(SHM_GLOB))
+    lines: list[str] = []
+    try:
+        for d in decoys:
+            open(d, "w").close()
+        with watch_processes() as w, pytest.raises(LaunchError) as info:
+            launch(_write(tmp_path, "kill.py", KILL_SCRIPT), nproc=2, timeout=60, stream=lines.append)
+        err = info.value
+        assert str(err).splitlines()[0].startswith("rank 1 killed by SIGKILL")
+        assert "out-of-memory" in str(err).splitlines()[0]
+        assert err.rank == 1 and err.signal_name == "SIGKILL" and err.returncode not in (0, None)
+        assert w.seen and w.leftovers() == [] and err.leftover == []
+        made = SHM_MADE_RE.findall("\n".join(lines))
+        assert len(made) == 2 and all(f"_127.0.0.1_{port}_" in m for m in made), lines
+        assert [m for m in made if os.path.exists(m)] == []
+        assert all(os.path.exists(d) for d in decoys)  # only this launch's own buffers are removed
+        assert set(glob.glob(SHM_GLOB)) - set(decoys) <= before
+    finally:
+        for d in decoys:
+            if os.path.exists(d):
+                os.unlink(d)
+
+
+def test_only_a_launchs_fresh_buffers_are_its_own(tmp_path):
+    port = dist.find_free_port()
+    mine = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_0"
+    mine1 = mine[:-1] + "1"
+    try:
+        for p in (mine, mine1):
+            open(p, "w").close()
+        os.utime(mine1, (time.time() - 3600, time.time() - 3600))  # left by an earlier job on this port
+        start = time.time()
+        assert [str(p) for p in dist._launch_shm_buffers("127.0.0.1", port, 2, start)] == [mine]
+        assert dist._launch_shm_buffers("127.0.0.1", port, 1, start + 3600) == []  # made before the launch
+        assert dist._remove_launch_shm("127.0.0.1", port, 2, start) == [mine]
+        assert not os.path.exists(mine) and os.path.exists(mine1)
+    finally:
+        for p in (mine, mine1):
+            if os.path.exists(p):
+                os.unlink(p)

@@ -21,14 +21,7 @@ from labkit import memory as M
 from labkit import models
 from labkit import widgets as W
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is fastest, and the CI machine's 2 cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -90,11 +83,14 @@ def test_stages_shard_what_they_should(n, ws, policy, opt):
     pol = M.get_policy(policy)
     # stage 0 holds exactly bytes_per_param (+ autocast copies)
     assert t[0].device_total == (M.bytes_per_param(policy, opt) + pol.autocast_copy_bytes) * n
-    # more sharding never costs more memory per rank (no gathered layer here)
-    assert t[0].device_total >= t[1].device_total >= t[2].device_total >= t[3].device_total
+    # more sharding never costs more memory per rank (no gathered layer here), up to DeepSpeed's padding of
+    # stages 1-2 to a multiple of 2 x world_size: at most 2 elements per rank more than ceil(n / ws)
+    slack = 2 * M.bytes_per_param(policy, opt)
+    for lower, higher in ((0, 1), (1, 2), (2, 3)):
+        assert t[lower].device_total + slack >= t[higher].device_total, (lower, higher)
     # stage 3 (without autocast copies) holds a 1/ws shard of everything
     assert t[3].device_total - t[3].device.get("weight_copies", 0) == M.bytes_per_param(policy, opt) * shard
-    if ws == 1:
+    if ws == 1 and n % 2 == 0:  # one rank, nothing to pad (stages 1-2 pad to 2 x world_size)
         assert len({e.device_total - e.device.get("weight_copies", 0) for e in t.values()}) == 1
 
 
@@ -230,9 +226,9 @@ def test_deepspeed_zero2_gpu_matches_the_20_byte_convention(n, gpn, nodes, ds2):
     N = gpn * nodes
     _, ds_gpu = ds2.estimate_zero2_model_states_mem_needs(n, gpn, nodes, cpu_offload=False)
     ours = M.model_state_bytes(n, "bf16-master-fp32-accum", "adam", stage=2, world_size=N).device_total
-    assert 0 <= ours - ds_gpu < PAD
+    assert 0 <= ours - ds_gpu < PAD + 18 * 2  # + DeepSpeed's runtime padding to 2 x N (its estimator uses N)
     paper = M.model_state_bytes(n, "bf16-master", "adam", stage=2, world_size=N).device_total
-    assert abs((ours - paper) - 4 * n / N) <= 4
+    assert abs((ours - paper) - 4 * n / N) <= 4 * 2  # the fp32 gradient shard, padded to 2 x N
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -249,8 +245,8 @@ def test_deepspeed_zero2_offload(n, gpn, nodes, ds2):
         e = M.model_state_bytes(n, policy, "adam", stage=2, world_size=N, offload_optimizer=True)
         assert e.device_total == ds_gpu == 2 * n
         job_host = e.host_total * N
-        assert 0 <= job_host - 16 * n < PAD * N
-        assert abs(ds_cpu - 1.5 * max(4 * N * n, job_host)) <= 1.5 * PAD * N
+        assert 0 <= job_host - 16 * n < (PAD + 16 * 2) * N
+        assert abs(ds_cpu - 1.5 * max(4 * N * n, job_host)) <= 1.5 * (PAD + 16 * 2) * N
         assert e.host_per_node(gpn) * nodes == job_host
     # without offload DeepSpeed's CPU figure is only the load-time fp32 model per process on a node
     ds_cpu0, _ = ds2.estimate_zero2_model_states_mem_needs(n, gpn, nodes, cpu_offload=False)

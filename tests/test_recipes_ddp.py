@@ -137,15 +137,25 @@ def test_cli_help_and_bad_flags_fail_cleanly():
     for flag in ("--crash-rank", "--crash-step", "--accum", "--precision", "--ckpt-dir", "--resume"):
         assert flag in out.stdout
     parser = ddp.build_parser()
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--precision", "fp8"])
-    args = parser.parse_args(["--crash-rank", "1"])
+    for bad in (["--precision", "fp8"], ["--crash-rank", "1"], ["--resume"], ["--lr", "inf"]):
+        with pytest.raises(SystemExit) as exc:  # rejected while parsing (tests/test_cli.py has the full list)
+            parser.parse_args(bad)
+        assert exc.value.code == 2
+    args = parser.parse_args([])
+    args.crash_rank = 1
     with pytest.raises(ValueError, match="go together"):
         ddp._validate(args, world=2)
+    args.crash_rank, args.crash_step = 5, 1
     with pytest.raises(ValueError, match="crash-rank"):
-        ddp._validate(parser.parse_args(["--crash-rank", "5", "--crash-step", "1"]), world=2)
+        ddp._validate(args, world=2)
+    args.crash_rank, args.crash_step, args.resume = None, None, True
     with pytest.raises(ValueError, match="ckpt-dir"):
-        ddp._validate(parser.parse_args(["--resume"]), world=2)
+        ddp._validate(args, world=2)
+    # a bad value stops the command before anything starts: exit status 2, one line, no traceback
+    out = subprocess.run([sys.executable, "-m", "labkit.recipes.ddp", "--lr", "inf"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and "--lr" in out.stderr
 
 
 def test_checksum_detects_a_single_bit_flip():

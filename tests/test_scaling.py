@@ -16,13 +16,7 @@ from labkit.scaling import DynamicLossScaler
 N_SEQUENCES = 240
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one thread is fastest, and 2 threads on a shared 2-core machine can be 20x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _random_knobs(rng: random.Random) -> dict:
@@ -426,3 +420,59 @@ def test_exercises_reference_and_typical_mistake() -> None:
         assert evaluate(k, e.reference).status == "correct", k
         assert evaluate(k, e.wrong).status == "wrong", k
     assert evaluate("03.update-rule", lambda s, t, f: None).status == "not attempted"  # a stub
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoint interchange with GradScaler, collapsed scales included (issue 15, bug 1)
+# --------------------------------------------------------------------------------------------------
+
+
+def _gradscaler_run(scaler, pattern):
+    """Drive a GradScaler through overflow flags with a one-weight model; return the scale after each update."""
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.0)
+    out = []
+    for bad in pattern:
+        opt.zero_grad()
+        scaler.scale((w * (math.inf if bad else 1.0)).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        out.append(scaler.get_scale())
+    return out
+
+
+@pytest.mark.parametrize("scale", [0.0, 2.0**-149, 2.0**-130, 1.0, 2.0**24])
+def test_state_interchanges_with_gradscaler_both_ways(scale):
+    knobs = {"growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2}
+    pattern = [True, False, False, True, False, False, False]
+    # GradScaler -> DynamicLossScaler
+    gs = torch.amp.GradScaler("cpu", init_scale=1.0, **knobs)
+    state = gs.state_dict()
+    state.update(scale=scale, _growth_tracker=1)
+    gs.load_state_dict(state)
+    mine = scaling.DynamicLossScaler()
+    mine.load_state_dict(gs.state_dict())
+    assert mine.get_scale() == gs.get_scale() == scale
+    theirs = _gradscaler_run(gs, pattern)
+    ours = [mine.update(found_inf=bad) for bad in pattern]
+    assert ours == theirs
+    # DynamicLossScaler -> GradScaler
+    back = torch.amp.GradScaler("cpu", **knobs)
+    back.load_state_dict(mine.state_dict())
+    assert back.get_scale() == mine.get_scale() and back.state_dict()["_growth_tracker"] == mine.state_dict()["_growth_tracker"]
+
+
+def test_a_scale_collapsed_by_update_round_trips():
+    mine = scaling.DynamicLossScaler(init_scale=2.0**-148, growth_interval=1000)
+    for _ in range(3):  # 2^-148 -> 2^-149 -> 0 (float32 underflow) -> 0
+        mine.update(found_inf=True)
+    assert mine.get_scale() == 0.0
+    gs = torch.amp.GradScaler("cpu")
+    gs.load_state_dict(mine.state_dict())  # GradScaler accepts it ...
+    again = scaling.DynamicLossScaler()
+    again.load_state_dict(gs.state_dict())  # ... and so do we, now
+    assert again.get_scale() == gs.get_scale() == 0.0
+    with pytest.raises(ValueError, match=">= 0"):
+        again.load_state_dict({**mine.state_dict(), "scale": -1.0})
+    with pytest.raises(ValueError):
+        again.load_state_dict({**mine.state_dict(), "scale": math.nan})

@@ -1,18 +1,27 @@
-"""The student build strips every solution, keeps everything else, and the student notebooks still run."""
+"""The student build strips every solution, keeps everything else, and the student notebooks still run.
+
+It never deletes a user's file (a marker and manifest identify its own builds; anything else is refused
+or, with --force, moved aside), and ``--tree`` writes a whole student copy of the workbook that holds no
+solution and no reference answer.
+"""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
-import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import labkit.student as student
 from labkit.exercises import all_exercises
-from labkit.student import build_student, solution_blocks, strip_solutions
+from labkit.student import MARKER, build_student, build_student_tree, solution_blocks, strip_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -21,6 +30,28 @@ CHECK = re.compile(r"""check\(\s*["']([^"']+)["']""")
 
 def cells(path: Path) -> list[dict]:
     return [{**c, "source": "".join(c["source"])} for c in json.loads(path.read_text())["cells"]]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file below ``folder``, by relative path, with its bytes."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def src(tmp_path) -> Path:
+    """Two small instructor notebooks, each with one solution block."""
+    folder = tmp_path / "workbook" / "notebooks"
+    folder.mkdir(parents=True)
+    for name in ("00_a.ipynb", "01_b.ipynb"):
+        nb = nbformat.v4.new_notebook()
+        exercise = "answer = ...\n### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION"
+        nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}"), nbformat.v4.new_code_cell(exercise)]
+        nbformat.write(nb, folder / name)
+    return folder
+
+
+# --- stripping ------------------------------------------------------------------------------------------
 
 
 def test_strip_solutions_unit():
@@ -34,13 +65,222 @@ def test_strip_solutions_unit():
             strip_solutions(bad)
 
 
+# --- where a build may go: never over a user's files -----------------------------------------------------
+
+
 def test_build_refuses_to_overwrite_sources(tmp_path):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="source notebooks folder"):
         build_student(ROOT / "notebooks", ROOT / "notebooks")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="folder above it"):
         build_student(ROOT / "notebooks", ROOT)
     with pytest.raises(ValueError, match="no notebooks"):
         build_student(tmp_path, tmp_path / "out")
+    with pytest.raises(TypeError, match="path"):
+        build_student(ROOT / "notebooks", 42)
+
+
+def test_out_inside_the_notebooks_folder_is_refused(src):
+    for out in (src / "sub", src / "sub" / "deeper"):
+        with pytest.raises(ValueError, match="inside the source notebooks folder"):
+            build_student(src, out, force=True)
+        assert not (src / "sub").exists()
+    with pytest.raises(ValueError, match=r"inside the checkout's notebooks/ folder"):
+        build_student_tree(ROOT, ROOT / "notebooks" / "student", force=True)
+    assert not (ROOT / "notebooks" / "student").exists()
+
+
+def test_home_and_the_folders_above_the_sources_are_refused_even_with_force(src, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("years of work")
+    monkeypatch.setenv("HOME", str(home))
+    for out, why in [(home, "your home folder"), (Path("~"), "your home folder"),
+                     (tmp_path, "folder above it"), (src.parent, "folder above it")]:
+        for force in (False, True):
+            with pytest.raises(ValueError, match=why):
+                build_student(src, out, force=force)
+    assert (home / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "workbook"]
+
+
+def test_a_folder_with_a_user_file_is_refused_and_the_file_survives(src, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    with pytest.raises(ValueError, match=r"not an earlier student build.*notes\.md.*--force"):
+        build_student(src, out)
+    assert snapshot(out) == {"notes.md": b"mine"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "workbook"], "no temporary folder left"
+
+
+def test_an_existing_file_is_refused(src, tmp_path):
+    out = tmp_path / "student"
+    out.write_text("not a folder")
+    for force in (False, True):
+        with pytest.raises(ValueError, match="existing file"):
+            build_student(src, out, force=force)
+    assert out.read_text() == "not a folder"
+
+
+def test_a_symbolic_link_is_refused(src, tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(ValueError, match="symbolic link"):
+        build_student(src, tmp_path / "link", force=True)
+    assert (tmp_path / "link").is_symlink() and list(target.iterdir()) == []
+
+
+def test_new_and_empty_folders_are_built_with_a_marker_and_manifest(src, tmp_path):
+    (tmp_path / "empty").mkdir()
+    for out in (tmp_path / "new" / "student", tmp_path / "empty"):
+        rep = build_student(src, out)
+        assert rep.out_dir == out and rep.removed == {"00_a.ipynb": 1, "01_b.ipynb": 1}
+        marker = json.loads((out / MARKER).read_text())
+        assert marker["format"] == 1 and marker["kind"] == "notebooks" and "student-build" in marker["about"]
+        assert set(marker["files"]) == set(rep.files) == {"00_a.ipynb", "01_b.ipynb"}
+        assert "answer = 42" not in (out / "00_a.ipynb").read_text()
+
+
+def test_a_second_build_replaces_an_earlier_one(src, tmp_path):
+    out = tmp_path / "student"
+    build_student(src, out)
+    (src / "01_b.ipynb").unlink()
+    nb = nbformat.read(src / "00_a.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("new section"))
+    nbformat.write(nb, src / "00_a.ipynb")
+    rep = build_student(src, out)
+    assert rep.files == ("00_a.ipynb",) and rep.moved_aside is None
+    assert set(snapshot(out)) == {"00_a.ipynb", MARKER}, "the earlier build's own files are gone"
+    assert "new section" in (out / "00_a.ipynb").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["student", "workbook"], "no temporary folder left"
+
+
+def test_an_earlier_build_with_added_or_changed_files_is_refused(src, tmp_path):
+    out = tmp_path / "student"
+    build_student(src, out)
+    (out / "sub").mkdir()
+    (out / "sub" / "my_answers.py").write_text("answer = 42")
+    (out / "00_a.ipynb").write_text((out / "00_a.ipynb").read_text().replace("...", "41"))
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=r"00_a\.ipynb \(changed\).*sub/my_answers\.py \(added\).*--force"):
+        build_student(src, out)
+    assert snapshot(out) == before
+
+
+def test_force_moves_the_folder_aside_and_deletes_nothing(src, tmp_path):
+    out = tmp_path / "student"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    rep = build_student(src, out, force=True)
+    assert rep.moved_aside is not None and rep.moved_aside.parent == tmp_path
+    assert rep.moved_aside.name.startswith("student.replaced-")
+    assert snapshot(rep.moved_aside) == {"notes.md": b"mine"}
+    assert set(snapshot(out)) == {"00_a.ipynb", "01_b.ipynb", MARKER}
+    (out / "extra.txt").write_text("added later")  # an earlier build with a user's file: moved aside whole
+    rep2 = build_student(src, out, force=True)
+    assert rep2.moved_aside is not None and rep2.moved_aside != rep.moved_aside
+    assert snapshot(rep2.moved_aside)["extra.txt"] == b"added later"
+
+
+def test_an_interrupted_build_leaves_the_previous_build_intact(src, tmp_path, monkeypatch):
+    out = tmp_path / "student"
+    build_student(src, out)
+    before = snapshot(out)
+    real, calls = student._write, []
+
+    def failing_write(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise KeyboardInterrupt("interrupted mid-build")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(student, "_write", failing_write)
+    (src / "00_a.ipynb").write_text((src / "00_a.ipynb").read_text().replace("# 00_a", "# changed"))
+    with pytest.raises(KeyboardInterrupt):
+        build_student(src, out)
+    assert calls == ["00_a.ipynb", "01_b.ipynb"]
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["student", "workbook"], "the half build is removed"
+
+
+def test_a_marker_naming_files_outside_the_folder_is_not_trusted(src, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "student"
+    out.mkdir()
+    digest = student._sha256(victim)
+    (out / MARKER).write_text(json.dumps({"format": 1, "files": {"../victim.txt": digest}}))
+    with pytest.raises(ValueError, match="not an earlier student build"):
+        build_student(src, out)
+    assert victim.read_text() == "keep me" and (out / MARKER).exists()
+
+
+def test_removing_an_earlier_build_spares_what_changed_since_the_check(tmp_path):
+    """The last guard: a file edited between the check and the removal stays, and so does its folder."""
+    old = tmp_path / "old"
+    (old / "notebooks").mkdir(parents=True)
+    (old / "notebooks" / "a.ipynb").write_text("built")
+    (old / "b.txt").write_text("built")
+    manifest = {rel: student._sha256(old / rel) for rel in ("notebooks/a.ipynb", "b.txt")}
+    (old / MARKER).write_text("{}")
+    (old / "notebooks" / "a.ipynb").write_text("edited by the student")
+    assert student._remove_build(old, manifest) is False
+    assert snapshot(old) == {"notebooks/a.ipynb": b"edited by the student"}
+
+
+def test_tree_needs_a_workbook_checkout(tmp_path):
+    with pytest.raises(ValueError, match="does not look like the workbook"):
+        build_student_tree(tmp_path, tmp_path / "out")
+    with pytest.raises(ValueError, match=r"inside the checkout's tools/ folder"):
+        build_student_tree(ROOT, ROOT / "tools" / "student")
+    assert not (tmp_path / "out").exists() and not (ROOT / "tools" / "student").exists()
+
+
+# --- the command line ----------------------------------------------------------------------------------
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "labkit", "student-build", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_refusals_are_one_line_with_exit_status_2(src, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.md").write_text("mine")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [(["--src", str(src), "--out", str(mine)], "notes.md"),
+             (["--src", str(src), "--out", str(a_file)], "existing file"),
+             (["--src", str(src), "--out", str(src / "sub")], "inside the source notebooks folder"),
+             (["--out", "notebooks/sub"], "inside the source notebooks folder"),
+             (["--tree", "--out", "notebooks/sub"], "inside the checkout's notebooks/ folder"),
+             (["--tree", "--out", "."], "the workbook checkout")]
+    for args, why in cases:
+        r = cli(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.count("\n") == 1 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith("python -m labkit student-build: error: ")
+    assert not (ROOT / "notebooks" / "sub").exists()
+    assert snapshot(mine) == {"notes.md": b"mine"} and a_file.read_text() == "x"
+    assert cli("--tree", "--src", str(src), "--out", str(tmp_path / "x")).returncode == 2
+
+
+def test_cli_builds_rebuilds_and_forces(src, tmp_path):
+    out = tmp_path / "student"
+    first = cli("--src", str(src), "--out", str(out))
+    assert first.returncode == 0 and "wrote 2 notebooks" in first.stdout, first.stderr
+    assert cli("--src", str(src), "--out", str(out)).returncode == 0
+    (out / "notes.md").write_text("mine")
+    assert cli("--src", str(src), "--out", str(out)).returncode == 2
+    forced = cli("--src", str(src), "--out", str(out), "--force")
+    assert forced.returncode == 0 and "nothing deleted" in forced.stdout, forced.stderr
+    (aside,) = tmp_path.glob("student.replaced-*")
+    assert (aside / "notes.md").read_text() == "mine"
+
+
+# --- the real notebooks, and the student tree ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -62,14 +302,126 @@ def test_every_notebook_has_three_checked_exercises(path):
 
 
 @pytest.fixture(scope="module")
-def student_dir(tmp_path_factory):
-    # as docs/instructor.md says: the student notebooks go into a checkout (notebook 10 reads slurm/)
-    checkout = tmp_path_factory.mktemp("student")
-    shutil.copytree(ROOT / "slurm", checkout / "slurm")
-    out = checkout / "notebooks"
-    rep = build_student(ROOT / "notebooks", out)
+def tree(tmp_path_factory) -> Path:
+    """The student tree, as `make student` builds it and docs/instructor.md hands it out."""
+    out = tmp_path_factory.mktemp("student") / "tree"
+    rep = build_student_tree(ROOT, out)
     assert set(rep.removed) == {p.name for p in NOTEBOOKS}
     return out
+
+
+@pytest.fixture(scope="module")
+def student_dir(tree) -> Path:
+    # the notebooks inside the tree: notebook 10 finds the tree's slurm/ from there
+    return tree / "notebooks"
+
+
+def test_tree_holds_what_a_student_needs_and_no_package_or_tooling(tree):
+    files = set(snapshot(tree))
+    slurm = {p.relative_to(ROOT).as_posix() for p in (ROOT / "slurm").iterdir() if p.is_file()}
+    assert slurm <= files and "slurm/jupyter.sbatch" in files, "notebook 10 reads slurm/ from the tree"
+    assert {"README.md", MARKER} <= files and {f"notebooks/{p.name}" for p in NOTEBOOKS} <= files
+    images = {f"docs/img/{p.name}" for p in (ROOT / "docs" / "img").iterdir()}
+    assert images <= files, "the README's screenshots"
+    tops = {f.split("/")[0] for f in files}
+    assert tops == {"README.md", MARKER, "docs", "notebooks", "slurm"}
+    assert not [f for f in files if f.endswith(".py")]
+    assert not {"docs/instructor.md", "docs/authoring.md"} & files
+    for f in ("slurm/jupyter.sbatch", "slurm/ddp.sbatch"):
+        assert (tree / f).stat().st_mode == (ROOT / f).stat().st_mode, f"{f}: permission bits kept"
+
+
+def test_tree_notebooks_are_the_student_build(tree, tmp_path):
+    """The tree's notebooks are byte for byte build_student's: the top-to-bottom runs below run them."""
+    rep = build_student(ROOT / "notebooks", tmp_path / "copies")
+    for name in rep.removed:
+        assert (tree / "notebooks" / name).read_bytes() == (tmp_path / "copies" / name).read_bytes(), name
+    assert set(json.loads((tree / MARKER).read_text())["files"]) == set(snapshot(tree)) - {MARKER}
+
+
+def _trivial(line: str) -> bool:
+    return len(line) < 12 or not re.search(r"[A-Za-z0-9]", line)
+
+
+def _solution_lines() -> set[str]:
+    """(a) every non-trivial line inside a solution block of tools/nbsrc/*.py."""
+    out = set()
+    for path in sorted((ROOT / "tools" / "nbsrc").glob("*.py")):
+        inside = False
+        for line in path.read_text().splitlines():
+            s = line.strip()
+            if s in ("### BEGIN SOLUTION", "# <!-- BEGIN SOLUTION -->"):
+                inside = True
+            elif s in ("### END SOLUTION", "# <!-- END SOLUTION -->"):
+                inside = False
+            elif inside and not _trivial(s.removeprefix("# ").strip()):
+                out.add(s.removeprefix("# ").strip())
+    return out
+
+
+def _reference_lines(value) -> list[str]:
+    """The text of one reference answer: a function's body lines, a string's lines, else reprs."""
+    if inspect.isfunction(value):
+        lines = textwrap.dedent(inspect.getsource(value)).splitlines()
+        body = next(i for i, ln in enumerate(lines) if ln.rstrip().endswith(":") and not ln.startswith("@"))
+        return [ln.strip() for ln in lines[body + 1:]]
+    if isinstance(value, str):
+        return [ln.strip() for ln in value.splitlines()]
+    if isinstance(value, dict):
+        return [repr(value), *(f"{k!r}: {v!r}" for k, v in value.items())]
+    return [] if repr(value).startswith("<") else [repr(value)]  # computed at grade time: nothing to find
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return [s for item in items for s in _strings(item)]
+
+
+def _text(path: Path) -> str:
+    """A file's text; for a notebook also every JSON string decoded (a source line appears unescaped)."""
+    raw = path.read_bytes().decode("utf-8", "replace")
+    return raw + "\n" + "\n".join(_strings(json.loads(raw))) if path.suffix == ".ipynb" else raw
+
+
+def _public_text() -> str:
+    """What the instructor notebooks show outside any solution: the teaching text and the outputs of cells
+    without a solution, cut here with a plain line scan (not labkit.student), so that a line the lesson
+    itself shows (``scaler.update()``, the ssh example) does not count as a leak."""
+    parts = []
+    for path in NOTEBOOKS:
+        for c in cells(path):
+            lines = c["source"].splitlines()
+            marked = [i for i, ln in enumerate(lines) if "BEGIN SOLUTION" in ln or "END SOLUTION" in ln]
+            if not marked:
+                parts += [c["source"], *(s for o in c.get("outputs", []) for s in _strings(o))]
+                continue
+            hidden = {i for a, b in zip(marked[::2], marked[1::2]) for i in range(a, b + 1)}
+            parts.append("\n".join(ln for i, ln in enumerate(lines) if i not in hidden))
+    return "\n".join(parts)
+
+
+def test_tree_holds_no_solution_and_no_reference_answer(tree):
+    public = _public_text()
+    solutions = {s for s in _solution_lines() if s not in public}
+    references = {s: k for k, ex in all_exercises().items() for ln in _reference_lines(ex.reference)
+                  if not _trivial(s := ln) and s not in public}
+    # the search finds what it looks for: each secret is in the instructor notebooks or the exercise modules
+    instructor = "\n".join(_text(p) for p in NOTEBOOKS)
+    graders = "\n".join(p.read_text() for p in (ROOT / "labkit" / "exercises").glob("nb*.py"))
+    assert len(solutions) >= 40 and all(s in instructor for s in solutions)
+    code = {ln.strip() for ex in all_exercises().values() if inspect.isfunction(ex.reference)
+            for ln in _reference_lines(ex.reference)} & set(references)
+    assert len(references) >= 40 and len(code) >= 20 and all(s in graders for s in code)
+    leaks = []
+    for path in sorted(tree.rglob("*")):
+        if path.is_file():
+            text = _text(path)
+            leaks += [f"{path.relative_to(tree)}: solution line {s!r}" for s in solutions if s in text]
+            leaks += [f"{path.relative_to(tree)}: reference of {k}: {s!r}"
+                      for s, k in references.items() if s in text]
+    assert not leaks, "\n".join(leaks)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -12,13 +12,7 @@ import torch
 
 from labkit import data, models, train
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +92,7 @@ def test_fp32_runs_are_bitwise_deterministic(task):
 def test_resume_is_bitwise_equal_to_uninterrupted_fp32(task, tmp_path):
     full = _run(task, steps=8)
     first = _run(task, steps=5, checkpoint_dir=tmp_path, checkpoint_every=2)
-    assert first.checkpoint is not None and torch.load(first.checkpoint, weights_only=False)["step"] == 5
+    assert first.checkpoint is not None and train.load_checkpoint(first.checkpoint)["step"] == 5
     resumed = _run(task, steps=8, checkpoint_dir=tmp_path, checkpoint_every=2, resume=True)
     assert resumed.resumed_from == 5
     assert resumed.loss == full.loss and resumed.grad_norm == full.grad_norm

@@ -278,3 +278,23 @@ def test_shm_buffers_names_only_this_jobs_files(tmp_path, monkeypatch):
         for p in (mine, other):
             if os.path.exists(p):
                 os.unlink(p)
+
+
+def test_a_rank_removes_only_its_own_buffer(monkeypatch):
+    """What each rank runs right after init_distributed (and again on exit): unlink its own buffer, no other."""
+    from labkit.recipes import zero as rz
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")  # a port no real job uses
+    base = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_"
+    mine, peer, other = base + "1_0", base + "1_1", base + "11_0"
+    try:
+        for p in (mine, peer, other):
+            open(p, "w").close()
+        rz._remove_own_buffers(0)
+        rz._remove_own_buffers(0)  # a second call (the exit path) is a no-op
+        assert not os.path.exists(mine) and os.path.exists(peer) and os.path.exists(other)
+    finally:
+        for p in (mine, peer, other):
+            if os.path.exists(p):
+                os.unlink(p)

@@ -49,6 +49,19 @@ class Exercise:
     wrong: Any = NOT_GIVEN
 
 
+def whole(name: str, value: Any, low: int) -> int:
+    """Return ``value`` if it is an int ``>= low`` (not a bool); raise TypeError/ValueError naming ``name``.
+
+    For the exercises' data helpers (sizes and seeds). Not in ``__all__``: the exercise modules' own helper.
+    Introduced in notebook 03.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return value
+
+
 def number_grader(want: float, what: str = "the value", rel: float = 0.0,
                   close: float = 1e-2) -> Callable[[Any], tuple[bool, str]]:
     """Return a grader for a numeric answer: equal to ``want`` within ``rel`` (0 means exactly).

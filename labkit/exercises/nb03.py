@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from labkit import scaling
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, whole
 
 __all__ = ["EXERCISES", "PATTERN", "PATTERN_KNOBS", "RULE_KNOBS", "exercise_gradients"]
 
@@ -27,7 +27,8 @@ def exercise_gradients(n: int = 20_000, seed: int = 3) -> torch.Tensor:
 
     Introduced in notebook 03.
     """
-    gen = torch.Generator().manual_seed(seed)
+    whole("n", n, 2)  # the two extremes are always in the sample
+    gen = torch.Generator().manual_seed(whole("seed", seed, 0))
     log2 = torch.empty(n, dtype=torch.float64).uniform_(-32.0, -6.0, generator=gen)
     log2[0], log2[1] = -32.0, -6.0  # the extremes are in the sample
     signs = torch.randint(0, 2, (n,), generator=gen) * 2 - 1

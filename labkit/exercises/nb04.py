@@ -13,6 +13,14 @@ from labkit.exercises._core import Exercise
 __all__ = ["EXERCISES", "reference_amp_step", "reference_island_softmax", "reference_pick_amp"]
 
 
+def _expect(*checks: tuple[str, Any, type | tuple[type, ...]]) -> None:
+    """Raise TypeError for the first ``(name, value, types)`` whose value is not one of the types."""
+    for name, value, types in checks:
+        if not isinstance(value, types):
+            want = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+            raise TypeError(f"{name} must be a {want}, got {type(value).__name__}")
+
+
 def reference_amp_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                        x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> None:
     """One AMP step: autocast forward + loss, scaled backward, unscale, clip to 1.0, step, update.
@@ -22,6 +30,9 @@ def reference_amp_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scale
     from labkit import precision
     from labkit.models import lm_loss
 
+    _expect(("model", model, torch.nn.Module), ("opt", opt, torch.optim.Optimizer),
+            ("scaler", scaler, (torch.amp.GradScaler, type(None))), ("x", x, torch.Tensor), ("y", y, torch.Tensor),
+            ("dtype", dtype, torch.dtype))
     opt.zero_grad(set_to_none=True)
     with torch.autocast(device_type=x.device.type, dtype=dtype):
         loss = lm_loss(model(x), y)
@@ -34,6 +45,7 @@ def reference_pick_amp(caps: dict[str, Any]) -> tuple[str, bool]:
 
     Introduced in notebook 04.
     """
+    _expect(("caps", caps, dict))
     if caps.get("bf16"):
         return "bf16", False
     if caps.get("fp16"):
@@ -46,6 +58,7 @@ def reference_island_softmax(scores: torch.Tensor) -> torch.Tensor:
 
     Introduced in notebook 04.
     """
+    _expect(("scores", scores, torch.Tensor))
     with torch.autocast(device_type=scores.device.type, enabled=False):
         return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
 

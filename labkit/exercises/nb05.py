@@ -8,7 +8,7 @@ import random
 import torch
 
 from labkit import fp8
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, whole
 
 __all__ = ["EXERCISES", "FORMAT_CHOICES", "WORKLOADS", "exercise_tensor"]
 
@@ -61,7 +61,8 @@ def exercise_tensor(n: int = 4096, seed: int = 5) -> torch.Tensor:
 
     Introduced in notebook 05.
     """
-    g = torch.Generator().manual_seed(seed)
+    whole("n", n, 1)
+    g = torch.Generator().manual_seed(whole("seed", seed, 0))
     x = torch.randn(n, generator=g) * 0.7
     x[::512] *= 40.0  # outlier features, as real activations have
     return x

@@ -83,7 +83,7 @@ def _grade_global(answer: object) -> tuple[bool, str]:
 
 # ---- 10.tunnel -------------------------------------------------------------------------------------
 #: What a connection file written by slurm/jupyter.sbatch says (the token left out).
-CONNECTION = {"node": "gpu017", "port": 24817, "user": "alice", "login": "login.hpc.example"}
+CONNECTION = {"node": "cn0412", "port": 21983, "user": "carol", "login": "hpc-login.uni.example"}
 
 
 def _grade_tunnel(answer: object) -> tuple[bool, str]:
@@ -190,8 +190,8 @@ EXERCISES = [
              "Write the ssh command, run on your laptop, that makes JupyterLab of CONNECTION reachable.",
              _grade_tunnel,
              "ssh -N -L <local port>:<compute node>:<jupyter port> <you>@<login node>",
-             reference="ssh -N -L 24817:gpu017:24817 alice@login.hpc.example",
-             wrong="ssh -N -L 24817:localhost:24817 alice@login.hpc.example"),
+             reference="ssh -N -L 21983:cn0412:21983 carol@hpc-login.uni.example",
+             wrong="ssh -N -L 21983:localhost:21983 carol@hpc-login.uni.example"),
     Exercise("10.whats-wrong",
              "Which PROBLEMS labels describe real mistakes in TRANSCRIPT?",
              _grade_problems,

@@ -122,15 +122,21 @@ def run_benchmark(sizes: Sequence[int], iters: int = 20, warmup: int = 5, repeat
 
     from labkit import device as dev_gate
 
-    if not dist.is_initialized():
-        raise RuntimeError("run_benchmark needs an initialised process group (run under torchrun)")
     for name, v in (("iters", iters), ("warmup", warmup), ("repeats", repeats)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup" else 1):
             raise ValueError(f"{name} must be a non-negative int (iters/repeats >= 1), got {v!r}")
     from labkit import precision
 
-    if dtype_name not in ("float32", "float16", "bfloat16"):
+    if not isinstance(dtype_name, str) or dtype_name not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype_name!r}")
+    given, sizes = sizes, [] if isinstance(sizes, (str, bytes)) else list(sizes)
+    if not sizes or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes):
+        raise ValueError(f"sizes must be a non-empty sequence of byte counts >= 1 (see parse_size), got {given!r}")
+    if device is not None and not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a torch.device, a str or None, got {type(device).__name__}")
+    # the arguments are checked first; the process group is the caller's environment, not an argument
+    if not dist.is_initialized():
+        raise RuntimeError("run_benchmark needs an initialised process group (run under torchrun)")
     dtype = precision.dtype(dtype_name)
     rank, n = dist.get_rank(), dist.get_world_size()
     backend = dist.get_backend()
@@ -166,21 +172,50 @@ def run_benchmark(sizes: Sequence[int], iters: int = 20, warmup: int = 5, repeat
             "busbw_factor": busbw_factor(n), "rows": rows}
 
 
+# The largest message --sizes takes (64 GiB): a typo such as 999G fails while parsing, not in an allocation.
+_MAX_SIZE = 1 << 36
+
+
+def _sizes(text: str) -> str:
+    """``type=`` for ``--sizes``: comma-separated sizes that :func:`parse_size` reads; returns the text."""
+    from labkit import _cli
+
+    items = [s for s in text.split(",") if s.strip()]
+    if not items:
+        raise _cli.BadValue(f"expected comma-separated sizes such as 4K,64K,1M, got {text!r}")
+    for item in items:
+        try:
+            n = parse_size(item)
+        except ValueError as exc:
+            raise _cli.BadValue(str(exc)) from None
+        if n > _MAX_SIZE:
+            raise _cli.BadValue(f"sizes up to {format_size(_MAX_SIZE)} are taken, got {item.strip()}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Return the command-line parser (documented with ``--help``). Introduced in notebook 08."""
-    ap = argparse.ArgumentParser(
+    """Return the command-line parser (documented with ``--help``).
+
+    Bad values are rejected while parsing (exit status 2, one line on stderr). Introduced in notebook 08.
+    """
+    from labkit import _cli
+
+    ap = _cli.ArgumentParser(
         prog="python -m labkit.recipes.allreduce",
         description="All-reduce benchmark: algbw and busbw per message size (nccl-tests definitions). "
                     "Run under torchrun or srun; rank 0 prints one LABKIT_RESULT {json} line.")
-    ap.add_argument("--sizes", default=",".join(format_size(s) for s in DEFAULT_SIZES),
+    ap.add_argument("--sizes", type=_sizes, default=",".join(format_size(s) for s in DEFAULT_SIZES),
                     help="comma-separated message sizes in bytes, binary units allowed (default: %(default)s)")
-    ap.add_argument("--iters", type=int, default=20, help="timed all-reduces per repeat (default: 20)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed all-reduces first (default: 5)")
-    ap.add_argument("--repeats", type=int, default=3, help="repeats; the median is reported (default: 3)")
+    ap.add_argument("--iters", type=_cli.int_in(1), default=20,
+                    help="timed all-reduces per repeat (default: 20)")
+    ap.add_argument("--warmup", type=_cli.int_in(0), default=5, help="untimed all-reduces first (default: 5)")
+    ap.add_argument("--repeats", type=_cli.int_in(1), default=3,
+                    help="repeats; the median is reported (default: 3)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    ap.add_argument("--device", default=None, help="cpu or cuda (default: labkit.device.pick_device())")
-    ap.add_argument("--pg-timeout", type=float, default=60.0,
-                    help="process-group timeout in seconds (default: 60)")
+    ap.add_argument("--device", type=_cli.device, default=None,
+                    help="cpu or cuda (default: labkit.device.pick_device())")
+    ap.add_argument("--pg-timeout", type=_cli.pg_timeout, default=60.0,
+                    help="process-group timeout in seconds, at most a week (default: 60)")
     return ap
 
 

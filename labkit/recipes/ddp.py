@@ -28,6 +28,11 @@ What happens, in order (the order matters):
    injection and slow ranks (in the batch source), step timing, logging, and rank 0's atomic checkpoint every
    ``--ckpt-every`` steps (and at the end), followed by a barrier on all ranks.
 
+**Stopping early, cleanly.** If ``$LABKIT_STOP_FILE`` is set, after every step the ranks check (one tiny MAX
+all-reduce, so all of them agree) whether that file exists; if it does, they write a checkpoint at the end of the
+current step and exit 0, and the result says ``"stopped_at"``. ``slurm/ddp.sbatch`` creates the file on the
+walltime warning (``--signal=B:USR1@...``), then requeues the job or prints how to resume.
+
 Precision policies are :mod:`labkit.precision`'s ``fp32``, ``bf16`` and ``fp16`` (autocast over fp32 weights in
 all three). Under ``srun`` without torchrun the rank layout comes from ``SLURM_PROCID``/``SLURM_NTASKS``/
 ``SLURM_LOCALID`` (see :func:`labkit.dist.rank_env`); multi-node runs must export ``MASTER_ADDR``.
@@ -45,6 +50,7 @@ import argparse
 import contextlib
 import hashlib
 import itertools
+import math
 import os
 import statistics
 import time
@@ -76,7 +82,12 @@ def tensor_sum(tensors: Sequence[Any]) -> float:
 
     Introduced in notebook 08.
     """
-    return float(sum(float(t.detach().double().sum()) for t in tensors))
+    import torch
+
+    ts = list(tensors)  # TypeError if not iterable
+    if not all(isinstance(t, torch.Tensor) for t in ts):
+        raise TypeError("tensor_sum takes a sequence of tensors")
+    return float(sum(float(t.detach().double().sum()) for t in ts))
 
 
 def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
@@ -91,59 +102,88 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return the recipe's command-line parser (see the module docstring). Introduced in notebook 08."""
-    ap = argparse.ArgumentParser(
-        prog="python -m labkit.recipes.ddp",
+    """Return the recipe's command-line parser (see the module docstring).
+
+    Bad values, and flags that contradict each other or this launch's world size, are rejected while
+    parsing (exit status 2, one line on stderr), before any process group starts.
+    Introduced in notebook 08.
+    """
+    from labkit import _cli
+
+    count, whole, seed = _cli.int_in(1), _cli.int_in(0), _cli.int_in(0, 2**32 - 1)
+    ap = _cli.ArgumentParser(
+        prog="python -m labkit.recipes.ddp", checks=[_check_flags],
         description="DDP training recipe (run under torchrun or srun). Rank 0 prints one "
                     "LABKIT_RESULT {json} line: losses, per-rank checksums, timings, world size.")
     ap.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
                     help="mlp: regression MLP; gpt: TinyGPT on the 'reverse' token task (default: mlp)")
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                     help="fp32, or autocast to bf16 / fp16 (fp16 adds a GradScaler) (default: fp32)")
-    ap.add_argument("--steps", type=int, default=20, help="optimizer steps in total (default: 20)")
-    ap.add_argument("--batch", type=int, default=32, help="micro-batch per rank (default: 32)")
-    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (default: 1)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
-    ap.add_argument("--seed", type=int, default=0, help="model, data and sampler seed (default: 0)")
-    ap.add_argument("--data-size", type=int, default=4096, help="examples in the data set (default: 4096)")
-    ap.add_argument("--hidden", type=int, default=256, help="MLP width (default: 256)")
-    ap.add_argument("--depth", type=int, default=3, help="MLP hidden layers (default: 3)")
+    ap.add_argument("--steps", type=count, default=20, help="optimizer steps in total (default: 20)")
+    ap.add_argument("--batch", type=count, default=32, help="micro-batch per rank (default: 32)")
+    ap.add_argument("--accum", type=count, default=1, help="micro-batches per optimizer step (default: 1)")
+    ap.add_argument("--lr", type=_cli.float_in(0.0, low_open=True), default=3e-3,
+                    help="AdamW learning rate, a finite number > 0 (default: 3e-3)")
+    ap.add_argument("--seed", type=seed, default=0, help="model, data and sampler seed (default: 0)")
+    ap.add_argument("--data-size", type=count, default=4096, help="examples in the data set (default: 4096)")
+    ap.add_argument("--hidden", type=count, default=256, help="MLP width (default: 256)")
+    ap.add_argument("--depth", type=whole, default=3, help="MLP hidden layers (default: 3)")
     ap.add_argument("--ckpt-dir", default=None, help="directory for checkpoints (default: none)")
-    ap.add_argument("--ckpt-every", type=int, default=0,
+    ap.add_argument("--ckpt-every", type=whole, default=0,
                     help="save every K steps (0: only at the end; needs --ckpt-dir) (default: 0)")
     ap.add_argument("--resume", action="store_true",
                     help="continue from the newest checkpoint in --ckpt-dir, if there is one")
-    ap.add_argument("--crash-rank", type=int, default=None, help="fault injection: this rank raises ...")
-    ap.add_argument("--crash-step", type=int, default=None, help="... at the start of this step (0-based)")
-    ap.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-ms per micro-batch")
-    ap.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds the slow rank sleeps")
+    ap.add_argument("--crash-rank", type=whole, default=None, help="fault injection: this rank raises ...")
+    ap.add_argument("--crash-step", type=whole, default=None, help="... at the start of this step (0-based)")
+    ap.add_argument("--slow-rank", type=whole, default=None, help="this rank sleeps --slow-ms per micro-batch")
+    ap.add_argument("--slow-ms", type=_cli.float_in(0.0, _MAX_SLOW_MS), default=0.0,
+                    help="milliseconds the slow rank sleeps (needs --slow-rank)")
     ap.add_argument("--sync-every-micro", action="store_true",
                     help="all-reduce after every micro-batch (accumulation without no_sync, for comparison)")
-    ap.add_argument("--device", default=None, help="cpu or cuda (default: labkit.device.pick_device())")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--device", type=_cli.device, default=None,
+                    help="cpu or cuda (default: labkit.device.pick_device())")
+    ap.add_argument("--threads", type=count, default=None,
                     help="torch threads per rank (default: $OMP_NUM_THREADS, else 1)")
-    ap.add_argument("--pg-timeout", type=float, default=60.0,
-                    help="process-group (collective) timeout in seconds (default: 60)")
-    ap.add_argument("--log-every", type=int, default=0, help="rank 0 prints the loss every K steps (0: never)")
+    ap.add_argument("--pg-timeout", type=_cli.pg_timeout, default=60.0,
+                    help="process-group (collective) timeout in seconds, at most a week (default: 60)")
+    ap.add_argument("--log-every", type=whole, default=0, help="rank 0 prints the loss every K steps (0: never)")
     return ap
 
 
-def _validate(args: argparse.Namespace, world: int) -> None:
+# The longest sleep --slow-ms takes (an hour): a typo cannot make a rank sleep for ever.
+_MAX_SLOW_MS = 3600e3
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """The parser's check of flags together (ValueError -> exit status 2)."""
+    from labkit import _cli
+
+    _validate(args, _cli.launch_world())
+
+
+def _validate(args: argparse.Namespace, world: int | None) -> None:
+    """Raise ValueError for flags that contradict each other (or, when ``world`` is known, the world size)."""
     for name in ("steps", "batch", "accum", "data_size", "hidden"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.depth < 0 or args.ckpt_every < 0 or args.log_every < 0 or args.seed < 0:
         raise ValueError("--depth, --ckpt-every, --log-every and --seed must be >= 0")
-    if not args.lr > 0:
-        raise ValueError(f"--lr must be > 0, got {args.lr}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        raise ValueError(f"--lr must be a finite number > 0, got {args.lr}")
     if (args.crash_rank is None) != (args.crash_step is None):
         raise ValueError("--crash-rank and --crash-step go together")
+    if args.crash_step is not None and not 0 <= args.crash_step < args.steps:
+        raise ValueError(f"--crash-step must be in [0, --steps {args.steps}), got {args.crash_step}")
+    if (args.slow_rank is None) != (args.slow_ms == 0):
+        raise ValueError("--slow-rank and --slow-ms (> 0) go together")
+    if (args.ckpt_every or args.resume) and not args.ckpt_dir:
+        raise ValueError("--ckpt-every and --resume need --ckpt-dir")
+    if world is None:
+        return
     if args.crash_rank is not None and not 0 <= args.crash_rank < world:
         raise ValueError(f"--crash-rank must be in [0, {world}), got {args.crash_rank}")
     if args.slow_rank is not None and not 0 <= args.slow_rank < world:
         raise ValueError(f"--slow-rank must be in [0, {world}), got {args.slow_rank}")
-    if (args.ckpt_every or args.resume) and not args.ckpt_dir:
-        raise ValueError("--ckpt-every and --resume need --ckpt-dir")
     if args.data_size // world < args.batch:
         raise ValueError(f"--data-size {args.data_size} gives each of {world} ranks fewer than "
                          f"--batch {args.batch} examples")
@@ -216,6 +256,16 @@ def _instrumented(batches: Iterator[tuple[Any, ...]], args: argparse.Namespace, 
             _time.sleep(args.slow_ms / 1000.0)
         index += 1
         yield xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+
+
+def _stop_requested(stop_file: str, device: Any) -> bool:
+    """Whether any rank sees ``stop_file``: one MAX all-reduce, so that all ranks stop after the same step."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if os.path.exists(stop_file) else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -292,6 +342,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     local_losses: list[float] = []
     skipped, saved = 0, []
     source = _instrumented(batches, args, rank, start, device)
+    stop_file = os.environ.get("LABKIT_STOP_FILE") or None  # the sbatch script creates it on the walltime warning
+    stopped_at = None
     t0 = time.perf_counter()
     for step, step_loss, info in train_loop(ddp, opt, scaler, policy, source, loss_fn, args.steps, args.accum,
                                             start, args.sync_every_micro):
@@ -305,8 +357,14 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
             print(f"step {step + 1}/{args.steps} local loss {step_loss:.4f} "
                   f"({step_times[-1] * 1e3:.1f} ms)", flush=True)
+        if stop_file is not None and step + 1 < args.steps and _stop_requested(stop_file, device):
+            stopped_at = step + 1  # every rank agrees (one all-reduce), so all of them stop after this step
+            if rank == 0:
+                print(f"stop requested ({stop_file}): checkpoint at step {stopped_at}, then exit", flush=True)
+            break
         t0 = time.perf_counter()
     t_train = time.perf_counter() - t_ready
+    done = stopped_at if stopped_at is not None else args.steps
 
     # global mean loss per step (one all-reduce at the end, not one per step)
     lt = torch.tensor(local_losses, dtype=torch.float64, device=device)
@@ -314,7 +372,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     run_losses = (lt / world).tolist()
     all_losses = losses + run_losses
     if ckpt_dir is not None:
-        saved += _checkpoint(ckpt_dir, args.steps, model, opt, scaler, args.precision, losses,
+        saved += _checkpoint(ckpt_dir, done, model, opt, scaler, args.precision, losses,
                              local_losses, rank, world, global_losses=all_losses)
     params = [p for p in model.parameters()]
     grads = [p.grad for p in params if p.grad is not None]
@@ -328,7 +386,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     dist.all_gather_object(gathered, mine)
     if rank != 0:
         return None
-    n_steps = args.steps - start
+    n_steps = done - start
     def per(key: str) -> list[Any]:
         return [g[key] for g in gathered]
 
@@ -336,7 +394,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         "recipe": "ddp", "world_size": world, "backend": backend, "device": str(device),
         "launcher": renv.launcher, "model": args.model,
         "params": sum(p.numel() for p in params), "precision": args.precision,
-        "steps": args.steps, "start_step": start, "resumed_from": resumed_from,
+        "steps": args.steps, "start_step": start, "resumed_from": resumed_from, "stopped_at": stopped_at,
         "batch_per_rank": args.batch, "accum": args.accum, "global_batch": args.batch * world * args.accum,
         "lr": args.lr, "seed": args.seed, "losses": all_losses,
         "grad_checksums": per("grad_checksum"), "param_checksums": per("param_checksum"),

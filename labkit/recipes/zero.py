@@ -15,13 +15,19 @@ micro-batch of the last step, while gradients are being accumulated; after the l
 DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op (``deepspeed_shm_comm``, about a
 minute cold) the first time a process group starts. ``--shm-comm off`` (the default) tells DeepSpeed
 the op is unavailable, so every collective goes through gloo, nothing is compiled and no
-``/dev/shm/deepspeed_allreduce_buffer_*`` file is created; ``--shm-comm on`` uses it. Either way each
-rank removes its own shared-memory buffer on exit.
+``/dev/shm/deepspeed_allreduce_buffer_*`` file is created; ``--shm-comm on`` uses it. Then each rank
+removes (unlinks) its own buffer right after the process group starts, once every rank has mapped every
+other rank's (a mapping outlives its name), so even a run that fails later leaves nothing in /dev/shm;
+:func:`labkit.dist.launch` removes the buffers of ranks killed before that point.
 
 DeepSpeed's stage-0 fp16/bf16 optimizer wrapper steps the torch optimizer once with zero gradients when
 it is built. With ``torch_adam`` that leaves Adam's step counter at 1 before training, which shrinks the
 first update to 0.74x and makes stage 0 drift from stages 1-3. The recipe resets that counter (and
 reports ``adam_prestep``); ``--keep-prestep`` shows DeepSpeed's behaviour as is.
+
+``--torch-adam``/``--no-torch-adam`` choose the optimizer kernel (``optimizer.params.torch_adam`` in each
+run's config): torch's AdamW, nothing to compile, is the default with DeepSpeed's CPU accelerator;
+on GPUs the default is DeepSpeed's own compiled Adam (``--no-torch-adam``), as notebook 09 advises.
 
 Introduced in notebook 09.
 """
@@ -79,32 +85,79 @@ def shm_buffers(rank: int | None = None) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return the command-line parser (documented with ``--help``). Introduced in notebook 09."""
-    ap = argparse.ArgumentParser(
-        prog="python -m labkit.recipes.zero",
+    """Return the command-line parser (documented with ``--help``).
+
+    Bad values are rejected while parsing (exit status 2, one line on stderr), including every run's
+    DeepSpeed config as :func:`labkit.zero.config` checks it, before DeepSpeed starts.
+    Introduced in notebook 09.
+    """
+    from labkit import _cli
+
+    count = _cli.int_in(1)
+    ap = _cli.ArgumentParser(
+        prog="python -m labkit.recipes.zero", checks=[_check_flags],
         description="Train the tiny GPT with DeepSpeed ZeRO; rank 0 prints one LABKIT_RESULT {json} line.")
-    ap.add_argument("--runs", default="0:bf16,1:bf16,2:bf16,3:bf16",
+    ap.add_argument("--runs", type=_runs, default="0:bf16,1:bf16,2:bf16,3:bf16",
                     help="comma-separated stage:dtype[:offload] runs (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=6, help="optimizer steps per run (default: 6)")
-    ap.add_argument("--micro-batch", type=int, default=8, help="samples per rank per micro-batch")
-    ap.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--clip", type=float, default=1.0, help="gradient clipping (0 = off)")
-    ap.add_argument("--d-model", type=int, default=96)
-    ap.add_argument("--n-layers", type=int, default=2)
-    ap.add_argument("--bucket", type=int, default=1 << 15,
+    ap.add_argument("--steps", type=count, default=6, help="optimizer steps per run (default: 6)")
+    ap.add_argument("--micro-batch", type=count, default=8, help="samples per rank per micro-batch")
+    ap.add_argument("--grad-accum", type=count, default=2, help="micro-batches per optimizer step")
+    ap.add_argument("--lr", type=_cli.float_in(0.0, low_open=True), default=3e-3, help="a finite number > 0")
+    ap.add_argument("--clip", type=_cli.float_in(0.0), default=1.0, help="gradient clipping (0 = off)")
+    ap.add_argument("--d-model", type=count, default=96, help="a multiple of the 4 attention heads")
+    ap.add_argument("--n-layers", type=count, default=2)
+    ap.add_argument("--bucket", type=_cli.int_in(2), default=1 << 15,
                     help="reduce/prefetch bucket size in elements (default: %(default)s)")
-    ap.add_argument("--initial-scale-power", type=int, default=16, help="fp16: start at 2**this")
-    ap.add_argument("--loss-scale-window", type=int, default=1000, help="fp16: clean steps per doubling")
-    ap.add_argument("--hysteresis", type=int, default=2, help="fp16: overflows before halving")
+    ap.add_argument("--initial-scale-power", type=_cli.int_in(0, 64), default=16,
+                    help="fp16: start at 2**this (0-64)")
+    ap.add_argument("--loss-scale-window", type=count, default=1000, help="fp16: clean steps per doubling")
+    ap.add_argument("--hysteresis", type=count, default=2, help="fp16: overflows before halving")
     ap.add_argument("--shm-comm", choices=["off", "on"], default="off",
                     help="use DeepSpeed's compiled shared-memory all-reduce (default: off, pure gloo)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch-adam", action=argparse.BooleanOptionalAction, default=None,
+                    help="torch.optim.AdamW (no C++ compile) instead of DeepSpeed's compiled Adam "
+                         "(default: on with DeepSpeed's CPU accelerator, off on GPUs)")
+    ap.add_argument("--seed", type=_cli.int_in(0, 2**32 - 1), default=0)
     ap.add_argument("--keep-prestep", dest="reset_prestep", action="store_false",
                     help="keep the Adam step counter DeepSpeed's stage-0 wrapper advances at start-up "
                          "(default: reset it, see the module docstring)")
-    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--local_rank", "--local-rank", type=_cli.int_in(0), default=None,
+                    help=argparse.SUPPRESS)
     return ap
+
+
+def _runs(text: str) -> str:
+    """``type=`` for ``--runs``: text that :func:`parse_runs` reads; returns it as given."""
+    from labkit import _cli
+
+    try:
+        parse_runs(text)
+    except ValueError as exc:
+        raise _cli.BadValue(str(exc)) from None
+    return text
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """The parser's check of flags together: the model shape and every run's DeepSpeed config."""
+    from labkit import _cli, models
+
+    models.GPTConfig(d_model=args.d_model, n_layers=args.n_layers)
+    world = _cli.launch_world() or 1
+    for stage, dtype, offload in parse_runs(args.runs):
+        _ds_config(stage, dtype, offload, args, world, accelerator="cpu")
+
+
+def _ds_config(stage: int, dtype: str, offload: str, args: argparse.Namespace, world: int,
+               accelerator: str) -> dict[str, Any]:
+    """The DeepSpeed config of one run, from the flags; ``torch_adam`` defaults to on for the "cpu" accelerator."""
+    from labkit import zero
+
+    torch_adam = args.torch_adam if args.torch_adam is not None else accelerator == "cpu"
+    return zero.config(stage, dtype, offload=offload, micro_batch=args.micro_batch,
+                       grad_accum=args.grad_accum, world_size=world, lr=args.lr,
+                       gradient_clipping=args.clip, initial_scale_power=args.initial_scale_power,
+                       loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
+                       reduce_bucket_size=args.bucket, param_persistence_threshold=0, torch_adam=torch_adam)
 
 
 def _checksum(engine: Any, stage: int) -> tuple[str, float]:
@@ -151,11 +204,7 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
     model = models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, d_model=args.d_model,
                            n_layers=args.n_layers, seed=args.seed)
     numels = [p.numel() for p in model.parameters()]
-    cfg = zero.config(stage, dtype, offload=offload, micro_batch=args.micro_batch,
-                      grad_accum=args.grad_accum, world_size=world, lr=args.lr,
-                      gradient_clipping=args.clip, initial_scale_power=args.initial_scale_power,
-                      loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
-                      reduce_bucket_size=args.bucket, param_persistence_threshold=0)
+    cfg = _ds_config(stage, dtype, offload, args, world, get_accelerator_name())
     t0 = time.perf_counter()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     init_s = time.perf_counter() - t0
@@ -253,6 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     init_dist_s = time.perf_counter() - t0
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
+        # init_distributed returns on a rank once it has mapped every peer's shm buffer; after a barrier all
+        # ranks have, so the names can go now: the mappings live on until exit, and nothing leaks later.
+        dist.barrier()
+        _remove_own_buffers(rank)
         from deepspeed.accelerator import get_accelerator
 
         acc = get_accelerator()

@@ -44,16 +44,16 @@ def test_global_batch_exercise():
 
 
 def test_tunnel_exercise():
-    ok = ["ssh -N -L 24817:gpu017:24817 alice@login.hpc.example",
-          "ssh -N -L 9000:gpu017:24817 login.hpc.example",
-          "ssh -N -J alice@login.hpc.example -L 24817:gpu017:24817 alice@gpu017"]
+    ok = ["ssh -N -L 21983:cn0412:21983 carol@hpc-login.uni.example",
+          "ssh -N -L 9000:cn0412:21983 hpc-login.uni.example",
+          "ssh -N -J carol@hpc-login.uni.example -L 21983:cn0412:21983 carol@cn0412"]
     for cmd in ok:
         assert _status("10.tunnel", cmd) == "correct", cmd
-    wrong = {"ssh -N -L 24817:localhost:24817 alice@login.hpc.example": "localhost",
-             "ssh -N -L 24817:gpu017:8888 alice@login.hpc.example": "24817",
-             "ssh -N -L 24817:gpu017:24817 alice@gpu017": "not reachable",
-             "ssh -N -L 24817:gpu017:24817 bob@login.hpc.example": "yourself",
-             "ssh -N alice@login.hpc.example": "-L"}
+    wrong = {"ssh -N -L 21983:localhost:21983 carol@hpc-login.uni.example": "localhost",
+             "ssh -N -L 21983:cn0412:8888 carol@hpc-login.uni.example": "21983",
+             "ssh -N -L 21983:cn0412:21983 carol@cn0412": "not reachable",
+             "ssh -N -L 21983:cn0412:21983 bob@hpc-login.uni.example": "yourself",
+             "ssh -N carol@hpc-login.uni.example": "-L"}
     for cmd, why in wrong.items():
         v = evaluate("10.tunnel", cmd)
         assert v.status == "wrong" and why in v.message, (cmd, v.message)

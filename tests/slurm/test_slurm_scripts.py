@@ -284,6 +284,48 @@ def test_ddp_sbatch_failure_is_reported_and_leaves_nothing(slurm_cluster: LocalC
     assert not job_pids(slurm_cluster, job)
 
 
+def test_ddp_sbatch_walltime_warning_checkpoints_and_the_resubmission_resumes_bitwise(
+        slurm_cluster: LocalCluster, job_env, tmp_path: Path):
+    """The walltime warning (USR1 to the batch shell, as --signal=B:USR1@120 sends it; `scancel --batch` delivers the
+    same signal without waiting for a real walltime) makes every rank checkpoint after the current step and exit 0;
+    resubmitting with --resume then ends bit-identical to a run that was never interrupted."""
+    out = tmp_path / "out"
+    out.mkdir()
+    common = ["--steps", "12", "--batch", "16", "--log-every", "1", "--slow-rank", "0", "--slow-ms", "150"]
+
+    def run(ckpt: Path, *extra: str) -> tuple[int, str]:
+        res = slurm_cluster.run("sbatch", "--wait", "--parsable", f"--output={out}/%j.out", str(SLURM / "ddp.sbatch"),
+                                *common, "--ckpt-dir", str(ckpt), *extra, env=job_env, check=False, timeout=300)
+        job = res.stdout.strip().split(";")[0]
+        return res.returncode, (out / f"{job}.out").read_text()
+
+    rc, log = run(tmp_path / "ref")
+    assert rc == 0, log[-3000:]
+    (reference,) = _results(log)
+
+    ckpt = tmp_path / "stopped"
+    res = slurm_cluster.run("sbatch", "--parsable", f"--output={out}/%j.out", str(SLURM / "ddp.sbatch"), *common,
+                            "--ckpt-dir", str(ckpt), env=job_env)
+    job = res.stdout.strip().split(";")[0]
+    log_path = out / f"{job}.out"
+    wait_for("step 3 in the log", lambda: log_path.exists() and "step 3/12" in log_path.read_text(), 120)
+    slurm_cluster.run("scancel", "--batch", "--signal=USR1", job)
+    wait_for("the job to end", lambda: job_state(slurm_cluster, job) == "", 120)
+    log = log_path.read_text()
+    (stopped,) = _results(log)
+    assert "walltime warning (USR1)" in log and "stopped early with a checkpoint. To resume:" in log, log[-3000:]
+    assert 3 <= stopped["stopped_at"] < 12 and stopped["checkpoint_steps"][-1] == stopped["stopped_at"]
+    assert "training step finished with status 0" in log
+    assert not job_pids(slurm_cluster, job)
+
+    rc, log = run(ckpt, "--resume")
+    assert rc == 0, log[-3000:]
+    (resumed,) = _results(log)
+    assert resumed["resumed_from"] == stopped["stopped_at"] and resumed["stopped_at"] is None
+    assert resumed["param_checksums"] == reference["param_checksums"]  # bit-identical to the uninterrupted run
+    assert resumed["losses"] == reference["losses"]
+
+
 # ---- deepspeed.sbatch ------------------------------------------------------------------------------------
 def test_deepspeed_sbatch_zero2_bf16(slurm_cluster: LocalCluster, job_env, tmp_path: Path):
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install .[deepspeed])")

@@ -82,7 +82,7 @@ print("torch", ".".join(map(str, (major, minor))), "ok; fp8 dtypes present; labk
 # |---|---|---|
 # | `cpu` | no GPU (this is what CI runs) | bf16/fp16 autocast on CPU, DDP on gloo, DeepSpeed's CPU accelerator; TF32 and fp8 matmul explained and emulated |
 # | `mps` | Apple GPU | autocast on MPS; no NCCL, no TF32, no fp8 |
-# | `cuda` | NVIDIA GPU | CUDA autocast (softmax & co upcast to fp32), TF32, NCCL, real timings |
+# | `cuda` | NVIDIA GPU | CUDA autocast (softmax & co upcast to fp32), NCCL, real timings; TF32 and fast bf16 from compute capability 8.0 (A100, not V100/T4) |
 # | `cuda-fp8` | NVIDIA GPU with compute capability ≥ 8.9 (Ada, Hopper) | as `cuda`, plus real fp8 matmuls |
 
 # %%
@@ -106,7 +106,9 @@ print("This machine:", device.cpu_summary())
 
 # %%
 assert caps.tier in {"cpu", "mps", "cuda", "cuda-fp8"}
-assert caps.fp8_matmul == (caps.tier == "cuda-fp8")
+# fp8 matmuls need FP8 tensor cores: compute capability 8.9 or higher, as torch itself reports it
+cc = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+assert caps.fp8_matmul == (cc is not None and cc >= (8, 9))
 assert device.dist_backend() == ("nccl" if caps.tier.startswith("cuda") else "gloo")
 assert caps.bf16 or caps.fp16 or caps.autocast_dtype is None
 assert (caps.bf16 or not caps.bf16_fast) and (caps.fp16 or not caps.fp16_fast)   # fast implies computes

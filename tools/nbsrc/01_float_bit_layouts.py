@@ -116,14 +116,23 @@ explorer.set_value(1.0)
 # %% [markdown]
 # ## 4. BF16 keeps FP32's range; FP16 "hears badly"
 #
-# BF16 is simply the top 16 bits of an FP32 (rounded): the same 8-bit exponent, so the same range, and only
-# 7 mantissa bits. Converting FP32 → BF16 can never overflow or underflow more than FP32 itself does.
+# BF16 is simply the top 16 bits of an FP32 (rounded): the same 8-bit exponent, so nearly the same range, and
+# only 7 mantissa bits. "Nearly": at both ends the rounding bites. FP32 values above about 3.3961e38 round up past
+# BF16's largest finite value and become inf, and FP32 subnormals below 2^-133 (BF16's smallest subnormal) lose
+# their bits: from 2^-134 down they flush to 0.
 
 # %%
 x = 1 / 3
 b32, b16 = F.encode(x, "fp32"), F.encode(x, "bf16")
 print(f"fp32 {b32:032b}\nbf16 {b16:016b}  (top 16 bits of fp32, rounded)")
 assert b16 == (b32 + 0x7FFF + ((b32 >> 16) & 1)) >> 16  # round-to-nearest-even on the low 16 bits
+
+# %%
+edges = torch.tensor([3.3e38, 3.4e38, 2.0**-133, 2.0**-134], dtype=torch.float32)
+as_bf16 = edges.to(torch.bfloat16).float().tolist()
+print("fp32:", edges.tolist(), "\nbf16:", as_bf16)
+assert torch.isfinite(edges).all() and math.isfinite(as_bf16[0]) and as_bf16[1] == math.inf
+assert as_bf16[2] == 2.0**-133 and as_bf16[3] == 0.0      # the smallest bf16 subnormal survives, half of it does not
 
 # %% [markdown]
 # FP16 spends its bits the other way: 10 mantissa bits (finer than BF16) but only 5 exponent bits. Like an ear with a
@@ -147,7 +156,9 @@ assert F.round_to(1 + 2**-9, "fp16") == 1 + 2**-9 and F.round_to(1 + 2**-9, "bf1
 
 # %%
 tf32 = F.get_format("tf32")
-assert (tf32.emin, tf32.emax) == (fp32.emin, fp32.emax) and tf32.eps == fp16.eps  # FP32 range, FP16 precision
+# FP32's range (torch's own float32 limits), FP16's precision (torch's own float16 epsilon):
+assert 2.0**tf32.emin == torch.finfo(torch.float32).tiny and 2.0**tf32.emax <= torch.finfo(torch.float32).max < 2.0 ** (
+    tf32.emax + 1) and tf32.eps == torch.finfo(torch.float16).eps
 print(f"1/3: fp32 {F.round_to(1/3, 'fp32')!r}, tf32 {F.round_to(1/3, 'tf32')!r}, fp16 {F.round_to(1/3, 'fp16')!r}")
 assert F.round_to(1 / 3, "tf32") == F.round_to(1 / 3, "fp16")  # same mantissa, and 1/3 is in both ranges
 

@@ -126,7 +126,7 @@ assert t_e5.tolist() == m_e5.tolist() and np.isinf(t_e5[5:]).all() and np.isfini
 # %% [markdown]
 # ## 3. Round to nearest, ties to even
 #
-# Every cast and every arithmetic result rounds to the nearest representable value. When a value sits exactly
+# Every IEEE operation rounds its exact result to the nearest representable value. When a value sits exactly
 # halfway, IEEE 754 picks the neighbour whose last mantissa bit is 0 (the "even" one), so ties do not all
 # round the same way and no bias builds up. In BF16 (8 bits of precision) the integers above 256 are 2 apart:
 
@@ -135,6 +135,19 @@ for x in (256.0, 257.0, 258.0, 259.0, 260.0, 261.0):
     print(f"{x:g} -> bf16 {torch.tensor(x).to(torch.bfloat16).item():g}   (labkit: {F.round_to(x, 'bf16'):g})")
 assert torch.tensor([257.0, 259.0, 261.0]).to(torch.bfloat16).tolist() == [256.0, 260.0, 260.0]
 assert [F.round_to(x, "bf16") for x in (257.0, 259.0, 261.0)] == [256.0, 260.0, 260.0]
+
+# %% [markdown]
+# **A gotcha: double rounding.** torch casts float64 to fp16, bf16 and fp8 *through float32*, and ml_dtypes does the
+# same for bf16 and fp8. Each step rounds, and two roundings are not one. Take `1 + 2^-11 + 2^-40`: the nearest
+# fp16 value is `1 + 2^-10` (it sits just above the halfway point 1 + 2^-11). Rounded to float32 first, the tiny
+# `2^-40` is lost, what is left is exactly the halfway point, and ties-to-even then goes down to 1.0.
+
+# %%
+x = 1 + 2**-11 + 2**-40
+direct = float(np.float16(x))                                   # numpy: one rounding from float64
+via_torch = torch.tensor(x, dtype=torch.float64).to(torch.float16).item()
+print(f"nearest fp16: {direct!r} (numpy, labkit: {F.round_to(x, 'fp16')!r}) | torch float64 -> fp16: {via_torch!r}")
+assert direct == F.round_to(x, "fp16") == 1 + 2**-10 and via_torch == 1.0
 
 # %% [markdown]
 # 257 and 259 are both ties, yet one rounds down and the other up: 256 = 1.0000000 × 2^8 and
@@ -168,9 +181,11 @@ for k, v in sums.items():
 #
 # - **FP32/FP32: 10.000133514404297.** 0.01 is not a binary number; FP32 stores 0.0099999998, and 1000 roundings
 #   of the running sum add a small error.
-# - **FP16/FP16: 9.953125.** Above 8 the FP16 spacing is 2^-7 = 0.0078125, so each `+ 0.01` rounds to one spacing:
-#   the sum grows by 0.0078 instead of 0.01. At 32 the spacing would be 0.03125 and `+ 0.01` would vanish
-#   entirely.
+# - **FP16/FP16: 9.953125.** Each `+ 0.01` rounds to a whole number of FP16 spacings, and the spacing grows with
+#   the sum. Between 4 and 8 it is 2^-8, and 0.01 rounds *up* to 3 spacings (0.0117): the sum overshoots and
+#   reaches 8 after only 750 additions. Above 8 the spacing is 2^-7 = 0.0078125, and 0.01 rounds *down* to one
+#   spacing: the sum undershoots for the remaining 250. The two errors partly cancel. At 32 the spacing would be
+#   0.03125 and `+ 0.01` would vanish entirely.
 # - **FP32 accumulator, FP16 increments: 10.00213623046875.** The accumulator keeps every addition; what is left is
 #   FP16's representation error of 0.01 (0.01000213623046875), times 1000.
 
@@ -178,6 +193,12 @@ for k, v in sums.items():
 assert sums == {"fp32 / fp32": 10.000133514404297, "fp16 / fp16": 9.953125, "fp32 acc / fp16 inc": 10.00213623046875}
 assert accumulate(np.float16, np.float16, n=4000) == 32.0  # at 32 every further + 0.01 is lost
 assert float(np.float16(0.01)) == 0.01000213623046875
+s16, steps = np.float16(0), []
+for _ in range(1000):
+    s16, prev = np.float16(s16 + np.float16(0.01)), s16
+    steps.append((float(prev), float(s16) - float(prev)))
+assert sum(p < 8 for p, _ in steps) == 750 and {d for p, d in steps if p >= 8} == {2.0**-7}   # overshoot, undershoot
+assert {d for p, d in steps if 4 <= p < 7.99} == {3 * 2.0**-8}   # 0.01 -> 3 spacings of 2^-8
 
 # %% [markdown]
 # This is why reductions in mixed precision accumulate in FP32. `torch.sum` of an FP16 tensor does so

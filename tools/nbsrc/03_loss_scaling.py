@@ -18,10 +18,12 @@
 
 # %%
 # %matplotlib inline
+import importlib.util
 import inspect
 import io
 import json
 import math
+import os
 import textwrap
 
 import matplotlib.pyplot as plt
@@ -37,11 +39,12 @@ from labkit.scaling import DynamicLossScaler
 torch.set_num_threads(1)  # tiny models: one thread is fastest (and fair on a shared machine)
 
 # %% [markdown]
-# FP16 compute on a CPU needs hardware support (AVX-512 FP16 or AMX on recent Intel CPUs; most laptops lack
-# it). `labkit.device` tries a tiny FP16 autocast matmul instead of guessing. Where it fails, this notebook
+# With torch 2.13, FP16 autocast computes on any x86 CPU; only its *speed* depends on the hardware (AVX512-FP16
+# or AMX-FP16 make it fast, without them it is emulated and slow). `labkit.device.computes` tries a tiny FP16
+# autocast matmul instead of guessing. Where it would fail (an older torch, an unusual platform), this notebook
 # **emulates** FP16 gradients: it computes in FP32 and rounds each scaled gradient through FP16, which
 # reproduces the underflow and overflow of the gradients themselves (though not of every intermediate
-# value). Every cell says which path it took.
+# value). The cell below says which path it took.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -260,9 +263,26 @@ assert all(bad["skipped"]) and bad["scale"][-1] == 0.0
 
 # %% [markdown]
 # After 16 halvings the scale is 1, after 142 it is FP32's smallest normal (2^-126), then it walks down the
-# FP32 subnormals and reaches **exactly 0**. GradScaler has no floor, and a zero scale is poison: the loss
-# times 0 gives gradients of 0, unscaling multiplies by 1/0 = inf, and 0 × inf is NaN, which is *not* checked
-# (the check runs before unscaling), so the next clean step writes NaN into every weight:
+# FP32 subnormals and reaches **exactly 0**. GradScaler has no floor, and the damage starts well before 0. Once
+# the scale is 2^-128 or less, `1/scale` overflows FP32 to inf. GradScaler's inf check looks at the gradients as
+# they are, and they are finite, so the step is taken, but unscaling has multiplied them by inf: inf where a
+# gradient was non-zero, and 0 × inf = NaN where it was 0. That is 22 halvings before the scale reaches 0:
+
+# %%
+poisoned = {}
+for k in (127, 128):  # 1/2^-127 = 2^127 is a float32; 1/2^-128 = 2^128 is not
+    w = torch.nn.Parameter(torch.ones(3))
+    gs_k, sgd_k = torch.amp.GradScaler("cpu", init_scale=2.0**-k), torch.optim.SGD([w], lr=0.1)
+    gs_k.scale((w * torch.tensor([1.0, 2.0, 0.0])).sum()).backward()
+    gs_k.step(sgd_k)
+    gs_k.update()
+    poisoned[k] = not torch.isfinite(w).all().item()
+print("weights poisoned after one clean step, by scale:", {f"2^-{k}": v for k, v in poisoned.items()})
+assert poisoned == {127: False, 128: True} and float(torch.tensor(2.0**128, dtype=torch.float64).float()) == math.inf
+
+# %% [markdown]
+# At exactly 0 it is the same story: the loss times 0 gives gradients of 0, unscaling multiplies by 1/0 = inf,
+# 0 × inf is NaN, and the next clean step writes NaN into every weight:
 
 # %%
 gs_dead = torch.amp.GradScaler("cpu", init_scale=2.0**-149)  # the last scale before 0
@@ -343,7 +363,7 @@ print(scaler.state_dict())
 
 # %%
 buf.seek(0)
-ckpt = torch.load(buf)
+ckpt = torch.load(buf, weights_only=True)  # tensors and plain types only: never code from a file
 resumed = torch.amp.GradScaler("cpu")
 resumed.load_state_dict(ckpt["scaler"])
 assert resumed.state_dict() == scaler.state_dict()
@@ -369,10 +389,17 @@ display(Markdown("\n".join(rows)))
 # back (`tests/test_scaling.py` checks that DeepSpeed's own config class accepts the block):
 
 # %%
-ds_fp16 = scaling.deepspeed_fp16_config(torch.amp.GradScaler("cpu"))
+gs_default = torch.amp.GradScaler("cpu")
+ds_fp16 = scaling.deepspeed_fp16_config(gs_default)
 print(json.dumps({"fp16": ds_fp16}, indent=1))
-assert ds_fp16["loss_scale"] == 0 and ds_fp16["initial_scale_power"] == 16 and ds_fp16["loss_scale_window"] == 2000
-assert scaling.scaler_kwargs_from_deepspeed(ds_fp16)["init_scale"] == 2.0**16
+if importlib.util.find_spec("deepspeed"):  # DeepSpeed parses the block with its own config class
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.is_cuda() else "cpu")
+    from deepspeed.runtime.precision_config import DeepSpeedFP16Config
+
+    parsed = DeepSpeedFP16Config(**ds_fp16)
+    assert parsed.loss_scale == 0 and parsed.initial_dynamic_scale() == gs_default.get_scale()
+    assert parsed.loss_scale_window == gs_default.get_growth_interval() and parsed.hysteresis == 1
+assert scaling.scaler_kwargs_from_deepspeed(ds_fp16)["init_scale"] == gs_default.get_scale()
 
 # %% [markdown]
 # Two differences remain even with `hysteresis: 1`, and `deepspeed_scale_sequence` (checked against DeepSpeed's

@@ -89,7 +89,10 @@ first, last = runs["fp32"].loss[0], runs["fp32"].final_loss()
 assert last < 0.1 * first                                       # it learned
 for name in ("fp16", "bf16"):
     assert abs(runs[name].final_loss() - last) < 0.25 * last    # both track fp32
-assert runs["bf16"].scale == [1.0] * STEPS                      # bf16 needs no loss scale at all
+# bf16 needs no loss scale: none of the real gradients recorded at each fp32 step would flush to zero in bf16
+# (torch's own cast decides), while in fp16, unscaled, some would
+assert all((g.bfloat16() == 0).sum() == (g == 0).sum() for g in step_grads)
+assert any((g.half() == 0).sum() > (g == 0).sum() for g in step_grads)
 assert runs["fp16"].n_skipped == 0                              # the scaler kept fp16's gradients in range
 
 # %% [markdown]
@@ -184,7 +187,9 @@ big = A * 2.0**17  # the same matrix scaled exactly: values up to ~6e5
 print(f"A * 2^17: tf32 {tf32.input_rounding_error(big, B, 'tf32'):.3g}, fp16 {tf32.input_rounding_error(big, B, 'fp16')}")
 
 # %%
-assert errors["fp32"] == 0 and 2**-13 < errors["tf32"] < 2**-10 and errors["bf16"] > 7 * errors["tf32"]
+assert 2**-13 < errors["tf32"] < 2**-10 and errors["bf16"] > 7 * errors["tf32"]
+normal16 = A.abs() >= 2**-14  # where fp16 is normal, TF32's 10-bit rounding must equal torch's own fp16 cast
+assert torch.equal(tf32.emulate(A, "tf32")[normal16], A.half().float()[normal16])
 assert math.isinf(tf32.input_rounding_error(big, B, "fp16"))
 
 # %% [markdown]
@@ -298,18 +303,26 @@ for n in names:
 for n in names:
     s = stats[n]
     assert s["grad E5M2, scaled"].rel_error < 0.1 < s["grad E5M2, scale 1"].rel_error  # scaling rescues gradients
-    assert s["act E4M3, scaled"].rel_error < 0.05 and s["act E4M3, scaled"].saturated == 0
+    assert s["act E4M3, scaled"].rel_error < 0.05
 assert max(stats[n]["grad E4M3, scaled"].underflow for n in names) > 10 * max(
     stats[n]["grad E5M2, scaled"].underflow for n in names)  # E4M3's range is too short for some gradients
+unscaled = {n: stats[n]["grad E5M2, scale 1"].underflow for n in names}
+assert all(v > 0.9 for n, v in unscaled.items() if n != "head") and unscaled["head"] < 0.9  # see the table
+# the relative errors come from labkit's cast: check one against ml_dtypes' own E4M3 cast (no scale, in range)
+a0 = cap.activations[names[0]][0].double()
+ref_back = torch.from_numpy(a0.numpy().astype(ml_dtypes.float8_e4m3fn).astype(np.float64))
+assert math.isclose(stats[names[0]]["act E4M3, scale 1"].rel_error,
+                    float((ref_back - a0).norm() / a0.norm()), rel_tol=1e-9)
 
 # %% [markdown]
 # Read the picture by column:
 #
 # - **Activations** sit after a layer norm, with amax of a few units: E4M3 holds them with or without a scale, at the
 #   ~2.6 % relative error its 3 mantissa bits allow. The scale only rescues the few tiny values that fell below 2^-9.
-# - **Gradients** of a mean loss over a batch are tiny (amax around 10⁻⁶ here, below E5M2's smallest subnormal
-#   2^-16 ≈ 1.5·10⁻⁵): without a scale **all of them flush to zero** (relative error 1). With a per-tensor scale, E5M2
-#   holds them at ~5 % error: 2 mantissa bits.
+# - **Gradients** of a mean loss over a batch are tiny (amax around 10⁻⁶ in most layers, below E5M2's smallest
+#   subnormal 2^-16 ≈ 1.5·10⁻⁵): without a scale **nearly all of them flush to zero** (relative error close to 1).
+#   The head's gradients, those of the logits, are larger, and about half of them survive. With a per-tensor
+#   scale, E5M2 holds every layer at ~5 % error: 2 mantissa bits.
 # - **E4M3 for gradients** would be more precise (~2.6 %), but its 18 binades are too few for some gradients: in
 #   at least one layer a sizable share of values still flushes to zero even with the best scale (see the table).
 #   The norm barely shows it, because the lost values are the smallest; but each of them is a contribution that
@@ -483,7 +496,7 @@ for k, t in shapes.timings.items():
     print(f"{k:>9}: {2 * int(k.split()[1]) ** 3 / t.median / 1e9:7.1f} GFLOP/s (spread {t.spread:.0%})")
 
 # %% [markdown]
-# Read GFLOP/s, not time: 520 does 9 % more work than 512. On a GPU the odd size can cost far more (a fallback to
+# Read GFLOP/s, not time: 520 does (520/512)³ − 1 = 4.8 % more work than 512. On a GPU the odd size can cost far more (a fallback to
 # non-tensor-core kernels in older cuBLAS versions); the rule of thumb is to pad vocabulary, hidden and batch sizes
 # to multiples of 8, or 64 to be safe. On a shared CPU, repeat the cell: the spread column says how much to trust one
 # run. The speed part is the one place this notebook prints figures that belong to this machine alone.
@@ -542,7 +555,7 @@ check("05.delayed-scale", delayed_scale)
 #   here), fp32 range and accumulation. PyTorch leaves it off for matmuls ("highest"), NGC containers turn it on;
 #   `labkit.device` reads and sets it. On a CPU with AMX, "medium" silently moves fp32 matmuls to bf16.
 # - **FP8** needs a scale per tensor: E4M3 (precision) for activations and weights, E5M2 (range) for gradients. Without
-#   a scale, real gradients all flush to zero; with one, 2-3 mantissa bits of error remain. Delayed scaling takes the
+#   a scale, nearly all real gradients flush to zero; with one, 2-3 mantissa bits of error remain. Delayed scaling takes the
 #   scale from an amax history: free, but it lags a spike by one step.
 # - **Speed** comes from matrix units: with AMX-BF16 (or tensor cores) bf16 matmuls run many times faster, a tiny
 #   model's step barely faster (Amdahl); without bf16 hardware bf16 is emulated and slower than fp32. Shapes in

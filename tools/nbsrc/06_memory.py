@@ -45,7 +45,8 @@ dev = device.pick_device()
 #
 # For mixed-precision Adam, the literature quotes 16, 18 or 20 bytes per parameter. They are all right:
 # they count different layouts. The ZeRO paper writes (2 + 2 + K)Ψ with K = 12 (fp32 master + two fp32
-# moments); Hugging Face keeps fp32 gradients instead of 16-bit ones (18); DeepSpeed's estimators keep both (20).
+# moments); Hugging Face keeps fp32 gradients instead of 16-bit ones (18); DeepSpeed's ZeRO-2 estimator keeps both
+# (20), while its ZeRO-3 estimator counts 18 (section 4 compares both with this model).
 # Plain fp32 Adam is 16 as well:
 
 # %%

@@ -216,6 +216,9 @@ assert rows[-1]["busbw_GBps"] > 10 * rows[0]["busbw_GBps"]  # large messages use
 print(f"{'size':>6} {'time (us)':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}")
 for r in rows:
     print(f"{r['size']:>6} {r['time_us']:10.1f} {r['algbw_GBps']:11.4f} {r['busbw_GBps']:11.4f}")
+peak = max(rows, key=lambda r: r["busbw_GBps"])
+print(f"here: the smallest message took {rows[0]['time_us']:.0f} µs (that is α, the fixed cost); busbw peaked at "
+      f"{peak['size']} ({peak['busbw_GBps']:.2f} GB/s){' and fell after it' if peak is not rows[-1] else ''}")
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -227,10 +230,13 @@ plt.show()
 # %% [markdown]
 # A simple model explains the curve: $t(S) \approx \alpha + \frac{2(n-1)}{n}\frac{S}{B}$.
 #
-# - **Latency-bound** (small $S$): $\alpha$ dominates (here tens to hundreds of µs of loopback TCP and gloo
-#   bookkeeping), $t$ hardly changes with $S$, and busbw grows in proportion to $S$. This is why DDP packs
-#   gradients into ~25 MB buckets instead of all-reducing each tensor.
-# - **Bandwidth-bound** (large $S$): busbw flattens towards the link bandwidth $B$.
+# - **Latency-bound** (small $S$): $\alpha$ dominates (with gloo on loopback, the line above says how large: often
+#   a millisecond or more, since each call crosses Python, gloo's bookkeeping and TCP), $t$ hardly changes with $S$,
+#   and busbw grows in proportion to $S$. This is why DDP packs gradients into ~25 MB buckets instead of
+#   all-reducing each tensor. NCCL over NVLink brings $\alpha$ down to microseconds.
+# - **Bandwidth-bound** (large $S$): busbw approaches the link bandwidth $B$. On a shared CPU it may also *drop*
+#   for the largest messages (they no longer fit in cache, and the two ranks compete for memory bandwidth), which
+#   is why the line above says where it peaked here.
 #
 # What the hardware changes is $\alpha$ and $B$. GPUs in one node connected by NVLink reach busbw of hundreds
 # of GB/s with NCCL; across nodes one InfiniBand NDR port carries 400 Gb/s = 50 GB/s, and RDMA (GPUDirect) keeps
@@ -245,7 +251,14 @@ plt.show()
 # |---|---|---|
 # | `NCCL_DEBUG=INFO` | logs version, transports, rings/trees at start-up | **first thing to set** when something is slow or hangs; look for `NET/IB` vs `NET/Socket` and `P2P`/`SHM` lines |
 # | `NCCL_IB_DISABLE=1` | forbids InfiniBand/RoCE, falls back to TCP sockets | a debugging switch; left in a job script (often copied from a container recipe) it silently makes multi-node runs many times slower |
-# | `NCCL_SOCKET_IFNAME` | which interface sockets and bootstrap use | pin it (`ib0`, `eth0`) when a wrong one (`docker0`, `lo`) makes ranks hang at start |
+# | `NCCL_SOCKET_IFNAME` | which interface NCCL's own sockets and bootstrap use | pin it (`ib0`, `eth0`) when a wrong one (`docker0`, `lo`) makes NCCL's setup hang or fail; it does not affect torch's c10d store, which connects to `MASTER_ADDR:MASTER_PORT` (a hang *before* NCCL starts is that address not being reachable from every node) |
+# | `NCCL_IB_HCA` | which InfiniBand adapters (and ports) to use, e.g. `mlx5_0:1,mlx5_1:1` | nodes with several HCAs, or to keep NCCL off a storage HCA |
+# | `NCCL_P2P_DISABLE=1` | forbids direct GPU-to-GPU copies (NVLink/PCIe P2P) inside a node | debugging hangs or corruption suspected on P2P; a big slowdown if left on |
+# | `NCCL_PROTO` | force `LL`, `LL128` or `Simple` | experiments only, like `NCCL_ALGO` |
+# | `NCCL_DEBUG_SUBSYS` | narrows `NCCL_DEBUG` output (`INIT,NET`, `COLL`, ...) | keep INFO logs readable |
+# | `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` | a collective that times out aborts the communicator and the process (the default in current torch) | so a hang becomes an error instead of a stuck job |
+# | `TORCH_NCCL_BLOCKING_WAIT=1` | collectives block the CPU and raise on timeout | debugging: the timeout surfaces in the calling line |
+# | `TORCH_NCCL_DUMP_ON_TIMEOUT=1` | on a timeout, dump the flight recorder of recent collectives per rank (with `TORCH_NCCL_TRACE_BUFFER_SIZE`) | find which rank stopped at which collective |
 # | `NCCL_ALGO` | force `Ring`, `Tree`, ... | experiments only; NCCL's tuner picks per message size |
 # | `NCCL_BUFFSIZE` | bytes per channel buffer (default 4 MiB) | larger can help bandwidth, costs GPU memory |
 # | `NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_NTHREADS` | sockets and threads of the TCP transport (product ≤ 64) | only when there is no RDMA: more streams fill a fast Ethernet link |

@@ -72,8 +72,8 @@ cfg = zero.config(2, "bf16", micro_batch=8, grad_accum=2, world_size=2, reduce_b
 print(zero.explain(cfg))
 
 # %% [markdown]
-# An inconsistent batch is caught with a message that says what to change, before DeepSpeed starts
-# (DeepSpeed's own check is a bare assertion, deep inside `deepspeed.initialize`):
+# An inconsistent batch is caught with a message that says what to change, before DeepSpeed starts (DeepSpeed's
+# own check also explains itself, but only from inside `deepspeed.initialize`, after the process group is up):
 
 # %%
 try:
@@ -113,7 +113,7 @@ run_list = "0:bf16,1:bf16,2:bf16,3:bf16,2:bf16:cpu" + (",2:fp16" if fp16_ok else
 res = launch("labkit.recipes.zero", nproc=2, timeout=300, stream=False,
              args=["--runs", run_list, "--steps", "8", "--micro-batch", "8", "--grad-accum", "2",
                    "--bucket", "32768", "--initial-scale-power", "21", "--loss-scale-window", "2",
-                   "--hysteresis", "1"])
+                   "--hysteresis", "1", "--torch-adam"])  # torch's AdamW: no C++ compile (section 5)
 runs = {(r["stage"], r["offload"], r["dtype"]): r for r in res["runs"]}
 print(f"DeepSpeed {res['deepspeed']} on {res['accelerator']}, backend {res['backend']}, "
       f"world size {res['world_size']}: {res['timings']['total_s']:.1f} s in the ranks")
@@ -275,8 +275,9 @@ print("DeepSpeed's trace == the replayed rule:", fp is not None or "not run (Dee
 #
 # With `offload_optimizer.device = "cpu"`, the fp32 master weights, Adam's moments, and the fp32 gradient slice
 # live in host RAM, and the optimizer step runs on the CPU. Each step, the reduced gradient slice is copied to the
-# host, and the updated 16-bit weights are copied back. On a GPU that frees 12-14 bytes per parameter of GPU
-# memory, and costs PCIe traffic plus a CPU-speed optimizer step. Here, device and host are the same memory, so we
+# host, and the updated 16-bit weights are copied back. On a GPU that frees the optimizer side (12 bytes per
+# parameter of master weights and Adam moments, plus the gradient shard) divided by the number of ranks N: 12-14
+# bytes per parameter only when N = 1. It costs PCIe traffic plus a CPU-speed optimizer step. Here, device and host are the same memory, so we
 # measure only the overhead of the offload path itself:
 
 # %%
@@ -291,6 +292,11 @@ print(f"offload costs {on['timings']['step_s_median'] / off['timings']['step_s_m
 print("same losses with and without offload (to bf16 rounding):",
       max(abs(a - b) / b for a, b in zip(on["losses"], off["losses"])) < 5e-3)
 print("where the offloaded run's tensors live:", sorted(on["bytes_per_rank"][0]["by_device"]))
+shard = on["bytes_per_rank"][0]["bytes"]["master"] / 4    # elements of this rank's (padded) fp32 master shard
+host_per_elem = sum(on["bytes_per_rank"][0]["bytes"][k] for k in ("master", "optimizer", "grads")) / shard
+print(f"offloaded side, per shard element: {host_per_elem:g} B (fp32 master 4 + Adam 8 + an fp32 gradient "
+      f"partition 4), plus {on['bytes_per_rank'][0]['bytes']['buffers']:,} B of staging buffers")
+assert host_per_elem == 16
 
 # %% [markdown]
 # On this CPU-only machine, "offloaded" tensors were on the CPU all along. On a GPU node, `by_device` splits them
@@ -311,13 +317,26 @@ print(json.dumps(ref13, indent=1))
 # %%
 est = memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=2, world_size=8, offload_optimizer=True)
 print(est.table("GB"))
-print(f"CPU RAM per node for the 8 ranks' offloaded states: {memory.fmt_bytes(est.host_per_node(8))}")
+print(f"CPU RAM per node for the 8 ranks' offloaded states, labkit.memory's steady state "
+      f"({est.host_total / (13e9 / 8):.0f} B/param): {memory.fmt_bytes(est.host_per_node(8))}")
+print(f"... with DeepSpeed's host layout as measured in section 5 ({host_per_elem:g} B/param, buffers not "
+      f"counted): {memory.fmt_bytes(host_per_elem * 13e9)}")
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+ds_cpu, ds_gpu = estimate_zero2_model_states_mem_needs(13 * 10**9, 8, 1, cpu_offload=True)
+print(f"... DeepSpeed's own estimator: {memory.fmt_bytes(ds_cpu)} (1.5 x max(4 N Ψ, 16 Ψ): it also counts the "
+      "fp32 copy each of the N processes makes while loading)")
+assert est.host_per_node(8) < host_per_elem * 13e9 < ds_cpu
 assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=0).device_total
 
 # %% [markdown]
 # Without ZeRO the same model needs 208 GB of model states per GPU, so it cannot start at all. With ZeRO-2 and
-# offload, each GPU holds the 26 GB of bf16 weights, plus buckets and activations. Each node needs 182 GB of
-# CPU RAM for the offloaded optimizer states, more with pinned buffers. Check that before you submit. The config above is plain
+# offload, each GPU holds the 26 GB of bf16 weights, plus buckets and activations. The node's CPU RAM is where
+# the three figures above differ. labkit.memory counts the steady state of the ZeRO-Offload design (fp32 master,
+# Adam moments and the 16-bit gradient shard). DeepSpeed 0.19.8 really keeps an fp32 gradient partition on the
+# host too, plus staging buffers, which is what section 5 measured. Its estimator adds the fp32 copies of the
+# model that every process makes while loading, times a safety factor of 1.5. Plan for the measured layout plus
+# buffers, and for the loading peak unless you load the model sharded. Check that before you submit. The config above is plain
 # JSON: save it and pass it to `deepspeed.initialize(config=...)`. On a GPU cluster,
 # `ZERO_CONFIG=zero2-bf16-offload sbatch slurm/deepspeed.sbatch` runs this notebook's recipe with the same
 # stage, precision and offload (notebook 10).

@@ -92,11 +92,14 @@ for name in ("jupyter.sbatch", "ddp.sbatch", "deepspeed.sbatch"):
     opts = parse_sbatch_header((SLURM_DIR / name).read_text())
     print(f"{name:17s}", "  ".join(f"--{k}={v}" for k, v in opts.items()))
     assert "account" not in opts and "partition" not in opts  # site specific: give them on the command line
-    assert opts["signal"].startswith("B:TERM@")  # a warning signal before the time limit, to shut down cleanly
+    assert re.fullmatch(r"B:(TERM|USR1)@\d+", opts["signal"])  # a warning signal to the script before the limit
 
 # %% [markdown]
 # `--signal=B:TERM@120` asks Slurm to send SIGTERM to the batch script two minutes before the time limit.
-# That is how `jupyter.sbatch` gets time to stop JupyterLab cleanly, without leaving processes behind.
+# That is how `jupyter.sbatch` gets time to stop JupyterLab cleanly, without leaving processes behind. The
+# training scripts ask for `USR1` instead: `ddp.sbatch` then asks its ranks to write a checkpoint at the end of the
+# current step and exit cleanly, and requeues the job (with `LABKIT_REQUEUE=1`) or prints how to resume; `scancel`
+# (TERM) still stops a run at once.
 #
 # ## 3. The hardware underneath: interconnect and storage tiers
 #
@@ -266,7 +269,8 @@ shutil.rmtree(work, ignore_errors=True)
 #    and JupyterLab's `--port-retries` handles a race;
 # 2. generates a **token** and passes it in the environment, never on the command line, where `ps` shows
 #    it to everyone on the node;
-# 3. binds to the **node's hostname**, reachable from the login node and nowhere else;
+# 3. binds to the **node's hostname**, not `0.0.0.0`: one interface, but any host that routes to it can connect,
+#    so the token is what keeps others out;
 # 4. writes a **connection file** `~/.labkit/jupyter/jupyter-<jobid>.json` with mode **0600**, and prints
 #    the tunnel command, but not the token, into the job output (often readable by others);
 # 5. on the walltime signal and on `scancel`, stops JupyterLab and its kernels, removes the file, and
@@ -299,7 +303,7 @@ def read_connection(path: Path) -> dict:
     return json.loads(path.read_text())
 
 # %%
-c = CONNECTION
+c = {"node": "gpu017", "port": 24817, "user": "alice", "login": "login.hpc.example"}  # the exercises use another job
 example = {"job_id": "123456", "node": c["node"], "port": c["port"], "token": "<48 hex digits>",
            "url": f"http://localhost:{c['port']}/lab?token=<48 hex digits>", "user": c["user"], "login": c["login"]}
 conn = Path(tempfile.mkdtemp()) / "jupyter-123456.json"
@@ -318,9 +322,12 @@ shutil.rmtree(conn.parent)
 # and open `http://localhost:24817/lab?token=...`. `-L local_port:host:port` means "connections to
 # local_port on my laptop go through the ssh connection, and **the far end** connects to host:port". The
 # far end is the login node, which can reach `gpu017`. `-N` runs no remote shell, just the tunnel.
-# If the login alias round-robins (`login` is sometimes `login1`, sometimes `login2`) or ssh says
-# "channel open failed", the job output also prints a variant that jumps through the login node to the
-# compute node itself: `ssh -N -J alice@login.hpc.example -L 24817:gpu017:24817 alice@gpu017`.
+# A round-robin login alias (`login` is sometimes `login1`, sometimes `login2`) does not matter: every login
+# node connects to the same `gpu017:24817`. If ssh says "channel open failed", the login node could not connect
+# there: the job has ended, a firewall sits between login and compute nodes, or `gpu017` resolves on the login
+# node to an interface JupyterLab is not bound to. Where sites allow ssh to a node with your job, the job output
+# also prints a variant that jumps through the login node: `ssh -N -J alice@login.hpc.example -L
+# 24817:gpu017:24817 alice@gpu017`.
 #
 # Your own connection files, if this machine has any:
 
@@ -477,7 +484,7 @@ print(CONNECTION)
 # %%
 answer = ...  # a str: the ssh command
 ### BEGIN SOLUTION
-answer = "ssh -N -L 24817:gpu017:24817 alice@login.hpc.example"
+answer = "ssh -N -L 21983:cn0412:21983 carol@hpc-login.uni.example"
 ### END SOLUTION
 check("10.tunnel", answer)
 

@@ -1,0 +1,185 @@
+"""The GPU acceptance run: notebooks 03-09 on a CUDA GPU, plus every CUDA-only result, in one report.
+
+    python tools/gpu_check.py [--out DIR] [--notebooks 03,04,...] [--timeout-per-notebook 300]
+    make gpu-check
+
+On a machine without a CUDA GPU it says so in one line and exits 0 without running anything. On a GPU it:
+
+1. runs notebooks 03-09 top to bottom with nbclient (in notebooks/, as nbval and JupyterLab do; the stored copies
+   are not touched) and records each one's wall time and first error;
+2. measures what only a GPU can show, with labkit's own functions:
+   - the CUDA autocast op table, compared with PyTorch's documented lists (``train.CUDA_AUTOCAST_REFERENCE``);
+   - TF32 and FP8 matmul timings (``tf32.time_tf32``, ``fp8.time_fp8_matmul``; ``None`` where the GPU lacks them);
+   - NCCL all-reduce bus bandwidth over the GPUs present (``labkit.recipes.allreduce`` under torchrun);
+   - CUDA peak memory of a tiny-GPT run against ``labkit.memory``'s prediction of its model states;
+   - the AMP speed-up over fp32 for a matmul and the tiny-GPT train step (``bench.amp_benchmark``);
+3. writes ``gpu-report.json`` and ``gpu-report.md`` to ``--out`` (default: the current folder) and exits non-zero
+   if any notebook or any check failed.
+
+Budget: about 8 minutes on one modern GPU (most of it the notebooks, 08 and 09 the longest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ("03", "04", "05", "06", "07", "08", "09")
+
+
+def no_gpu_line() -> str | None:
+    """One line saying why nothing runs here, or None when a CUDA GPU is present."""
+    try:
+        import torch
+    except ImportError:
+        return "gpu-check: torch is not installed; nothing to run."
+    if not torch.cuda.is_available():
+        return (f"gpu-check: no CUDA GPU here (torch {torch.__version__}, torch.cuda.is_available() is False); "
+                "nothing to run.")
+    return None
+
+
+def run_notebook(path: Path, timeout: int) -> dict[str, Any]:
+    """Execute one notebook in a scratch copy; return its wall time and the first error, if any."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    t0 = time.perf_counter()
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        error = None
+    except CellExecutionError as exc:
+        error = str(exc).strip().splitlines()[-1][:500]
+    except Exception as exc:  # a kernel death or timeout is a result to report, not a crash
+        error = f"{type(exc).__name__}: {exc}"[:500]
+    return {"notebook": path.name, "seconds": round(time.perf_counter() - t0, 1), "error": error}
+
+
+def cuda_results() -> dict[str, Any]:
+    """The CUDA-only measurements; each entry has "ok" and what was measured (or the error)."""
+    import torch
+
+    from labkit import bench, fp8, memory, models, tf32, train
+    from labkit import device as dev_gate
+    from labkit.dist import launch
+
+    dev = torch.device("cuda")
+    out: dict[str, Any] = {"device": dev_gate.capabilities(dev).as_dict()}
+
+    def guarded(name: str, fn: Any) -> None:
+        try:
+            out[name] = fn()
+        except Exception:  # every check reports; the exit status says whether all passed
+            out[name] = {"ok": False, "error": traceback.format_exc(limit=3)[-1500:]}
+
+    def autocast_table() -> dict[str, Any]:
+        kinds = {"low": None, "fp32": torch.float32, "input": None}
+        rows, ok = {}, True
+        for dt in (torch.float16, torch.bfloat16):
+            if not dev_gate.computes(dt, dev):
+                continue
+            measured = train.autocast_op_dtypes(dev, dt)
+            for op, kind in train.CUDA_AUTOCAST_REFERENCE.items():
+                want = kinds[kind] or dt
+                got = measured[op][1]
+                rows[f"{op} {dt}"] = {"documented": str(want), "measured": str(got)}
+                ok &= got == want
+        return {"ok": ok, "ops": rows}
+
+    def timings() -> dict[str, Any]:
+        t = tf32.time_tf32(4096, dev)
+        f = fp8.time_fp8_matmul(4096, dev)
+        res = {"tf32": None if t is None else {k: t.speedup(k) for k in ("tf32", "bf16")},
+               "fp8": None if f is None else {k: f.speedup(k) for k in f.timings if k != f.baseline}}
+        return {"ok": True, **res}
+
+    def nccl() -> dict[str, Any]:
+        n = torch.cuda.device_count()
+        res = launch("labkit.recipes.allreduce", nproc=n, timeout=300, stream=False,
+                     args=["--device", "cuda", "--sizes", "1M,16M,256M", "--iters", "10"])
+        rows = res["rows"]
+        return {"ok": res["backend"] == "nccl" and all(r["correct"] for r in rows), "gpus": n,
+                "busbw_GBps": {r["size"]: r["busbw_GBps"] for r in rows}}
+
+    def peak_memory() -> dict[str, Any]:
+        from labkit import data
+
+        task = data.make_token_task("reverse", n=2048, n_digits=6, vocab_size=12, seed=0)
+        batches = data.Batches(task.inputs, task.targets, batch_size=64, seed=0)
+        model = models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, seed=0)
+        predicted = sum(memory.predict_torch_state(model, "bf16", "adamw").values())
+        r = train.train(model, batches, policy="bf16", steps=5, device=dev, progress=False)
+        return {"ok": r.peak_memory is not None and r.peak_memory >= predicted, "peak_bytes": r.peak_memory,
+                "predicted_model_state_bytes": predicted, "ratio": (r.peak_memory or 0) / predicted}
+
+    def amp_speedup() -> dict[str, Any]:
+        names = [n for n in ("bf16", "fp16") if dev_gate.computes(train.get_policy(n).compute_dtype, dev)]
+        res = bench.amp_benchmark(dev, tuple(names))
+        mm = {n: res["matmul"].speedup(n) for n in names}
+        step = {n: res["train_step"].speedup(n) for n in names}
+        return {"ok": all(v > 1.0 for v in mm.values()), "matmul": mm, "train_step": step}
+
+    guarded("autocast_table", autocast_table)
+    guarded("matmul_timings", timings)
+    guarded("nccl_allreduce", nccl)
+    guarded("peak_memory", peak_memory)
+    guarded("amp_speedup", amp_speedup)
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """A short human summary of the report."""
+    lines = [f"# GPU check: {report['device_name']}", "", "| notebook | seconds | result |", "|---|---|---|"]
+    lines += [f"| {r['notebook']} | {r['seconds']} | {r['error'] or 'ok'} |" for r in report["notebooks"]]
+    lines += ["", "| check | ok | details |", "|---|---|---|"]
+    for k, v in report["cuda"].items():
+        if k == "device":
+            continue
+        detail = {a: b for a, b in v.items() if a not in ("ok", "ops")}
+        lines.append(f"| {k} | {v.get('ok')} | {json.dumps(detail)[:300]} |")
+    lines += ["", f"**{'PASS' if report['passed'] else 'FAIL'}** in {report['seconds']} s"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path.cwd(), help="folder for gpu-report.json/.md (default: .)")
+    ap.add_argument("--notebooks", default=",".join(NOTEBOOKS), help="number prefixes (default: 03-09)")
+    ap.add_argument("--timeout-per-notebook", type=int, default=300)
+    args = ap.parse_args(argv)
+    why = no_gpu_line()
+    if why is not None:
+        print(why)
+        return 0
+    import torch
+
+    t0 = time.perf_counter()
+    wanted = [w.strip() for w in args.notebooks.split(",") if w.strip()]
+    paths = [p for w in wanted for p in sorted((ROOT / "notebooks").glob(f"{w}_*.ipynb"))]
+    nbs = []
+    for p in paths:
+        nbs.append(run_notebook(p, args.timeout_per_notebook))
+        print(f"{p.name}: {nbs[-1]['seconds']} s {'ok' if nbs[-1]['error'] is None else 'FAILED: ' + nbs[-1]['error']}",
+              flush=True)
+    cuda = cuda_results()
+    passed = all(r["error"] is None for r in nbs) and all(v.get("ok") for k, v in cuda.items() if k != "device")
+    report = {"device_name": torch.cuda.get_device_name(0), "torch": torch.__version__, "notebooks": nbs,
+              "cuda": cuda, "passed": passed, "seconds": round(time.perf_counter() - t0, 1)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu-report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (args.out / "gpu-report.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
