@@ -500,7 +500,7 @@ def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | s
     lacks. Introduced in notebook 07.
     """
     name, _ = _peak_dtype(dtype)
-    dev = dev_gate.resolve(device)
+    dev = dev_gate.resolve(device, must_exist=False)  # a formula: the GPU may only be described
     if dev_gate.is_cuda(dev):
         props = dev_gate.cuda_properties(dev)
         assert props is not None

@@ -118,14 +118,17 @@ def pick_device(prefer: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def resolve(device: torch.device | str | None = None) -> torch.device:
+def resolve(device: torch.device | str | None = None, must_exist: bool = True) -> torch.device:
     """Return ``device`` as a ``torch.device`` that is really present (``None``: :func:`pick_device`).
 
     A bad name or type raises ``ValueError``/``TypeError``, and so does asking for a GPU this machine lacks (torch
-    itself would raise a RuntimeError or an AssertionError deep inside). Introduced in notebook 00.
+    itself would raise a RuntimeError or an AssertionError deep inside), unless ``must_exist=False`` (a device
+    only described, e.g. for a formula). Introduced in notebook 00.
     """
     if device is None:
         return pick_device()
+    if not must_exist:
+        return _as_device(device)
     if isinstance(device, torch.device):
         return device if device.type == "cpu" else pick_device(str(device))
     if isinstance(device, str):
