@@ -298,3 +298,17 @@ def test_a_rank_removes_only_its_own_buffer(monkeypatch):
         for p in (mine, peer, other):
             if os.path.exists(p):
                 os.unlink(p)
+
+
+@pytest.mark.slow
+def test_a_stop_request_ends_the_run_after_the_current_step(tmp_path, watch_processes):
+    """The walltime-warning path of deepspeed.sbatch: with $LABKIT_STOP_FILE present, every rank stops after
+    the first step (they agree through one all-reduce), the remaining runs are skipped, and the launch exits 0."""
+    stop = tmp_path / "stop"
+    stop.touch()
+    with watch_processes() as w:
+        res = dist.launch("labkit.recipes.zero", 2, ["--runs", "1:bf16,2:bf16", "--steps", "5", "--torch-adam"],
+                          timeout=240, stream=False, env={"LABKIT_STOP_FILE": str(stop), "DS_ACCELERATOR": "cpu"})
+    assert [r["stopped_at"] for r in res["runs"]] == [1] and len(res["runs"][0]["losses"]) == 1
+    assert res["runs"][0]["checksums"][0] == res["runs"][0]["checksums"][1]
+    assert not w.leftovers()

@@ -29,6 +29,12 @@ reports ``adam_prestep``); ``--keep-prestep`` shows DeepSpeed's behaviour as is.
 run's config): torch's AdamW, nothing to compile, is the default with DeepSpeed's CPU accelerator;
 on GPUs the default is DeepSpeed's own compiled Adam (``--no-torch-adam``), as notebook 09 advises.
 
+**Stopping early.** If ``$LABKIT_STOP_FILE`` is set, after every step the ranks agree (one MAX all-reduce)
+whether it exists; if so the run in progress ends after that step, the remaining runs are skipped, and the
+result says ``"stopped_at"``. ``slurm/deepspeed.sbatch`` creates the file on the walltime warning. This recipe
+compares ZeRO stages and keeps no checkpoints: DeepSpeed's own checkpoints are read back with pickle, which
+labkit does not do from shared storage (see ``labkit.train.load_checkpoint``).
+
 Introduced in notebook 09.
 """
 
@@ -224,6 +230,7 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
     snapshot: dict[str, Any] | None = None
     ga = args.grad_accum
     t_train = time.perf_counter()
+    stop_file, stopped_at = os.environ.get("LABKIT_STOP_FILE") or None, None
     for step in range(args.steps):
         ts = time.perf_counter()
         acc = torch.zeros((), dtype=torch.float64)
@@ -242,12 +249,18 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
         losses.append(float(acc) / (ga * world))
         scales.append(_loss_scale(engine) if dtype == "fp16" else None)
         overflows.append(bool(getattr(engine.optimizer, "overflow", False)) if dtype == "fp16" else False)
+        if stop_file is not None and step + 1 < args.steps:
+            flag = torch.tensor([1.0 if os.path.exists(stop_file) else 0.0], device=engine.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank agrees, so all stop after this step
+            if flag.item() > 0:
+                stopped_at = step + 1
+                break
     train_s = time.perf_counter() - t_train
     digest, total = _checksum(engine, stage)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, {"bytes": snapshot, "checksum": digest, "param_sum": total})
     result = {
-        "stage": stage, "dtype": dtype, "offload": offload,
+        "stage": stage, "dtype": dtype, "offload": offload, "stopped_at": stopped_at,
         "optimizer": type(engine.optimizer).__name__,
         "adam_prestep": prestep, "adam_prestep_reset": bool(prestep and args.reset_prestep),
         "losses": losses, "loss_scales": scales, "overflow": overflows,
@@ -320,7 +333,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{dtype} is not supported on this device ({where}): labkit.device.computes says "
                     f"{runs_here}, labkit.device.deepspeed_accepts says {ds_ok}; run bf16 or fp32 instead")
         task = data.make_token_task("reverse", n=2048, n_digits=6, vocab_size=12, seed=args.seed)
-        results = [_one_run(s, d, o, args, world, rank, task) for s, d, o in runs]
+        results = []
+        for s, d, o in runs:  # a stop request (the walltime warning) ends the run in progress and skips the rest
+            results.append(_one_run(s, d, o, args, world, rank, task))
+            if results[-1]["stopped_at"] is not None:
+                break
         dist.barrier()
         _remove_own_buffers(rank)  # unlinking a mapped file is safe: the mapping lives until exit
         dist.barrier()
