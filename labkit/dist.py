@@ -369,7 +369,32 @@ def _exception_line(tb: str) -> str:
     return tb.strip().splitlines()[-1] if tb.strip() else ""
 
 
+def _first_error_file_rank(log_dir: Path, nproc: int) -> int | None:
+    """The rank whose error file (written by ``@record`` as the exception left it) was written first.
+
+    torchrun orders failures by a timestamp in whole seconds and breaks ties by the lowest rank, so when a rank
+    crashes and a peer fails on the broken connection within the same second, torchrun blames the peer if its
+    rank is lower. The files' modification times have sub-second precision.
+    """
+    first: tuple[int, int] | None = None
+    for r in range(nproc):
+        for f in _rank_files(log_dir, r, "error.json"):
+            try:
+                t = f.stat().st_mtime_ns
+            except OSError:
+                continue
+            if first is None or t < first[0]:
+                first = (t, r)
+    return None if first is None else first[1]
+
+
 def _failing_rank(torchrun_log: str, log_dir: Path, nproc: int) -> int | None:
+    killed = _root_cause_signal(torchrun_log)
+    if killed is not None:  # a rank died of a signal: it wrote no error file, torchrun's word is all there is
+        return killed[0]
+    first = _first_error_file_rank(log_dir, nproc)
+    if first is not None:
+        return first
     m = _ROOT_CAUSE_RE.search(torchrun_log)
     if m:
         return int(m.group(1))

@@ -415,3 +415,18 @@ def test_only_a_launchs_fresh_buffers_are_its_own(tmp_path):
         for p in (mine, mine1):
             if os.path.exists(p):
                 os.unlink(p)
+
+
+def test_the_first_error_file_wins_over_torchruns_whole_second_tie(tmp_path):
+    """torchrun orders failures by whole-second timestamps and breaks ties by the lowest rank, so a crash on rank 1
+    and the connection error it causes on rank 0 in the same second blame rank 0. The files' mtimes decide."""
+    import os
+
+    for rank, mtime in ((0, 1_000.7), (1, 1_000.2)):  # rank 1 wrote its error first, in the same second
+        f = tmp_path / "run" / "attempt_0" / str(rank) / "error.json"
+        f.parent.mkdir(parents=True)
+        f.write_text("{}")
+        os.utime(f, (mtime, mtime))
+    log = "Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : h\n  rank      : 0\n  exitcode  : 1"
+    assert dist._failing_rank(log, tmp_path, 2) == 1
+    assert dist._failing_rank(log, tmp_path / "nothing", 2) == 0  # no error files: torchrun's choice
