@@ -390,8 +390,10 @@ def _first_error_file_rank(log_dir: Path, nproc: int) -> int | None:
 
 def _failing_rank(torchrun_log: str, log_dir: Path, nproc: int) -> int | None:
     killed = _root_cause_signal(torchrun_log)
-    if killed is not None:  # a rank died of a signal: it wrote no error file, torchrun's word is all there is
-        return killed[0]
+    if killed is not None and not _rank_files(log_dir, killed[0], "error.json"):
+        return killed[0]  # killed before it could write an error file (SIGKILL): torchrun's word is all there is
+    # Otherwise the first error file decides (a rank that raised may still die of a signal afterwards, when C++
+    # teardown aborts: torchrun then reports the signal, not the exception that came first)
     first = _first_error_file_rank(log_dir, nproc)
     if first is not None:
         return first
@@ -602,8 +604,8 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
             rank = _failing_rank(log, logs, nproc)
             killed = _root_cause_signal(log)
             sig = None
-            if killed is not None and killed[0] == rank:
-                sig = killed[1]
+            if killed is not None and killed[0] == rank and not _rank_files(logs, rank, "error.json"):
+                sig = killed[1]  # (a rank that raised first and aborted in teardown afterwards "failed")
             elif rc < 0 and rank is None:  # torchrun itself died of a signal
                 sig = _signal_name(-rc)
             tb = _rank_traceback(logs, rank) if rank is not None else ""

@@ -430,3 +430,18 @@ def test_the_first_error_file_wins_over_torchruns_whole_second_tie(tmp_path):
     log = "Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : h\n  rank      : 0\n  exitcode  : 1"
     assert dist._failing_rank(log, tmp_path, 2) == 1
     assert dist._failing_rank(log, tmp_path / "nothing", 2) == 0  # no error files: torchrun's choice
+
+
+def test_a_rank_that_raised_then_aborted_is_still_the_one_that_failed(tmp_path):
+    """torchrun reports a signal when a rank aborts in C++ teardown after its exception; its error file says more."""
+    import os
+
+    for rank, mtime in ((0, 2_000.9), (1, 2_000.1)):
+        f = tmp_path / "run" / "attempt_0" / str(rank) / "error.json"
+        f.parent.mkdir(parents=True)
+        f.write_text("{}")
+        os.utime(f, (mtime, mtime))
+    log = "Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : h\n  rank      : 0\n  exitcode  : -6"
+    assert dist._failing_rank(log, tmp_path, 2) == 1
+    (tmp_path / "run" / "attempt_0" / "0" / "error.json").unlink()  # killed before writing one: torchrun decides
+    assert dist._failing_rank(log, tmp_path, 2) == 0
