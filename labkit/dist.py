@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 __all__ = [
+    "STOP_FILE_VAR",
+    "stop_requested",
     "RESULT_PREFIX",
     "LaunchError",
     "LaunchTimeout",
@@ -745,3 +747,25 @@ def run_rank_main(main: Callable[[], int]) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(rc or 0))
+
+
+#: The environment variable that names the stop file (``slurm/*.sbatch`` create it on the walltime warning).
+STOP_FILE_VAR = "LABKIT_STOP_FILE"
+
+
+def stop_requested(device: Any = None) -> bool:
+    """Whether any rank sees the file named by ``$LABKIT_STOP_FILE`` (False when it is unset).
+
+    One MAX all-reduce, so that every rank gives the same answer and all of them stop after the same step; call
+    it on every rank at the end of a step. Introduced in notebook 10.
+    """
+    import torch
+    import torch.distributed as tdist
+
+    path = os.environ.get(STOP_FILE_VAR) or None
+    if path is None:
+        return False
+    flag = torch.tensor([1.0 if os.path.exists(path) else 0.0], device=device)
+    tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
+

@@ -258,16 +258,6 @@ def _instrumented(batches: Iterator[tuple[Any, ...]], args: argparse.Namespace, 
         yield xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
 
 
-def _stop_requested(stop_file: str, device: Any) -> bool:
-    """Whether any rank sees ``stop_file``: one MAX all-reduce, so that all ranks stop after the same step."""
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([1.0 if os.path.exists(stop_file) else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() > 0)
-
-
 def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
@@ -342,7 +332,6 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     local_losses: list[float] = []
     skipped, saved = 0, []
     source = _instrumented(batches, args, rank, start, device)
-    stop_file = os.environ.get("LABKIT_STOP_FILE") or None  # the sbatch script creates it on the walltime warning
     stopped_at = None
     t0 = time.perf_counter()
     for step, step_loss, info in train_loop(ddp, opt, scaler, policy, source, loss_fn, args.steps, args.accum,
@@ -357,10 +346,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         if rank == 0 and args.log_every and (step + 1) % args.log_every == 0:
             print(f"step {step + 1}/{args.steps} local loss {step_loss:.4f} "
                   f"({step_times[-1] * 1e3:.1f} ms)", flush=True)
-        if stop_file is not None and step + 1 < args.steps and _stop_requested(stop_file, device):
+        if step + 1 < args.steps and ldist.stop_requested(device):  # the walltime warning (slurm/ddp.sbatch)
             stopped_at = step + 1  # every rank agrees (one all-reduce), so all of them stop after this step
             if rank == 0:
-                print(f"stop requested ({stop_file}): checkpoint at step {stopped_at}, then exit", flush=True)
+                print(f"stop requested (${ldist.STOP_FILE_VAR}): checkpoint at step {stopped_at}, then exit", flush=True)
             break
         t0 = time.perf_counter()
     t_train = time.perf_counter() - t_ready

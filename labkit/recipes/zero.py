@@ -206,6 +206,7 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
     import torch.distributed as dist
 
     from labkit import data, models, zero
+    from labkit import dist as ldist
 
     model = models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, d_model=args.d_model,
                            n_layers=args.n_layers, seed=args.seed)
@@ -230,7 +231,7 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
     snapshot: dict[str, Any] | None = None
     ga = args.grad_accum
     t_train = time.perf_counter()
-    stop_file, stopped_at = os.environ.get("LABKIT_STOP_FILE") or None, None
+    stopped_at = None
     for step in range(args.steps):
         ts = time.perf_counter()
         acc = torch.zeros((), dtype=torch.float64)
@@ -249,12 +250,9 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
         losses.append(float(acc) / (ga * world))
         scales.append(_loss_scale(engine) if dtype == "fp16" else None)
         overflows.append(bool(getattr(engine.optimizer, "overflow", False)) if dtype == "fp16" else False)
-        if stop_file is not None and step + 1 < args.steps:
-            flag = torch.tensor([1.0 if os.path.exists(stop_file) else 0.0], device=engine.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank agrees, so all stop after this step
-            if flag.item() > 0:
-                stopped_at = step + 1
-                break
+        if step + 1 < args.steps and ldist.stop_requested(engine.device):  # every rank agrees
+            stopped_at = step + 1
+            break
     train_s = time.perf_counter() - t_train
     digest, total = _checksum(engine, stage)
     gathered: list[Any] = [None] * world
