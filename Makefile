@@ -45,7 +45,7 @@ lab: $(VENV)/.base
 # Lint, everything on this CPU, then every notebook again (strict nbval) with the CPU capped to the laptop class.
 test: lint test-native test-capped
 
-# The GPU acceptance run (notebooks 03-09 on CUDA + every CUDA-only result -> gpu-report.json/.md); on a
+# The GPU acceptance run (notebooks 03-10 on CUDA + every CUDA-only result -> gpu-report.json/.md); on a
 # machine without a CUDA GPU it says so in one line and exits 0.
 gpu-check: $(VENV)/.dev
 	$(BIN)/python tools/gpu_check.py --out .

@@ -157,7 +157,7 @@ def device(text: str) -> str:
 def pg_timeout(text: str) -> float:
     """``type=`` for ``--pg-timeout``: seconds, a finite number > 0 and at most a week.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     return float_in(0.0, PG_TIMEOUT_MAX_S, low_open=True)(text)
 
@@ -166,7 +166,7 @@ def launch_world() -> int | None:
     """The world size this process was launched with (torchrun's or srun's variables; 1 alone), or None.
 
     None when the launcher's variables are inconsistent: the recipe reports that when it starts.
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     from labkit import dist as ldist
 

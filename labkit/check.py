@@ -26,8 +26,10 @@ __all__ = [
     "export_results",
     "load_results",
     "number_grader",
+    "predict",
     "reset_results",
     "results",
+    "reveal",
 ]
 
 
@@ -43,6 +45,7 @@ class Verdict:
 
 
 _RESULTS: dict[str, str] = {}
+_PREDICTIONS: dict[str, Any] = {}
 
 
 # What contains_ellipsis looks into, and how deep; deeper levels count as filled in.
@@ -129,6 +132,52 @@ def check(exercise_id: str, answer: Any) -> None:
     print(f"{mark} {verdict.message}".encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
+def _predict_exercise(exercise_id: str) -> Exercise:
+    ex = get_exercise(exercise_id)
+    if ex.kind != "predict":
+        raise ValueError(f"{exercise_id} is not a predict-then-run exercise (kind {ex.kind!r}); use check()")
+    return ex
+
+
+def predict(exercise_id: str, prediction: Any) -> None:
+    """Record the learner's prediction for a *predict, then run* exercise, before the cell that shows the result.
+
+    A prediction that is still ``...`` is reported as "not attempted yet". :func:`reveal`, called by the next
+    cell with the measured result, compares the two. Raises ``ValueError`` for an id that is not a predict
+    exercise. Introduced in notebook 01.
+    """
+    ex = _predict_exercise(exercise_id)
+    _PREDICTIONS.pop(ex.id, None)
+    if contains_ellipsis(prediction):
+        _RESULTS.setdefault(ex.id, "not attempted")
+        print(f"… {ex.id}: not attempted yet. Replace the `...` with your prediction and run the cell again.")
+        return
+    _PREDICTIONS[ex.id] = prediction
+    shown = repr(prediction)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    print(f"✎ {ex.id}: prediction recorded ({shown}). Now run the next cell.".encode("utf-8", "backslashreplace")
+          .decode("utf-8"))
+
+
+def reveal(exercise_id: str, result: Any) -> Verdict:
+    """Compare the prediction recorded by :func:`predict` with the measured ``result``; print and return the verdict.
+
+    The exercise's grader receives the pair ``(prediction, result)`` and explains the difference. With no
+    prediction recorded the verdict is "not attempted". Introduced in notebook 01.
+    """
+    ex = _predict_exercise(exercise_id)
+    if ex.id not in _PREDICTIONS:
+        verdict = Verdict("not attempted", f"{ex.id}: not attempted yet. Record a prediction in the cell above "
+                                           "(replace its `...`), run it, then run this cell again.")
+    else:
+        verdict = evaluate(ex.id, (_PREDICTIONS[ex.id], result))
+    mark = {"correct": "✓", "wrong": "✗", "not attempted": "…"}[verdict.status]
+    if verdict.status != "not attempted" or ex.id not in _RESULTS:
+        _RESULTS[ex.id] = verdict.status
+    print(f"{mark} {verdict.message}".encode("utf-8", "backslashreplace").decode("utf-8"))
+    return verdict
+
+
 def results() -> dict[str, str]:
     """Return the status of every exercise checked in this kernel, by id (for instructors).
 
@@ -138,8 +187,9 @@ def results() -> dict[str, str]:
 
 
 def reset_results() -> None:
-    """Forget all recorded results. Introduced in notebook 01."""
+    """Forget all recorded results and predictions. Introduced in notebook 01."""
     _RESULTS.clear()
+    _PREDICTIONS.clear()
 
 
 _RANK = {"not attempted": 0, "wrong": 1, "correct": 2}

@@ -281,7 +281,7 @@ def deepspeed_accepts(dtype: torch.dtype) -> bool:
     """Ask DeepSpeed's own accelerator whether it accepts ``dtype`` (its ``is_fp16/bf16_supported``).
 
     DeepSpeed's CPU accelerator asks oneDNN, so it refuses fp16 where torch's autocast still computes it.
-    Raises ``ModuleNotFoundError`` when DeepSpeed is not installed. Introduced in notebook 09.
+    Raises ``ModuleNotFoundError`` when DeepSpeed is not installed. Introduced in notebook 10.
     """
     dtype = _check_autocast_dtype(dtype)
     if dtype == torch.float32:
@@ -382,7 +382,7 @@ def autocast_dtype(device: torch.device | str | None = None) -> torch.dtype:
 def dist_backend(device: torch.device | str | None = None) -> str:
     """Return the torch.distributed backend for ``device``: "nccl" on CUDA, "gloo" otherwise.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     return "nccl" if is_cuda(device) else "gloo"
 
@@ -391,7 +391,7 @@ def set_current_device(device: torch.device | str) -> None:
     """Make ``device`` this process's current CUDA device (a no-op on CPU and MPS).
 
     A DDP rank calls it with ``cuda:LOCAL_RANK`` before joining an NCCL group, so that object collectives and
-    barriers use its own GPU rather than GPU 0. Introduced in notebook 08.
+    barriers use its own GPU rather than GPU 0. Introduced in notebook 09.
     """
     dev = _present(device)
     if dev.type == "cuda":

@@ -85,7 +85,7 @@ class LaunchError(RuntimeError):
     kill; always empty unless something outlived SIGKILL), ``signal_name`` (e.g. "SIGKILL" when the
     failing rank was killed by a signal, else None).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
 
     def __init__(self, message: str, *, rank: int | None = None, returncode: int | None = None,
@@ -103,7 +103,7 @@ class LaunchError(RuntimeError):
 class LaunchTimeout(LaunchError):
     """A distributed launch ran past its timeout and was killed, every process of it.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
 
 
@@ -166,7 +166,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     the range leaves no room) does the OS pick one. A race with another process that picks the same port
     stays possible (torchrun then fails to bind, and the launch fails clearly).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     if not isinstance(host, str) or not host:
         raise TypeError(f"host must be a non-empty str such as '127.0.0.1', got {host!r}")
@@ -192,7 +192,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 def parse_result(text: str) -> dict[str, Any] | None:
     """Return the JSON object on the last ``LABKIT_RESULT`` line of ``text``, or None if there is none.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
@@ -497,7 +497,7 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
     raise ``TypeError``/``ValueError`` before anything starts. ``MASTER_PORT`` comes from
     :func:`find_free_port` (below the ephemeral port range).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     work = Path(os.fspath(cwd)) if cwd is not None else Path.cwd()
     if not work.is_dir():
@@ -636,7 +636,7 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
 class RankEnv:
     """Where this process sits in the job: global rank, world size, local rank, and who launched it.
 
-    ``launcher`` is "torchrun", "slurm" or "single". Introduced in notebook 08.
+    ``launcher`` is "torchrun", "slurm" or "single". Introduced in notebook 09.
     """
 
     rank: int
@@ -662,7 +662,7 @@ def rank_env(environ: dict[str, str] | None = None) -> RankEnv:
     MASTER_PORT to 20000 + SLURM_JOB_ID % 12768, the same on every task (20000-32767: below the usual ephemeral
     port range, 32768-60999, where the kernel picks ports for outgoing connections).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     env = dict(os.environ if environ is None else environ)
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -699,7 +699,7 @@ def init_process_group(backend: str, timeout_s: float = 60.0, device: Any = None
     Works under torchrun, under ``srun`` and as a plain single process (world size 1). ``device``
     (a CUDA torch.device) is bound to the group for NCCL. Returns the :class:`RankEnv`.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     import torch.distributed as dist
 
@@ -723,7 +723,7 @@ def init_process_group(backend: str, timeout_s: float = 60.0, device: Any = None
 def emit_result(result: dict[str, Any]) -> None:
     """Print ``result`` as the one ``LABKIT_RESULT {json}`` line that :func:`launch` returns (rank 0 only).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     if not isinstance(result, dict):
         raise TypeError(f"result must be a dict, got {type(result).__name__}")
@@ -739,7 +739,7 @@ def run_rank_main(main: Callable[[], int]) -> NoReturn:
     that teardown with ``os._exit`` after flushing is safe here: results, checkpoints and logs are all
     written before ``main`` returns. A Python exception still propagates (and torchrun's ``record``
     writes its error file) because it happens inside ``main``.
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -757,7 +757,7 @@ def stop_requested(device: Any = None) -> bool:
     """Whether any rank sees the file named by ``$LABKIT_STOP_FILE`` (False when it is unset).
 
     One MAX all-reduce, so that every rank gives the same answer and all of them stop after the same step; call
-    it on every rank at the end of a step. Introduced in notebook 10.
+    it on every rank at the end of a step. Introduced in notebook 12.
     """
     import torch
     import torch.distributed as tdist

@@ -2,11 +2,11 @@
 
 ``parse_sbatch_header`` reads a batch script's ``#SBATCH`` lines the way sbatch does (the tests compare
 it with a real sbatch), ``time_minutes`` converts a Slurm time limit, ``gpus_per_node`` reads the GPUs a
-header asks for on each node, and ``parse_tunnel`` reads an ``ssh -L`` command. Notebook 10 uses them to
-read the workbook's own slurm/ scripts and to grade its exercises (:mod:`labkit.exercises.nb10`).
+header asks for on each node, and ``parse_tunnel`` reads an ``ssh -L`` command. Notebook 12 uses them to
+read the workbook's own slurm/ scripts and to grade its exercises (:mod:`labkit.exercises.nb12`).
 Pure Python: importing this module loads neither torch nor a GPU library.
 
-Introduced in notebook 10.
+Introduced in notebook 12.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def parse_sbatch_header(text: str) -> dict[str, str]:
     comment; later ones are ignored. Short options become long ones (``-N 2`` -> ``nodes: "2"``),
     ``# ...`` after an option is a comment, and flags get ``""``. A later repeat overrides an earlier
     one. Raises ValueError for a line it cannot read and TypeError if ``text`` is not a str.
-    Introduced in notebook 10.
+    Introduced in notebook 12.
     """
     if not isinstance(text, str):
         raise TypeError(f"expected the script as a str, got {type(text).__name__}")
@@ -70,7 +70,7 @@ def parse_sbatch_header(text: str) -> dict[str, str]:
 def time_minutes(value: str) -> float:
     """Convert a Slurm time limit (``60``, ``1:00:00``, ``1-12``, ``2-00:30:00`` ...) to minutes.
 
-    Introduced in notebook 10.
+    Introduced in notebook 12.
     """
     if not isinstance(value, str):
         raise TypeError(f"expected a time string such as '01:30:00', got {type(value).__name__}")
@@ -91,7 +91,7 @@ def time_minutes(value: str) -> float:
 def gpus_per_node(opts: dict[str, str]) -> int | None:
     """GPUs per node that parsed options ask for (``--gpus-per-node`` or ``--gres=gpu[:type]:N``).
 
-    Returns None when neither is given. Introduced in notebook 10.
+    Returns None when neither is given. Introduced in notebook 12.
     """
     if not isinstance(opts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
         raise TypeError("opts must be a dict of option name to value, both str (parse_sbatch_header's result)")
@@ -109,7 +109,7 @@ def parse_tunnel(command: str) -> dict[str, object]:
 
     Returns {"local_port", "host", "port", "dest_user", "dest_host", "jump", "no_shell"}.
     Raises ValueError if it is not an ssh command with exactly one -L forward.
-    Introduced in notebook 10.
+    Introduced in notebook 12.
     """
     if not isinstance(command, str):
         raise TypeError(f"expected the command as a str, got {type(command).__name__}")

@@ -439,7 +439,7 @@ def build_student_tree(repo_root: str | Path = ".", out_dir: str | Path = "dist/
     """Write a complete student copy of the workbook to ``out_dir``, holding no solution.
 
     ``out_dir`` gets the student notebooks in ``notebooks/`` plus :data:`TREE_PATHS` (README, its
-    images, ``slurm/``, which notebook 10 reads): what a student needs to run the workbook with labkit
+    images, ``slurm/``, which notebook 12 reads): what a student needs to run the workbook with labkit
     installed in the class environment. ``labkit/``, ``tools/``, ``tests/`` and the instructor's docs
     stay out. The rules on ``out_dir`` are :func:`build_student`'s; it may also not be the checkout,
     a folder above it, or inside one of its folders. Introduced in notebook 00.

@@ -92,7 +92,7 @@ def get_policy(policy: str | Policy) -> Policy:
     pol = precision.get_policy(policy)
     if pol.master:
         raise ValueError(f"train() runs {list(POLICIES)}; {pol.name!r} keeps an fp32 master copy of 16-bit "
-                         "weights (DeepSpeed's layout: see labkit.memory.setup_training and notebook 09)")
+                         "weights (DeepSpeed's layout: see labkit.memory.setup_training and notebook 10)")
     return pol
 
 

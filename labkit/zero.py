@@ -15,7 +15,7 @@ Example::
     cfg = zero.config(2, "bf16", offload="cpu", micro_batch=4, grad_accum=8, world_size=8)
     print(zero.explain(cfg))
 
-Importing this module does not import DeepSpeed. Introduced in notebook 09.
+Importing this module does not import DeepSpeed. Introduced in notebook 10.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def batch_triple(micro_batch: int, grad_accum: int | None = None, world_size: in
     ``train_batch_size``/``grad_accum`` (with ``micro_batch`` and ``world_size``) and the third is derived;
     give all of them and they are checked.
 
-    Introduced in notebook 09.
+    Introduced in notebook 10.
     """
     mb = _int("micro_batch", micro_batch, 1)
     ws = _int("world_size", world_size, 1)
@@ -133,7 +133,7 @@ def config(
       ``param_persistence_threshold`` (stage 3) keeps parameters smaller than it unsharded; both are left
       to DeepSpeed's defaults when None.
 
-    Introduced in notebook 09.
+    Introduced in notebook 10.
     """
     if isinstance(stage, bool) or not isinstance(stage, int):
         raise TypeError(f"stage must be an int in {STAGES}, got {stage!r}")
@@ -202,7 +202,7 @@ def validate(cfg: dict[str, Any], world_size: int | None = None) -> dict[str, An
     Checks the batch triple against ``world_size`` (when given), that at most one of fp16/bf16 is
     enabled, the ZeRO stage, offload only with stage >= 1, and the fp16 loss-scale knobs.
 
-    Introduced in notebook 09.
+    Introduced in notebook 10.
     """
     if not isinstance(cfg, dict):
         raise TypeError(f"a DeepSpeed config must be a dict, got {type(cfg).__name__}")
@@ -308,7 +308,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> Iterable[tuple[str, Any, bo
 def explain(cfg: dict[str, Any]) -> str:
     """Return a readable explanation of every key of a DeepSpeed config, one ``key = value: meaning`` line each.
 
-    Keys labkit does not know are listed as such rather than skipped. Introduced in notebook 09.
+    Keys labkit does not know are listed as such rather than skipped. Introduced in notebook 10.
     """
     if not isinstance(cfg, dict):
         raise TypeError(f"cfg must be a dict, got {type(cfg).__name__}")
@@ -337,7 +337,7 @@ def partition_layout(param_numels: Sequence[int], world_size: int, stage: int) -
     - stage 3: every parameter is padded to a multiple of ``world_size`` and split evenly; parameters,
       gradients, master weights and optimizer states are all exactly the partition.
 
-    Introduced in notebook 09.
+    Introduced in notebook 10.
     """
     numels = [_int("param numel", n, 1) for n in param_numels]
     if not numels:
@@ -433,7 +433,7 @@ def count_model_states(engine: Any) -> dict[str, Any]:
     Returns ``{"bytes": {category: n}, "by_device": {device: {category: n}}, "model_states": n}`` where
     ``model_states`` sums params, grads, master and optimizer.
 
-    Introduced in notebook 09.
+    Introduced in notebook 10.
     """
     import torch
 

@@ -164,7 +164,7 @@ def test_zero_parser_rejects(argv, match, capsys):
 
 @pytest.mark.parametrize(("argv", "accelerator", "expect"), [
     ([], "cpu", True),                    # today's behaviour on the CPU accelerator: no C++ compile
-    ([], "cuda", False),                  # notebook 09's advice for GPUs: DeepSpeed's compiled Adam
+    ([], "cuda", False),                  # notebook 10's advice for GPUs: DeepSpeed's compiled Adam
     (["--torch-adam"], "cuda", True),
     (["--no-torch-adam"], "cpu", False),
     (["--no-torch-adam", "--torch-adam"], "cpu", True),  # the last one wins, as argparse does

@@ -315,23 +315,23 @@ def test_parse_and_format_sizes():
             ar.parse_size(bad)
 
 
-# ------------------------------------------------------------------ notebook 08's exercises
+# ------------------------------------------------------------------ notebook 09's exercises
 
 def test_nb08_exercises_grade_the_idea():
     from labkit.check import evaluate
 
-    assert evaluate("08.global-batch", 2048).status == "correct"
-    assert "every rank" in evaluate("08.global-batch", 16 * 8 * 4).message
-    assert evaluate("08.global-batch", 2047).status == "wrong"
-    assert evaluate("08.lr-scaling", 3e-4 * 8).status == "correct"
-    assert evaluate("08.lr-scaling", 3e-4).status == "wrong"
-    assert evaluate("08.busbw", lambda a, n: a * 2 * (n - 1) / n).status == "correct"
-    assert evaluate("08.busbw", lambda a, n: a * 2).status == "wrong"
-    assert evaluate("08.busbw", lambda a, n: a * 2 * (n - 1) / n if n > 1 else 1 / 0).status == "wrong"
-    assert evaluate("08.busbw", 210.0).status == "wrong"
-    assert evaluate("08.slow-rank", 180).status == "correct"
-    assert "slowest" in evaluate("08.slow-rank", 140).message
-    for ex in ("08.global-batch", "08.lr-scaling", "08.busbw", "08.slow-rank"):
+    assert evaluate("09.global-batch", 2048).status == "correct"
+    assert "every rank" in evaluate("09.global-batch", 16 * 8 * 4).message
+    assert evaluate("09.global-batch", 2047).status == "wrong"
+    assert evaluate("09.lr-scaling", 3e-4 * 8).status == "correct"
+    assert evaluate("09.lr-scaling", 3e-4).status == "wrong"
+    assert evaluate("09.busbw", lambda a, n: a * 2 * (n - 1) / n).status == "correct"
+    assert evaluate("09.busbw", lambda a, n: a * 2).status == "wrong"
+    assert evaluate("09.busbw", lambda a, n: a * 2 * (n - 1) / n if n > 1 else 1 / 0).status == "wrong"
+    assert evaluate("09.busbw", 210.0).status == "wrong"
+    assert evaluate("09.slow-rank", 180).status == "correct"
+    assert "slowest" in evaluate("09.slow-rank", 140).message
+    for ex in ("09.global-batch", "09.lr-scaling", "09.busbw", "09.slow-rank"):
         assert evaluate(ex, ...).status == "not attempted"
 
 

@@ -78,4 +78,4 @@ def test_public_api_is_documented():
     assert slurm.__all__ == sorted(slurm.__all__)
     for name in slurm.__all__:
         doc = getattr(slurm, name).__doc__
-        assert doc and doc.rstrip().endswith("Introduced in notebook 10."), name
+        assert doc and doc.rstrip().endswith("Introduced in notebook 12."), name

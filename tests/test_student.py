@@ -312,14 +312,14 @@ def tree(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def student_dir(tree) -> Path:
-    # the notebooks inside the tree: notebook 10 finds the tree's slurm/ from there
+    # the notebooks inside the tree: notebook 12 finds the tree's slurm/ from there
     return tree / "notebooks"
 
 
 def test_tree_holds_what_a_student_needs_and_no_package_or_tooling(tree):
     files = set(snapshot(tree))
     slurm = {p.relative_to(ROOT).as_posix() for p in (ROOT / "slurm").iterdir() if p.is_file()}
-    assert slurm <= files and "slurm/jupyter.sbatch" in files, "notebook 10 reads slurm/ from the tree"
+    assert slurm <= files and "slurm/jupyter.sbatch" in files, "notebook 12 reads slurm/ from the tree"
     assert {"README.md", MARKER} <= files and {f"notebooks/{p.name}" for p in NOTEBOOKS} <= files
     images = {f"docs/img/{p.name}" for p in (ROOT / "docs" / "img").iterdir()}
     assert images <= files, "the README's screenshots"

@@ -1,11 +1,11 @@
-"""The GPU acceptance run: notebooks 03-09 on a CUDA GPU, plus every CUDA-only result, in one report.
+"""The GPU acceptance run: notebooks 03-10 on a CUDA GPU, plus every CUDA-only result, in one report.
 
     python tools/gpu_check.py [--out DIR] [--notebooks 03,04,...] [--timeout-per-notebook 300]
     make gpu-check
 
 On a machine without a CUDA GPU it says so in one line and exits 0 without running anything. On a GPU it:
 
-1. runs notebooks 03-09 top to bottom with nbclient (in notebooks/, as nbval and JupyterLab do; the stored copies
+1. runs notebooks 03-10 top to bottom with nbclient (in notebooks/, as nbval and JupyterLab do; the stored copies
    are not touched) and records each one's wall time and first error;
 2. measures what only a GPU can show, with labkit's own functions:
    - the CUDA autocast op table, compared with PyTorch's documented lists (``train.CUDA_AUTOCAST_REFERENCE``);
@@ -16,7 +16,7 @@ On a machine without a CUDA GPU it says so in one line and exits 0 without runni
 3. writes ``gpu-report.json`` and ``gpu-report.md`` to ``--out`` (default: the current folder) and exits non-zero
    if any notebook or any check failed.
 
-Budget: about 8 minutes on one modern GPU (most of it the notebooks, 08 and 09 the longest).
+Budget: about 8 minutes on one modern GPU (most of it the notebooks, 09 and 10 the longest).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ("03", "04", "05", "06", "07", "08", "09")
+NOTEBOOKS = ("03", "04", "05", "06", "07", "09", "10")
 
 
 def no_gpu_line() -> str | None:
@@ -153,7 +153,7 @@ def markdown(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path.cwd(), help="folder for gpu-report.json/.md (default: .)")
-    ap.add_argument("--notebooks", default=",".join(NOTEBOOKS), help="number prefixes (default: 03-09)")
+    ap.add_argument("--notebooks", default=",".join(NOTEBOOKS), help="number prefixes (default: 03-10)")
     ap.add_argument("--timeout-per-notebook", type=int, default=300)
     args = ap.parse_args(argv)
     why = no_gpu_line()

@@ -34,7 +34,8 @@ class Exercise:
     learner's function on fresh inputs, and returns ``None`` when a learner's function is still a stub
     (it returned ``...`` or ``None``), which reports "not attempted yet". ``hint`` is shown on a wrong
     answer. ``reference`` (a correct answer) and ``wrong`` (a typical mistake) let the tests prove that
-    the grader tells them apart.
+    the grader tells them apart. Hints escalate: ``hint`` (a nudge), ``method``, then ``solution``;
+    ``wrong_why`` answers the typical mistake by name. ``kind`` classifies the exercise.
 
     Introduced in notebook 01.
     """
@@ -47,6 +48,14 @@ class Exercise:
     meta: dict = field(default_factory=dict)
     reference: Any = NOT_GIVEN
     wrong: Any = NOT_GIVEN
+    #: The second hint (after ``hint``, the nudge): how to get there, without the answer.
+    method: str = ""
+    #: The worked solution: the third hint, and what ``labkit.check.solution(id)`` shows.
+    solution: str = ""
+    #: What the learner does: "compute", "implement", "design", "recall", "predict" or "debug".
+    kind: str = ""
+    #: Feedback for the typical mistake ``wrong``: names the mistake and says why it is wrong.
+    wrong_why: str = ""
 
 
 def whole(name: str, value: Any, low: int) -> int:

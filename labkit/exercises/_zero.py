@@ -1,4 +1,4 @@
-"""The grader shared by the per-GPU ZeRO memory exercises of notebooks 06 and 09.
+"""The grader shared by the per-GPU ZeRO memory exercises of notebooks 06 and 10.
 
 Not an exercise module (its name does not start with ``nb``), so the registry does not load it.
 Introduced in notebook 06.

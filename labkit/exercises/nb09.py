@@ -1,131 +1,107 @@
-"""Exercises of notebook 09 (DeepSpeed and ZeRO). Introduced in notebook 09."""
+"""Exercises of notebook 09 (DDP and communication). Introduced in notebook 09."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+import random
 
 from labkit.exercises._core import Exercise
-from labkit.exercises._zero import stage2_shards_params, zero_bytes_grader
+from labkit.recipes import allreduce as _ar
 
-__all__ = ["CONFIG_SETUP", "EXERCISES"]
+__all__ = ["EXERCISES"]
 
-#: The setup exercise 09.config describes (the notebook prints it).
-CONFIG_SETUP = {
-    "world_size": 16, "stage": 3, "micro_batch": 2, "grad_accum": 4, "initial_scale_power": 12,
-    "hysteresis": 1, "loss_scale_window": 500, "gradient_clipping": 1.0, "overlap_comm": True,
-}
+# The configuration the first two exercises ask about.
+NODES, GPUS_PER_NODE, MICRO_BATCH, ACCUM = 4, 8, 16, 4
+BASE_LR, BASE_BATCH = 3e-4, 256
+GLOBAL_BATCH = NODES * GPUS_PER_NODE * MICRO_BATCH * ACCUM  # 2048
+SCALED_LR = BASE_LR * GLOBAL_BATCH / BASE_BATCH  # 2.4e-3
 
 
-def _grade_config(answer: Any) -> tuple[bool, str]:
-    from labkit import zero
+def _grade_global_batch(answer: object) -> tuple[bool, str]:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return False, "Give the global batch as a number of examples."
+    if answer == GLOBAL_BATCH:
+        return True, ""
+    if answer in (GLOBAL_BATCH // ACCUM, GLOBAL_BATCH // NODES):
+        return False, (f"{answer} is {GLOBAL_BATCH // answer} times too small: count every rank of every node, and "
+                       f"all {ACCUM} micro-batches that an optimizer step accumulates.")
+    return False, ""
 
-    s = CONFIG_SETUP
-    if not isinstance(answer, dict):
-        return False, "Give the DeepSpeed config as a dict (zero.config(...) builds one)."
-    try:
-        zero.validate(answer, world_size=s["world_size"])
-    except (TypeError, ValueError) as exc:
-        return False, f"labkit.zero.validate rejects it: {exc}"
-    zo = answer.get("zero_optimization", {})
-    fp16 = answer.get("fp16", {})
-    checks = [
-        (zo.get("stage") == s["stage"], "zero_optimization.stage should shard parameters too"),
-        (fp16.get("enabled") is True and not answer.get("bf16", {}).get("enabled", False),
-         "the setup trains in fp16 (fp16.enabled true, no bf16)"),
-        (fp16.get("loss_scale", 0) == 0, "dynamic loss scaling is fp16.loss_scale = 0"),
-        (fp16.get("initial_scale_power") == s["initial_scale_power"], "the scale starts at 2**12"),
-        (fp16.get("hysteresis") == s["hysteresis"], "halving at the first overflow is hysteresis 1"),
-        (fp16.get("loss_scale_window") == s["loss_scale_window"], "doubling after 500 clean steps"),
-        (answer.get("train_micro_batch_size_per_gpu") == s["micro_batch"], "micro-batch per GPU is 2"),
-        (answer.get("gradient_accumulation_steps") == s["grad_accum"], "4 accumulation steps"),
-        (answer.get("train_batch_size") == s["micro_batch"] * s["grad_accum"] * s["world_size"],
-         "train_batch_size = micro x accumulation x GPUs"),
-        (answer.get("gradient_clipping") == s["gradient_clipping"], "clip the gradient norm at 1.0"),
-        (zo.get("overlap_comm") is True, "overlap_comm should be on"),
-    ]
-    for ok, why in checks:
-        if not ok:
-            return False, why + "."
+
+def _grade_lr(answer: object) -> tuple[bool, str]:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return False, "Give the learning rate as a number."
+    if math.isclose(float(answer), SCALED_LR, rel_tol=1e-9):
+        return True, ""
+    if math.isclose(float(answer), BASE_LR * math.sqrt(GLOBAL_BATCH / BASE_BATCH), rel_tol=1e-9):
+        return False, "That is the square-root rule (used with Adam by some); the exercise asks for the linear rule."
+    return False, ""
+
+
+def _reference_busbw(algbw: float, n: int) -> float:
+    return algbw * 2 * (n - 1) / n
+
+
+def _busbw_one_way(algbw: float, n: int) -> float:
+    """A typical mistake: counting only the reduce-scatter half of a ring all-reduce."""
+    return algbw * (n - 1) / n
+
+
+def _grade_busbw(answer: object) -> tuple[bool, str] | None:
+    if not callable(answer):
+        return False, "Define a function busbw(algbw, n) and pass the function itself."
+    rng = random.Random(8)
+    cases = [(100.0, 1), (100.0, 2), (120.0, 8), (0.5, 3)] + [
+        (rng.uniform(0.1, 500.0), rng.randint(1, 1024)) for _ in range(20)]
+    for algbw, n in cases:
+        got = answer(algbw, n)
+        if got is None or got is Ellipsis:
+            return None  # still a stub: "not attempted yet"
+        want = _ar.busbw(algbw, n)
+        if not isinstance(got, (int, float)) or not math.isclose(float(got), want, rel_tol=1e-9, abs_tol=1e-12):
+            return False, f"busbw({algbw:.3g}, {n}) returned {got!r}; expected {want:.6g}."
     return True, ""
 
 
-def _reference_config() -> dict[str, Any]:
-    from labkit import zero
-
-    s = CONFIG_SETUP
-    return zero.config(s["stage"], "fp16", micro_batch=s["micro_batch"], grad_accum=s["grad_accum"],
-                       world_size=s["world_size"], initial_scale_power=s["initial_scale_power"],
-                       hysteresis=s["hysteresis"], loss_scale_window=s["loss_scale_window"],
-                       gradient_clipping=s["gradient_clipping"], overlap_comm=s["overlap_comm"])
-
-
-def _wrong_config() -> dict[str, Any]:
-    """A typical mistake: DeepSpeed's default hysteresis (2) left in place of the asked-for 1."""
-    cfg = _reference_config()
-    cfg["fp16"] = {**cfg["fp16"], "hysteresis": 2}
-    return cfg
-
-
-def _reference_per_rank(n_params: int, stage: int, world_size: int) -> int:
-    shard = -(-n_params // world_size)
-    return (2 * (shard if stage >= 3 else n_params) + 2 * (shard if stage >= 2 else n_params)
-            + 12 * (shard if stage >= 1 else n_params))
-
-
-_grade_per_rank = zero_bytes_grader(
-    "per_rank_bytes", seed=9, fixed=[(1_300_000_000, 2, 8), (1_300_000_000, 3, 8), (7 * 10**9, 0, 64),
-                                     (7_500_000_000, 1, 64)])
-
-
-def _grade_comm(answer: Any) -> tuple[bool, str]:
-    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return False, "Give a pair (stage-2 volume, stage-3 volume), in units of the parameter count."
-    if any(isinstance(a, bool) or not isinstance(a, (int, float)) for a in answer):
-        return False, "Both volumes are numbers."
-    s2, s3 = (float(a) for a in answer)
-    if math.isclose(s2, 2.0) and math.isclose(s3, 3.0):
+def _grade_slow_rank(answer: object) -> tuple[bool, str]:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return False, "Give the step time in milliseconds, as a number."
+    if math.isclose(float(answer), 180.0, abs_tol=1e-9):
         return True, ""
-    if math.isclose(s2, 1.0):
-        return False, "A reduce-scatter of the gradients is Ψ, but the updated parameters must come back too."
-    if math.isclose(s3, 2.0):
-        return False, "Stage 3 gathers the parameters twice (forward and backward) on top of the reduce-scatter."
+    if math.isclose(float(answer), 140.0, abs_tol=1e-9):
+        return False, "That is the average rank; a synchronous all-reduce waits for the slowest one."
+    if math.isclose(float(answer), 160.0, abs_tol=1e-9):
+        return False, "The all-reduce itself still takes its time after the slowest rank arrives."
     return False, ""
 
 
 EXERCISES = [
-    Exercise(
-        id="09.config",
-        prompt="Write the DeepSpeed config for the setup described in the notebook (ZeRO-3, fp16 dynamic "
-               "scaling from 2**12, hysteresis 1, window 500, micro-batch 2, 4 accumulation steps, 16 GPUs, "
-               "clipping 1.0, overlap_comm).",
-        grade=_grade_config,
-        hint="zero.config(stage, 'fp16', micro_batch=..., grad_accum=..., world_size=..., "
-             "initial_scale_power=..., hysteresis=..., loss_scale_window=..., overlap_comm=True) builds it.",
-        success="DeepSpeed would accept it, and every knob says what the setup asks.",
-        reference=_reference_config(),
-        wrong=_wrong_config(),
-    ),
-    Exercise(
-        id="09.per-rank-bytes",
-        prompt="Write per_rank_bytes(n_params, stage, world_size): model-state bytes per GPU for bf16/fp16 "
-               "mixed precision with Adam (the ZeRO paper's 2 + 2 + 12 bytes per parameter).",
-        grade=_grade_per_rank,
-        hint="Stage 1 divides the 12 optimizer bytes by the ranks, stage 2 also the 2 gradient bytes, stage 3 "
-             "also the 2 parameter bytes; use ceil(n / world_size) elements per shard.",
-        success="Stage 2 keeps 2 bytes/param whole; stage 3 divides everything.",
-        reference=_reference_per_rank,
-        wrong=stage2_shards_params(_reference_per_rank),
-    ),
-    Exercise(
-        id="09.comm-volume",
-        prompt="Per optimizer step, how much data does each rank move at ZeRO-2 and at ZeRO-3, in units of "
-               "the parameter count Ψ (the ZeRO paper's analysis)?",
-        grade=_grade_comm,
-        hint="An all-reduce is a reduce-scatter (Ψ) plus an all-gather (Ψ). Which collectives does stage 3 "
-             "add for its sharded parameters?",
-        success="2Ψ, like plain DDP, and 3Ψ (1.5x) once the parameters are sharded too.",
-        reference=(2, 3),
-        wrong=(1, 3),
-    ),
+    Exercise("09.global-batch",
+             f"{NODES} nodes × {GPUS_PER_NODE} GPUs, micro-batch {MICRO_BATCH} per GPU, {ACCUM} accumulation "
+             "steps: the global batch per optimizer step.",
+             _grade_global_batch,
+             "global batch = micro-batch per rank × number of ranks × accumulation steps.",
+             success=f"{MICRO_BATCH} × {NODES * GPUS_PER_NODE} × {ACCUM} = {GLOBAL_BATCH}.",
+             reference=GLOBAL_BATCH, wrong=GLOBAL_BATCH // ACCUM),
+    Exercise("09.lr-scaling",
+             f"A recipe tuned with lr {BASE_LR:g} at global batch {BASE_BATCH}: the lr for the global batch of "
+             "09.global-batch under the linear scaling rule.",
+             _grade_lr,
+             "Linear scaling: the learning rate grows in proportion to the global batch (and usually gets a warm-up).",
+             success=f"{BASE_LR:g} × {GLOBAL_BATCH}/{BASE_BATCH} = {SCALED_LR:g}.",
+             reference=SCALED_LR, wrong=BASE_LR * math.sqrt(GLOBAL_BATCH / BASE_BATCH)),
+    Exercise("09.busbw",
+             "Write busbw(algbw, n): the all-reduce bus bandwidth nccl-tests reports for n ranks.",
+             _grade_busbw,
+             "A ring all-reduce sends and receives 2(n-1)/n of the message per rank: busbw = algbw × 2(n-1)/n "
+             "(0 for one rank).",
+             success="busbw no longer depends on n, so it can be compared with the link's bandwidth.",
+             reference=_reference_busbw, wrong=_busbw_one_way),
+    Exercise("09.slow-rank",
+             "Three ranks need 100, 100 and 160 ms of compute per step and the all-reduce takes 20 ms once "
+             "everyone has arrived: the step time in ms.",
+             _grade_slow_rank,
+             "Every rank waits in the all-reduce for the slowest one, then all of them pay for the all-reduce.",
+             success="160 + 20 = 180 ms: two ranks idle 60 ms per step. One slow rank slows the whole job.",
+             reference=180.0, wrong=140.0),
 ]

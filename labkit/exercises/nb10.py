@@ -1,202 +1,131 @@
-"""Exercises of notebook 10 (working on a cluster).
-
-The graders read answers with the parsers of :mod:`labkit.slurm` (``parse_sbatch_header``,
-``parse_tunnel`` ...), the same ones the notebook uses to read the workbook's own slurm/ scripts.
-
-Introduced in notebook 10.
-"""
+"""Exercises of notebook 10 (DeepSpeed and ZeRO). Introduced in notebook 10."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from labkit.exercises._core import Exercise
-from labkit.slurm import gpus_per_node, parse_sbatch_header, parse_tunnel, time_minutes
+from labkit.exercises._zero import stage2_shards_params, zero_bytes_grader
 
-__all__ = [
-    "CONNECTION",
-    "EXERCISES",
-    "JOB",
-    "LAUNCH",
-    "PROBLEMS",
-    "TRANSCRIPT",
-]
+__all__ = ["CONFIG_SETUP", "EXERCISES"]
 
-
-# ---- 10.sbatch-header ------------------------------------------------------------------------------
-#: The job the learner writes a header for.
-JOB = {"job-name": "gpt-ddp", "partition": "gpu", "account": "proj123", "nodes": 2, "gpus-per-node": 4,
-       "ntasks-per-node": 4, "cpus-per-task": 8, "minutes": 90}
-
-
-def _grade_header(answer: object) -> tuple[bool, str]:
-    if not isinstance(answer, str):
-        return False, "Give the header as one string of #SBATCH lines."
-    try:
-        o = parse_sbatch_header(answer)
-    except ValueError as exc:
-        return False, f"sbatch could not read it: {exc}."
-    if not o:
-        return False, "No #SBATCH line found before the first command (each line starts with '#SBATCH')."
-    problems = []
-    for key in ("job-name", "partition", "account"):
-        if o.get(key) != JOB[key]:
-            problems.append(f"--{key} should be {JOB[key]} (got {o.get(key)!r})")
-    if o.get("nodes") != str(JOB["nodes"]):
-        problems.append(f"--nodes should be {JOB['nodes']}")
-    try:
-        gpn = gpus_per_node(o)
-    except ValueError:
-        gpn = None
-    if gpn != JOB["gpus-per-node"]:
-        extra = " (--gpus counts GPUs for the whole job, not per node)" if "gpus" in o else ""
-        problems.append(f"ask for {JOB['gpus-per-node']} GPUs on each node with --gpus-per-node or --gres{extra}")
-    if o.get("ntasks-per-node") != str(JOB["ntasks-per-node"]):
-        problems.append("one task per GPU: --ntasks-per-node=4")
-    if o.get("cpus-per-task") != str(JOB["cpus-per-task"]):
-        problems.append("--cpus-per-task should be 8")
-    try:
-        minutes = time_minutes(o.get("time", ""))
-    except ValueError:
-        minutes = None
-    if minutes != JOB["minutes"]:
-        problems.append("--time should be 1 hour 30 minutes (1:30:00 or 90)")
-    return (not problems), "; ".join(problems)
-
-
-# ---- 10.global-batch -------------------------------------------------------------------------------
-#: The launch whose global batch the learner computes.
-LAUNCH = ("sbatch -N 3 --ntasks-per-node=4 --gpus-per-node=4 slurm/ddp.sbatch "
-          "--model gpt --batch 32 --accum 2")
-_GLOBAL = 3 * 4 * 32 * 2
-
-
-def _grade_global(answer: object) -> tuple[bool, str]:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, "Give the number of examples per optimizer step."
-    if answer == _GLOBAL:
-        return True, ""
-    hints = {4 * 32 * 2: "that is one node: ddp.sbatch starts one torchrun per node, so count all 3 nodes",
-             3 * 4 * 32: "each rank accumulates --accum micro-batches before every optimizer step",
-             3 * 32 * 2: "each node runs one rank per GPU, 4 per node",
-             32 * 2: "--batch is per rank, not for the whole job"}
-    return False, hints.get(int(answer), "") if float(answer).is_integer() else ""
-
-
-# ---- 10.tunnel -------------------------------------------------------------------------------------
-#: What a connection file written by slurm/jupyter.sbatch says (the token left out).
-CONNECTION = {"node": "cn0412", "port": 21983, "user": "carol", "login": "hpc-login.uni.example"}
-
-
-def _grade_tunnel(answer: object) -> tuple[bool, str]:
-    if not isinstance(answer, str):
-        return False, "Give the ssh command as a string."
-    try:
-        t = parse_tunnel(answer)
-    except ValueError as exc:
-        return False, f"{exc}."
-    c = CONNECTION
-    if t["port"] != c["port"]:
-        return False, f"the far end of -L must be JupyterLab's port, {c['port']}"
-    if t["host"] in ("localhost", "127.0.0.1"):
-        return False, ("'localhost' in -L is resolved on the far side of the tunnel, and JupyterLab listens on "
-                       "the node's name, not on localhost there")
-    if t["host"] != c["node"]:
-        return False, f"the -L target must be the compute node, {c['node']}"
-    if t["dest_user"] not in (None, c["user"]):
-        return False, f"log in as yourself, {c['user']}"
-    if t["dest_host"] == c["login"] and t["jump"] is None:
-        note = "" if t["no_shell"] else " (add -N: no remote shell, just the tunnel)"
-        return True, f"open http://localhost:{t['local_port']}/lab?token=... in your browser{note}."
-    if t["dest_host"] == c["node"] and t["jump"] and t["jump"].rpartition("@")[2] == c["login"]:
-        return True, "the jump-host variant: it works where you may ssh to a node that runs your job."
-    if t["dest_host"] == c["node"]:
-        return False, f"a compute node is not reachable from outside: go through {c['login']} (or -J {c['login']})"
-    return False, f"the ssh destination is the login node, {c['user']}@{c['login']}"
-
-
-# ---- 10.whats-wrong --------------------------------------------------------------------------------
-#: A learner's session; the exercise asks what is wrong with it.
-TRANSCRIPT = """\
-[alice@login1 ~]$ python train.py --epochs 3          # "just a quick test"
-[alice@login1 ~]$ cat lab.sbatch
-#!/bin/bash
-#SBATCH --job-name=lab
-#SBATCH --partition=gpu
-#SBATCH --ntasks=1
-#SBATCH --cpus-per-task=8
-#SBATCH --time=02:00:00
-source "$HOME/venvs/labkit/bin/activate"
-python -c 'import torch; assert torch.cuda.is_available(), "no GPU"'
-jupyter lab --no-browser --ip="$(hostname)" --port=8888
-[alice@login1 ~]$ sbatch lab.sbatch"""
-
-#: The choices: label -> what it claims.
-PROBLEMS = {
-    "login-node": "work runs on the login node",
-    "missing-gpus": "the job asks for no GPU, so it gets none, even on the gpu partition",
-    "fixed-port": "a fixed port collides when two jobs share a node",
-    "hostname-bind": "JupyterLab should listen on 0.0.0.0 instead of the node's hostname",
-    "time-too-long": "two hours is more than a JupyterLab job may ask for",
-    "venv-in-home": "a virtual environment must not live in $HOME",
+#: The setup exercise 10.config describes (the notebook prints it).
+CONFIG_SETUP = {
+    "world_size": 16, "stage": 3, "micro_batch": 2, "grad_accum": 4, "initial_scale_power": 12,
+    "hysteresis": 1, "loss_scale_window": 500, "gradient_clipping": 1.0, "overlap_comm": True,
 }
-_WRONG = {"login-node", "missing-gpus", "fixed-port"}
 
 
-def _grade_problems(answer: object) -> tuple[bool, str]:
-    if isinstance(answer, str):
-        answer = {answer}
-    if not isinstance(answer, (set, frozenset, list, tuple)):
-        return False, "Give a set of labels from PROBLEMS."
-    got = {str(a) for a in answer}
-    unknown = got - set(PROBLEMS)
-    if unknown:
-        return False, f"unknown labels {sorted(unknown)}; choose from {sorted(PROBLEMS)}"
-    missed, extra = _WRONG - got, got - _WRONG
-    msg = []
-    if missed:
-        msg.append(f"{len(missed)} real problem(s) missed")
-    if extra:
-        msg.append(f"not a problem: {', '.join(sorted(extra))}")
-    return (not missed and not extra), "; ".join(msg)
+def _grade_config(answer: Any) -> tuple[bool, str]:
+    from labkit import zero
+
+    s = CONFIG_SETUP
+    if not isinstance(answer, dict):
+        return False, "Give the DeepSpeed config as a dict (zero.config(...) builds one)."
+    try:
+        zero.validate(answer, world_size=s["world_size"])
+    except (TypeError, ValueError) as exc:
+        return False, f"labkit.zero.validate rejects it: {exc}"
+    zo = answer.get("zero_optimization", {})
+    fp16 = answer.get("fp16", {})
+    checks = [
+        (zo.get("stage") == s["stage"], "zero_optimization.stage should shard parameters too"),
+        (fp16.get("enabled") is True and not answer.get("bf16", {}).get("enabled", False),
+         "the setup trains in fp16 (fp16.enabled true, no bf16)"),
+        (fp16.get("loss_scale", 0) == 0, "dynamic loss scaling is fp16.loss_scale = 0"),
+        (fp16.get("initial_scale_power") == s["initial_scale_power"], "the scale starts at 2**12"),
+        (fp16.get("hysteresis") == s["hysteresis"], "halving at the first overflow is hysteresis 1"),
+        (fp16.get("loss_scale_window") == s["loss_scale_window"], "doubling after 500 clean steps"),
+        (answer.get("train_micro_batch_size_per_gpu") == s["micro_batch"], "micro-batch per GPU is 2"),
+        (answer.get("gradient_accumulation_steps") == s["grad_accum"], "4 accumulation steps"),
+        (answer.get("train_batch_size") == s["micro_batch"] * s["grad_accum"] * s["world_size"],
+         "train_batch_size = micro x accumulation x GPUs"),
+        (answer.get("gradient_clipping") == s["gradient_clipping"], "clip the gradient norm at 1.0"),
+        (zo.get("overlap_comm") is True, "overlap_comm should be on"),
+    ]
+    for ok, why in checks:
+        if not ok:
+            return False, why + "."
+    return True, ""
 
 
-_REFERENCE_HEADER = """#!/bin/bash
-#SBATCH --job-name=gpt-ddp
-#SBATCH --partition=gpu
-#SBATCH --account=proj123
-#SBATCH --nodes=2
-#SBATCH --gpus-per-node=4
-#SBATCH --ntasks-per-node=4
-#SBATCH --cpus-per-task=8
-#SBATCH --time=01:30:00
-"""
-# A typical mistake: --gpus=4 asks for 4 GPUs for the whole job, not 4 on each node.
-_WRONG_HEADER = _REFERENCE_HEADER.replace("--gpus-per-node=4", "--gpus=4")
+def _reference_config() -> dict[str, Any]:
+    from labkit import zero
+
+    s = CONFIG_SETUP
+    return zero.config(s["stage"], "fp16", micro_batch=s["micro_batch"], grad_accum=s["grad_accum"],
+                       world_size=s["world_size"], initial_scale_power=s["initial_scale_power"],
+                       hysteresis=s["hysteresis"], loss_scale_window=s["loss_scale_window"],
+                       gradient_clipping=s["gradient_clipping"], overlap_comm=s["overlap_comm"])
+
+
+def _wrong_config() -> dict[str, Any]:
+    """A typical mistake: DeepSpeed's default hysteresis (2) left in place of the asked-for 1."""
+    cfg = _reference_config()
+    cfg["fp16"] = {**cfg["fp16"], "hysteresis": 2}
+    return cfg
+
+
+def _reference_per_rank(n_params: int, stage: int, world_size: int) -> int:
+    shard = -(-n_params // world_size)
+    return (2 * (shard if stage >= 3 else n_params) + 2 * (shard if stage >= 2 else n_params)
+            + 12 * (shard if stage >= 1 else n_params))
+
+
+_grade_per_rank = zero_bytes_grader(
+    "per_rank_bytes", seed=9, fixed=[(1_300_000_000, 2, 8), (1_300_000_000, 3, 8), (7 * 10**9, 0, 64),
+                                     (7_500_000_000, 1, 64)])
+
+
+def _grade_comm(answer: Any) -> tuple[bool, str]:
+    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        return False, "Give a pair (stage-2 volume, stage-3 volume), in units of the parameter count."
+    if any(isinstance(a, bool) or not isinstance(a, (int, float)) for a in answer):
+        return False, "Both volumes are numbers."
+    s2, s3 = (float(a) for a in answer)
+    if math.isclose(s2, 2.0) and math.isclose(s3, 3.0):
+        return True, ""
+    if math.isclose(s2, 1.0):
+        return False, "A reduce-scatter of the gradients is Ψ, but the updated parameters must come back too."
+    if math.isclose(s3, 2.0):
+        return False, "Stage 3 gathers the parameters twice (forward and backward) on top of the reduce-scatter."
+    return False, ""
+
 
 EXERCISES = [
-    Exercise("10.sbatch-header",
-             "Write the #SBATCH header for the job described in JOB.",
-             _grade_header,
-             "One option per '#SBATCH' line, before the first command: --job-name, --partition, --account, "
-             "--nodes, --gpus-per-node (or --gres=gpu:N), --ntasks-per-node, --cpus-per-task, --time.",
-             success="sbatch would read exactly that; labkit checked it with the same rules.",
-             reference=_REFERENCE_HEADER, wrong=_WRONG_HEADER),
-    Exercise("10.global-batch",
-             f"The global batch (examples per optimizer step) of: {LAUNCH}",
-             _grade_global,
-             "ranks = nodes × ranks per node; global batch = --batch × ranks × --accum.",
-             success=f"3 nodes × 4 ranks × 32 × 2 = {_GLOBAL}.",
-             reference=_GLOBAL, wrong=4 * 32 * 2),
-    Exercise("10.tunnel",
-             "Write the ssh command, run on your laptop, that makes JupyterLab of CONNECTION reachable.",
-             _grade_tunnel,
-             "ssh -N -L <local port>:<compute node>:<jupyter port> <you>@<login node>",
-             reference="ssh -N -L 21983:cn0412:21983 carol@hpc-login.uni.example",
-             wrong="ssh -N -L 21983:localhost:21983 carol@hpc-login.uni.example"),
-    Exercise("10.whats-wrong",
-             "Which PROBLEMS labels describe real mistakes in TRANSCRIPT?",
-             _grade_problems,
-             "Look at where each command runs, what the job asks Slurm for, and what happens when a second "
-             "person's job lands on the same node.",
-             reference={"login-node", "missing-gpus", "fixed-port"},
-             wrong={"login-node", "missing-gpus", "hostname-bind"}),
+    Exercise(
+        id="10.config",
+        prompt="Write the DeepSpeed config for the setup described in the notebook (ZeRO-3, fp16 dynamic "
+               "scaling from 2**12, hysteresis 1, window 500, micro-batch 2, 4 accumulation steps, 16 GPUs, "
+               "clipping 1.0, overlap_comm).",
+        grade=_grade_config,
+        hint="zero.config(stage, 'fp16', micro_batch=..., grad_accum=..., world_size=..., "
+             "initial_scale_power=..., hysteresis=..., loss_scale_window=..., overlap_comm=True) builds it.",
+        success="DeepSpeed would accept it, and every knob says what the setup asks.",
+        reference=_reference_config(),
+        wrong=_wrong_config(),
+    ),
+    Exercise(
+        id="10.per-rank-bytes",
+        prompt="Write per_rank_bytes(n_params, stage, world_size): model-state bytes per GPU for bf16/fp16 "
+               "mixed precision with Adam (the ZeRO paper's 2 + 2 + 12 bytes per parameter).",
+        grade=_grade_per_rank,
+        hint="Stage 1 divides the 12 optimizer bytes by the ranks, stage 2 also the 2 gradient bytes, stage 3 "
+             "also the 2 parameter bytes; use ceil(n / world_size) elements per shard.",
+        success="Stage 2 keeps 2 bytes/param whole; stage 3 divides everything.",
+        reference=_reference_per_rank,
+        wrong=stage2_shards_params(_reference_per_rank),
+    ),
+    Exercise(
+        id="10.comm-volume",
+        prompt="Per optimizer step, how much data does each rank move at ZeRO-2 and at ZeRO-3, in units of "
+               "the parameter count Ψ (the ZeRO paper's analysis)?",
+        grade=_grade_comm,
+        hint="An all-reduce is a reduce-scatter (Ψ) plus an all-gather (Ψ). Which collectives does stage 3 "
+             "add for its sharded parameters?",
+        success="2Ψ, like plain DDP, and 3Ψ (1.5x) once the parameters are sharded too.",
+        reference=(2, 3),
+        wrong=(1, 3),
+    ),
 ]

@@ -11,14 +11,14 @@
       torchrun --nproc_per_node 2 -m labkit.recipes.allreduce --sizes 4K,64K,1M,16M
 
 - :mod:`labkit.recipes.zero` — DeepSpeed ZeRO stages 0-3 (bf16/fp16/fp32, optimizer offload) on the tiny
-  GPT, with exact per-rank model-state bytes (introduced in notebook 09)::
+  GPT, with exact per-rank model-state bytes (introduced in notebook 10)::
 
       torchrun --nproc_per_node 2 -m labkit.recipes.zero --runs 0:bf16,1:bf16,2:bf16,3:bf16
 
 All print one ``LABKIT_RESULT {json}`` line on rank 0, which :func:`labkit.dist.launch` returns.
 Importing this package has no side effects; the recipes do their work only when run as ``__main__``.
 
-Introduced in notebook 08.
+Introduced in notebook 09.
 """
 
 from __future__ import annotations

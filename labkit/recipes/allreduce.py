@@ -13,7 +13,7 @@ For a message of ``S`` bytes that takes ``t`` seconds (median over repeats, slow
 
 The backend comes from :func:`labkit.device.dist_backend`: gloo on CPU, NCCL on CUDA.
 
-Introduced in notebook 08.
+Introduced in notebook 09.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
 def parse_size(text: str | int) -> int:
     """Parse a message size such as ``"64K"``, ``"4MiB"`` or ``1024`` into bytes (binary units).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     if isinstance(text, bool):
         raise TypeError("size must be an int or a str such as '64K', not a bool")
@@ -57,7 +57,7 @@ def parse_size(text: str | int) -> int:
 
 
 def format_size(nbytes: int) -> str:
-    """Format a byte count with a binary unit: ``format_size(65536) == "64K"``. Introduced in notebook 08."""
+    """Format a byte count with a binary unit: ``format_size(65536) == "64K"``. Introduced in notebook 09."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
@@ -77,7 +77,7 @@ def _positive(name: str, value: Any) -> float:
 def algbw(nbytes: int, seconds: float) -> float:
     """Return the algorithm bandwidth in GB/s (1e9 bytes/s): message bytes over the time one op takes.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     return _positive("nbytes", nbytes) / _positive("seconds", seconds) / 1e9
 
@@ -85,7 +85,7 @@ def algbw(nbytes: int, seconds: float) -> float:
 def busbw_factor(world_size: int) -> float:
     """Return nccl-tests' all-reduce bus-bandwidth factor ``2 (n - 1) / n`` for ``n`` ranks.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
@@ -97,7 +97,7 @@ def busbw_factor(world_size: int) -> float:
 def busbw(algbw_gbps: float, world_size: int) -> float:
     """Return the all-reduce bus bandwidth ``algbw * 2 (n - 1) / n`` (same unit as ``algbw_gbps``).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     if isinstance(algbw_gbps, bool) or not isinstance(algbw_gbps, (int, float)):
         raise TypeError(f"algbw must be a number, got {type(algbw_gbps).__name__}")
@@ -115,7 +115,7 @@ def run_benchmark(sizes: Sequence[int], iters: int = 20, warmup: int = 5, repeat
     live (default CPU; pass this rank's CUDA device for NCCL). Each size is also checked for
     correctness (every rank contributes ``rank + 1``; the sum must be ``n (n + 1) / 2``).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     import torch
     import torch.distributed as dist
@@ -196,7 +196,7 @@ def _sizes(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """Return the command-line parser (documented with ``--help``).
 
-    Bad values are rejected while parsing (exit status 2, one line on stderr). Introduced in notebook 08.
+    Bad values are rejected while parsing (exit status 2, one line on stderr). Introduced in notebook 09.
     """
     from labkit import _cli
 
@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark in this rank and print the result on rank 0; return the exit status.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     import torch
     import torch.distributed as dist

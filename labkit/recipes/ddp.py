@@ -41,7 +41,7 @@ Rank 0 prints ``LABKIT_RESULT {json}`` with the global mean loss per step, every
 parameter checksums (sha256 of the raw bytes, so "equal" means bit-identical), all-reduce counts,
 scaler scales, timings and the world size.
 
-Introduced in notebook 08.
+Introduced in notebook 09.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ __all__ = ["build_parser", "checksum", "latest_checkpoint", "main", "tensor_sum"
 def checksum(tensors: Sequence[Any]) -> str:
     """Return a short sha256 hex digest of the raw bytes of ``tensors`` (equal digests: bit-identical).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     import torch
 
@@ -80,7 +80,7 @@ def checksum(tensors: Sequence[Any]) -> str:
 def tensor_sum(tensors: Sequence[Any]) -> float:
     """Return the float64 sum of all elements of ``tensors`` (a human-readable companion to checksum).
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     import torch
 
@@ -93,7 +93,7 @@ def tensor_sum(tensors: Sequence[Any]) -> float:
 def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
     """Return the checkpoint the recipe resumes from (``labkit.train.CHECKPOINT_NAME`` in ``ckpt_dir``), or None.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     from labkit.train import CHECKPOINT_NAME
 
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     Bad values, and flags that contradict each other or this launch's world size, are rejected while
     parsing (exit status 2, one line on stderr), before any process group starts.
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     from labkit import _cli
 
@@ -222,7 +222,7 @@ def train_loop(ddp: Any, opt: Any, scaler: Any, policy: Any, batches: Iterator[t
 
     ``ddp`` is the DDP-wrapped model, ``batches`` yields ``(x, y)`` micro-batches already on the device,
     ``policy`` a :mod:`labkit.precision` policy, ``scaler`` a ``torch.amp.GradScaler`` (fp16) or ``None``.
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     from labkit import precision
 
@@ -423,7 +423,7 @@ def _checkpoint(ckpt_dir: Path, step: int, model: Any, opt: Any, scaler: Any, po
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the flags, train on this rank, print the result on rank 0; return the exit status.
 
-    Introduced in notebook 08.
+    Introduced in notebook 09.
     """
     import torch.distributed as dist
 

@@ -27,7 +27,7 @@ reports ``adam_prestep``); ``--keep-prestep`` shows DeepSpeed's behaviour as is.
 
 ``--torch-adam``/``--no-torch-adam`` choose the optimizer kernel (``optimizer.params.torch_adam`` in each
 run's config): torch's AdamW, nothing to compile, is the default with DeepSpeed's CPU accelerator;
-on GPUs the default is DeepSpeed's own compiled Adam (``--no-torch-adam``), as notebook 09 advises.
+on GPUs the default is DeepSpeed's own compiled Adam (``--no-torch-adam``), as notebook 10 advises.
 
 **Stopping early.** If ``$LABKIT_STOP_FILE`` is set, after every step the ranks agree (one MAX all-reduce)
 whether it exists; if so the run in progress ends after that step, the remaining runs are skipped, and the
@@ -35,7 +35,7 @@ result says ``"stopped_at"``. ``slurm/deepspeed.sbatch`` creates the file on the
 compares ZeRO stages and keeps no checkpoints: DeepSpeed's own checkpoints are read back with pickle, which
 labkit does not do from shared storage (see ``labkit.train.load_checkpoint``).
 
-Introduced in notebook 09.
+Introduced in notebook 10.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ __all__ = ["build_parser", "get_accelerator_name", "main", "parse_runs", "shm_bu
 def parse_runs(text: str) -> list[tuple[int, str, str]]:
     """Parse ``"0:bf16,2:fp16:cpu"`` into ``[(0, "bf16", "none"), (2, "fp16", "cpu")]``; ValueError if bad.
 
-    Introduced in notebook 09.
+    Introduced in notebook 10.
     """
     from labkit.zero import DTYPES, OFFLOAD_DEVICES, STAGES
 
@@ -83,7 +83,7 @@ def shm_buffers(rank: int | None = None) -> list[str]:
     """Return this job's DeepSpeed shared-memory all-reduce buffers in /dev/shm (one rank's, or all).
 
     DeepSpeed names them ``deepspeed_allreduce_buffer_{uid}_{MASTER_ADDR}_{MASTER_PORT}_{rank}``.
-    Introduced in notebook 09.
+    Introduced in notebook 10.
     """
     prefix = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
               f"{os.environ.get('MASTER_PORT', '')}_")
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     Bad values are rejected while parsing (exit status 2, one line on stderr), including every run's
     DeepSpeed config as :func:`labkit.zero.config` checks it, before DeepSpeed starts.
-    Introduced in notebook 09.
+    Introduced in notebook 10.
     """
     from labkit import _cli
 
@@ -279,7 +279,7 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the requested ZeRO runs in this rank and print the result on rank 0; return the exit status.
 
-    Introduced in notebook 09.
+    Introduced in notebook 10.
     """
     args = build_parser().parse_args(argv)
     runs = parse_runs(args.runs)
@@ -365,7 +365,7 @@ def _remove_own_buffers(rank: int) -> None:
 
 
 def get_accelerator_name() -> str:
-    """Return DeepSpeed's accelerator name ("cpu", "cuda", …). Introduced in notebook 09."""
+    """Return DeepSpeed's accelerator name ("cpu", "cuda", …). Introduced in notebook 10."""
     from deepspeed.accelerator import get_accelerator
 
     return str(get_accelerator().device_name())

@@ -92,7 +92,7 @@ _IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "runs", "*.e
 def mirror_worktree(dest: Path) -> Path:
     """Copy the checkout (git's tracked + untracked, unignored files) to ``dest``; return dest/notebooks.
 
-    Notebooks may read files next to notebooks/ (notebook 10 reads slurm/), so the server root is a copy
+    Notebooks may read files next to notebooks/ (notebook 12 reads slurm/), so the server root is a copy
     of notebooks/ inside a copy of the checkout, not a lone folder. ``NOTEBOOKS`` replaces notebooks/.
     """
     try:

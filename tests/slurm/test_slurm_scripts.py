@@ -356,9 +356,9 @@ def test_deepspeed_sbatch_rejects_unknown_config(slurm_cluster: LocalCluster, jo
     assert "ZERO_CONFIG must look like zero<0-3>" in (tmp_path / f"{job}.out").read_text()
 
 
-# ---- notebook 10 against the real Slurm --------------------------------------------------------------
+# ---- notebook 12 against the real Slurm --------------------------------------------------------------
 def test_notebook_10_live_cells_run_against_slurm(slurm_cluster: LocalCluster, job_env):
-    """Notebook 10 with a reachable Slurm: its live cells run sinfo/sbatch/salloc/scancel for real.
+    """Notebook 12 with a reachable Slurm: its live cells run sinfo/sbatch/salloc/scancel for real.
 
     (Without Slurm, strict nbval of the stored notebook is the general notebook test's job; the cells
     that differ between the two cases are exactly the NBVAL_IGNORE_OUTPUT ones.)
@@ -366,7 +366,7 @@ def test_notebook_10_live_cells_run_against_slurm(slurm_cluster: LocalCluster, j
     import nbformat
     from nbclient import NotebookClient
 
-    nb = ROOT / "notebooks" / "10_cluster_workflow.ipynb"
+    nb = ROOT / "notebooks" / "12_cluster_workflow.ipynb"
     book = nbformat.read(nb, as_version=4)
     NotebookClient(book, timeout=120, kernel_name="python3",
                    resources={"metadata": {"path": str(nb.parent)}}).execute(env=job_env)

@@ -34,7 +34,7 @@ DEEPSPEED = importlib.util.find_spec("deepspeed") is not None  # optional: `make
 #   PyTorch unless you ask for CUDA) and opens JupyterLab on `notebooks/`.
 # - **On a cluster:** never run notebooks on the login node. Submit `slurm/jupyter.sbatch`; it starts
 #   JupyterLab on a compute node and writes the `ssh -N -L ...` tunnel command to your job output
-#   (see `slurm/README.md` and notebook 10).
+#   (see `slurm/README.md` and notebook 12).
 # - Run a notebook top to bottom with *Run → Run All Cells*. Cells `assert` what they teach: if one fails,
 #   the notebook is telling you something about your machine.
 # - Exercises have a `...` for you to fill. `check(...)` then prints ✓, a hint, or "not attempted yet".
@@ -134,7 +134,7 @@ assert not missing, f"notebooks listed but not found next to this one: {missing}
 #    FLOP per element loaded and stored, so it waits on GB/s however fast the units are. Notebook 06 counts the
 #    bytes, notebook 07 profiles and fuses ops to move fewer of them.
 # 3. **Communication**: moving bytes between devices and machines. Data parallelism all-reduces every
-#    gradient every step; ZeRO trades memory for more communication. Notebooks 08-10.
+#    gradient every step; ZeRO trades memory for more communication. Notebooks 09-12.
 #
 # *Arithmetic intensity* (FLOPs per byte moved) tells which of the first two limits an op:
 

@@ -374,7 +374,7 @@ assert mine.get_scale() == scaler.get_scale() and mine.state_dict()["_growth_tra
 # %% [markdown]
 # ## 5. The same knobs in DeepSpeed
 #
-# DeepSpeed (notebook 09) does its own loss scaling, configured by the `fp16` block of its JSON config.
+# DeepSpeed (notebook 10) does its own loss scaling, configured by the `fp16` block of its JSON config.
 # **`"loss_scale": 0` means dynamic**; any other value is a fixed scale.
 
 # %%

@@ -64,7 +64,7 @@ print(f"TinyGPT: {models.count_parameters(make_model()):,} parameters")
 #    comes after it); `scaler.step(opt)` skips the step on inf/NaN, and `scaler.update()` adapts `S`.
 #
 # Step 3 is written once in labkit, as `labkit.precision.backward` and `labkit.precision.update`; every training
-# loop in the workbook (this notebook's `train.train`, notebook 08's DDP loop, the benchmarks) calls these two:
+# loop in the workbook (this notebook's `train.train`, notebook 09's DDP loop, the benchmarks) calls these two:
 
 # %%
 print(inspect.getsource(precision.backward))
@@ -146,7 +146,7 @@ else:
 # | `fp16-pure` / `bf16-pure` | FP16 / BF16 | FP16 / BF16, no FP32 master | none |
 #
 # (The table has three more, `bf16-master` and its two variants: 16-bit weights with an FP32 master copy inside
-# the optimizer, as DeepSpeed does it. Notebooks 06 and 09 use them.)
+# the optimizer, as DeepSpeed does it. Notebooks 06 and 10 use them.)
 #
 # **A realistic gradient size.** A real LLM step averages its loss over ~10^5–10^6 tokens, so each logit's
 # gradient is ~1/tokens. Our batch has 96 scored tokens (16 sequences × 6 answer digits). `loss_weight=2**-12`

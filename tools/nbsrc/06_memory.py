@@ -253,7 +253,7 @@ assert [round(e.device_total / 1e9, 1) for e in mem.zero_table(7_500_000_000, 64
 # DeepSpeed ships its own estimators (`estimate_zero2_model_states_mem_needs_all_cold`, ...). `tests/test_memory.py`
 # compares them with this model for many sizes and world sizes: its ZeRO-2 estimate is our 20 B/param layout,
 # its ZeRO-3 estimate our 18 B/param layout plus the largest layer gathered, and its CPU figures add a 1.5×
-# safety factor and the fp32 copy each process makes while loading the model. Notebook 09 measures a real
+# safety factor and the fp32 copy each process makes while loading the model. Notebook 10 measures a real
 # DeepSpeed engine.
 #
 # **The calculator.** Pick a model size, the GPUs, the ZeRO stage, offload and precision; it says whether the
@@ -487,4 +487,4 @@ check("06.zero-per-gpu", per_gpu_bytes)
 #   `loss.item()`; a view holds its whole storage; optimizer states live all run) or cached by the GPU allocator
 #   (`memory_reserved` stays after `del`; `empty_cache()` gives it back; `expandable_segments` against fragmentation).
 #
-# Next, notebook 07 profiles where the *time* goes; notebook 09 runs ZeRO for real with DeepSpeed.
+# Next, notebook 07 profiles where the *time* goes; notebook 10 runs ZeRO for real with DeepSpeed.

@@ -449,4 +449,5 @@ check("07.bound", bounds_h100)
 #   and judge a run by tokens/s and MFU (model FLOPs ≈ 6 × parameters × tokens, over the peak; 30-50 % is good
 #   for large models on GPUs).
 #
-# Next, notebook 08 spreads the step over several processes, where the bottleneck becomes communication.
+# Next, notebook 08 writes fused kernels yourself, in Triton, and counts the bytes they save; notebook 09 spreads the
+# step over several processes, where the bottleneck becomes communication.

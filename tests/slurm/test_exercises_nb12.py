@@ -1,4 +1,4 @@
-"""Notebook 10's exercises, and labkit.slurm's header parser checked against the real sbatch.
+"""Notebook 12's exercises, and labkit.slurm's header parser checked against the real sbatch.
 
 The parsers' own unit tests are in tests/test_slurm_parsers.py.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 from local_cluster import LocalCluster
 
 from labkit.check import evaluate
-from labkit.exercises import nb10
+from labkit.exercises import nb12
 from labkit.slurm import gpus_per_node, parse_sbatch_header, time_minutes
 
 
@@ -26,21 +26,21 @@ def test_header_exercise():
 #SBATCH --cpus-per-task=8
 #SBATCH --time=1:30:00
 """
-    assert _status("10.sbatch-header", good) == "correct"
-    assert _status("10.sbatch-header", good.replace("--gpus-per-node=4", "--gres=gpu:4")) == "correct"
-    assert _status("10.sbatch-header", good.replace("1:30:00", "90")) == "correct"
-    v = evaluate("10.sbatch-header", good.replace("--gpus-per-node=4", "--gpus=4"))
+    assert _status("12.sbatch-header", good) == "correct"
+    assert _status("12.sbatch-header", good.replace("--gpus-per-node=4", "--gres=gpu:4")) == "correct"
+    assert _status("12.sbatch-header", good.replace("1:30:00", "90")) == "correct"
+    v = evaluate("12.sbatch-header", good.replace("--gpus-per-node=4", "--gpus=4"))
     assert v.status == "wrong" and "whole job" in v.message
-    assert _status("10.sbatch-header", "echo hi\n" + good) == "wrong"  # after a command: ignored
-    assert _status("10.sbatch-header", good.replace("1:30:00", "1:30")) == "wrong"  # 1 min 30 s
-    assert _status("10.sbatch-header", ...) == "not attempted"
+    assert _status("12.sbatch-header", "echo hi\n" + good) == "wrong"  # after a command: ignored
+    assert _status("12.sbatch-header", good.replace("1:30:00", "1:30")) == "wrong"  # 1 min 30 s
+    assert _status("12.sbatch-header", ...) == "not attempted"
 
 
 def test_global_batch_exercise():
-    assert _status("10.global-batch", 768) == "correct"
-    v = evaluate("10.global-batch", 256)
+    assert _status("12.global-batch", 768) == "correct"
+    v = evaluate("12.global-batch", 256)
     assert v.status == "wrong" and "one node" in v.message
-    assert _status("10.global-batch", True) == "wrong"
+    assert _status("12.global-batch", True) == "wrong"
 
 
 def test_tunnel_exercise():
@@ -48,24 +48,24 @@ def test_tunnel_exercise():
           "ssh -N -L 9000:cn0412:21983 hpc-login.uni.example",
           "ssh -N -J carol@hpc-login.uni.example -L 21983:cn0412:21983 carol@cn0412"]
     for cmd in ok:
-        assert _status("10.tunnel", cmd) == "correct", cmd
+        assert _status("12.tunnel", cmd) == "correct", cmd
     wrong = {"ssh -N -L 21983:localhost:21983 carol@hpc-login.uni.example": "localhost",
              "ssh -N -L 21983:cn0412:8888 carol@hpc-login.uni.example": "21983",
              "ssh -N -L 21983:cn0412:21983 carol@cn0412": "not reachable",
              "ssh -N -L 21983:cn0412:21983 bob@hpc-login.uni.example": "yourself",
              "ssh -N carol@hpc-login.uni.example": "-L"}
     for cmd, why in wrong.items():
-        v = evaluate("10.tunnel", cmd)
+        v = evaluate("12.tunnel", cmd)
         assert v.status == "wrong" and why in v.message, (cmd, v.message)
 
 
 def test_problems_exercise():
-    assert _status("10.whats-wrong", {"login-node", "missing-gpus", "fixed-port"}) == "correct"
-    v = evaluate("10.whats-wrong", {"login-node", "fixed-port", "hostname-bind"})
+    assert _status("12.whats-wrong", {"login-node", "missing-gpus", "fixed-port"}) == "correct"
+    v = evaluate("12.whats-wrong", {"login-node", "fixed-port", "hostname-bind"})
     assert v.status == "wrong" and "1 real problem" in v.message and "hostname-bind" in v.message
-    assert "unknown" in evaluate("10.whats-wrong", {"nope"}).message
+    assert "unknown" in evaluate("12.whats-wrong", {"nope"}).message
     # the transcript really contains what the labels claim
-    t = nb10.TRANSCRIPT
+    t = nb12.TRANSCRIPT
     assert "login1 ~]$ python train.py" in t and "--port=8888" in t
     assert gpus_per_node(parse_sbatch_header(t.split("cat lab.sbatch\n")[1])) is None
 

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 09 · DeepSpeed and ZeRO: sharding model states across ranks
+# # 10 · DeepSpeed and ZeRO: sharding model states across ranks
 #
 # **Objectives**
 # - explain what ZeRO stages 1, 2 and 3 shard, and what communication each one adds;
@@ -9,7 +9,7 @@
 # - watch fp16's dynamic loss scale inside DeepSpeed, and relate it to the GradScaler of notebook 03;
 # - measure what optimizer offload costs, size the seeds' 13B reference setup, and decide when to leave DDP.
 #
-# **Prerequisites:** notebooks 03 (loss scaling), 06 (where memory goes) and 08 (DDP, launching ranks).
+# **Prerequisites:** notebooks 03 (loss scaling), 06 (where memory goes) and 09 (DDP, launching ranks).
 #
 # **Estimated time:** 40 min
 #
@@ -26,12 +26,12 @@ import torch
 from labkit import device, memory, models, plots, scaling, zero
 from labkit.check import check
 from labkit.dist import launch
-from labkit.exercises.nb09 import CONFIG_SETUP
+from labkit.exercises.nb10 import CONFIG_SETUP
 
 # %% [markdown]
 # ## 1. ZeRO in one table
 #
-# Data parallelism (notebook 08) replicates everything on every rank. With bf16/fp16 mixed precision and Adam,
+# Data parallelism (notebook 09) replicates everything on every rank. With bf16/fp16 mixed precision and Adam,
 # a rank holds, per parameter: 2 bytes of 16-bit weights, 2 bytes of 16-bit gradients, and K = 12 bytes of
 # optimizer side (4 for the fp32 master weights, 8 for Adam's two moments): **16 bytes per parameter**, 16Ψ
 # bytes for Ψ parameters. Most of it is the optimizer side, which every rank updates identically: wasted
@@ -339,7 +339,7 @@ assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "bf16-mast
 # buffers, and for the loading peak unless you load the model sharded. Check that before you submit. The config above is plain
 # JSON: save it and pass it to `deepspeed.initialize(config=...)`. On a GPU cluster,
 # `ZERO_CONFIG=zero2-bf16-offload sbatch slurm/deepspeed.sbatch` runs this notebook's recipe with the same
-# stage, precision and offload (notebook 10).
+# stage, precision and offload (notebook 12).
 #
 # ## 7. DeepSpeed or DDP?
 #
@@ -354,7 +354,7 @@ assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "bf16-mast
 #
 # ### The kinds of parallelism
 #
-# Data parallelism (DDP, notebook 08) and ZeRO (this notebook) both give every rank a whole copy of the *computation*
+# Data parallelism (DDP, notebook 09) and ZeRO (this notebook) both give every rank a whole copy of the *computation*
 # and split the *data*; ZeRO also splits the model states. When one layer's activations or weights no longer fit, or
 # the per-rank batch gets too small to keep a GPU busy, the model itself has to be split:
 #
@@ -379,7 +379,7 @@ for size in ("1B", "7B", "13B", "70B"):
 # %% [markdown]
 # ## 8. Exercises
 #
-# **09.config.** Write the DeepSpeed config for this setup: ZeRO-3 on 16 GPUs, micro-batch 2 per GPU, 4 gradient
+# **10.config.** Write the DeepSpeed config for this setup: ZeRO-3 on 16 GPUs, micro-batch 2 per GPU, 4 gradient
 # accumulation steps, fp16 with dynamic loss scaling starting at 2**12, halving at the first overflow, and
 # doubling after 500 clean steps. Clip gradients at 1.0 and overlap communication.
 
@@ -390,10 +390,10 @@ my_config = ...   # a dict
 my_config = zero.config(3, "fp16", micro_batch=2, grad_accum=4, world_size=16, initial_scale_power=12,
                         hysteresis=1, loss_scale_window=500, gradient_clipping=1.0, overlap_comm=True)
 ### END SOLUTION
-check("09.config", my_config)
+check("10.config", my_config)
 
 # %% [markdown]
-# **09.per-rank-bytes.** Predict the model-state bytes per GPU for bf16/fp16 mixed precision with Adam (2 + 2 + 12
+# **10.per-rank-bytes.** Predict the model-state bytes per GPU for bf16/fp16 mixed precision with Adam (2 + 2 + 12
 # bytes per parameter), for any stage and world size. Compare stage 2 and stage 3 for 1.3B parameters on 8 GPUs.
 
 # %%
@@ -406,10 +406,10 @@ def per_rank_bytes(n_params, stage, world_size):
     ### END SOLUTION
 
 
-check("09.per-rank-bytes", per_rank_bytes)
+check("10.per-rank-bytes", per_rank_bytes)
 
 # %% [markdown]
-# **09.comm-volume.** Per optimizer step, how much data does each rank move at ZeRO-2 and at ZeRO-3, in units
+# **10.comm-volume.** Per optimizer step, how much data does each rank move at ZeRO-2 and at ZeRO-3, in units
 # of Ψ? Give a pair.
 
 # %%
@@ -417,7 +417,7 @@ comm_volume = ...   # (stage 2, stage 3)
 ### BEGIN SOLUTION
 comm_volume = (2, 3)
 ### END SOLUTION
-check("09.comm-volume", comm_volume)
+check("10.comm-volume", comm_volume)
 
 # %% [markdown]
 # ## Summary

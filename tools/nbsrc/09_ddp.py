@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 08 · DDP and communication: multi-rank training from a notebook
+# # 09 · DDP and communication: multi-rank training from a notebook
 #
 # **Objectives**
 # - explain data parallelism: replicas, the all-reduce of gradients, and the global batch;
@@ -82,7 +82,7 @@ assert not set(two_ranks[0]) & set(two_ranks[1])  # disjoint shards
 caps = device.capabilities()
 DEV = "cuda" if caps.device_type == "cuda" and caps.gpu_count >= 2 else "cpu"  # 2 ranks need 2 GPUs
 BASE = ["--device", DEV, "--model", "mlp", "--hidden", "256", "--depth", "3", "--steps", "12", "--seed", "0"]
-work = Path(tempfile.mkdtemp(prefix="nb08-"))
+work = Path(tempfile.mkdtemp(prefix="nb09-"))
 print("ranks run on:", DEV, "with backend", device.dist_backend(DEV))
 
 # %%
@@ -377,7 +377,7 @@ answer = ...
 ### BEGIN SOLUTION
 answer = 16 * (4 * 8) * 4
 ### END SOLUTION
-check("08.global-batch", answer)
+check("09.global-batch", answer)
 
 # %% [markdown]
 # **8.2** The recipe was tuned with learning rate 3e-4 at global batch 256. With the linear scaling rule, which
@@ -388,7 +388,7 @@ answer = ...
 ### BEGIN SOLUTION
 answer = 3e-4 * (16 * 32 * 4) / 256
 ### END SOLUTION
-check("08.lr-scaling", answer)
+check("09.lr-scaling", answer)
 
 # %% [markdown]
 # **8.3** Write `busbw(algbw, n)`: the bus bandwidth nccl-tests reports for an all-reduce over `n` ranks, given
@@ -402,7 +402,7 @@ def busbw(algbw, n):
     ### END SOLUTION
 
 
-check("08.busbw", busbw)
+check("09.busbw", busbw)
 
 # %% [markdown]
 # **8.4** Three ranks need 100, 100 and 160 ms of compute per step, and the all-reduce takes 20 ms once all have
@@ -413,7 +413,7 @@ answer = ...
 ### BEGIN SOLUTION
 answer = max(100, 100, 160) + 20
 ### END SOLUTION
-check("08.slow-rank", answer)
+check("09.slow-rank", answer)
 
 # %% [markdown]
 # ## Summary
@@ -431,4 +431,4 @@ check("08.slow-rank", answer)
 #   sets the pace; collectives must be called by all ranks; timeouts turn hangs into errors.
 # - Checkpoint atomically on rank 0 plus a barrier, and a crashed run resumes to bitwise the same weights.
 #
-# Next, notebook 09 shards the optimizer state, gradients and parameters across ranks with DeepSpeed ZeRO.
+# Next, notebook 10 shards the optimizer state, gradients and parameters across ranks with DeepSpeed ZeRO.

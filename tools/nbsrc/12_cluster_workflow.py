@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 10 · Working on a cluster
+# # 12 · Working on a cluster
 #
 # **Objectives**
 # - know what a cluster session looks like: login node vs compute nodes, partitions, accounts and quotas,
@@ -9,7 +9,7 @@
 # - scale the notebooks' training to many GPUs with `slurm/ddp.sbatch` and `slurm/deepspeed.sbatch`,
 #   small first and then large, and keep a reproducibility record of every run.
 #
-# **Prerequisites:** notebook 08 (DDP: ranks, all-reduce, global batch); notebook 09 helps for the DeepSpeed part.
+# **Prerequisites:** notebook 09 (DDP: ranks, all-reduce, global batch); notebook 10 helps for the DeepSpeed part.
 #
 # **Estimated time:** 30 min
 #
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from labkit import env
 from labkit.check import check
-from labkit.exercises.nb10 import CONNECTION, JOB, LAUNCH, PROBLEMS, TRANSCRIPT
+from labkit.exercises.nb12 import CONNECTION, JOB, LAUNCH, PROBLEMS, TRANSCRIPT
 from labkit.slurm import parse_sbatch_header
 
 ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "slurm" / "jupyter.sbatch").is_file())
@@ -105,7 +105,7 @@ for name in ("jupyter.sbatch", "ddp.sbatch", "deepspeed.sbatch"):
 #
 # **Interconnect.** GPUs in one node talk over NVLink/NVSwitch, hundreds of GB/s. Nodes talk over the
 # cluster network: InfiniBand, RoCE or Slingshot at 100-400 Gb/s per port, or plain Ethernet on smaller
-# sites. DDP all-reduces every gradient every step. Notebook 08's ring all-reduce moves 2(n-1)/n times the
+# sites. DDP all-reduces every gradient every step. Notebook 09's ring all-reduce moves 2(n-1)/n times the
 # gradient bytes over the slowest link, so the network sets a floor on the step time. Here it is for 1 GB
 # of gradients, at the *nominal* line rates (real throughput is lower):
 
@@ -195,7 +195,7 @@ else:
 # %%
 clean_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_"))
              or k in ("SLURM_CONF", "SBATCH_ACCOUNT", "SBATCH_PARTITION", "SALLOC_ACCOUNT", "SALLOC_PARTITION")}
-work = Path(tempfile.mkdtemp(prefix="labkit-nb10-"))
+work = Path(tempfile.mkdtemp(prefix="labkit-nb12-"))
 hello = work / "hello.sbatch"
 hello.write_text("""#!/bin/bash
 #SBATCH --job-name=labkit-hello
@@ -359,7 +359,7 @@ print(f"{len(mine)} connection file(s) in ~/.labkit/jupyter")
 # ZERO_CONFIG=zero2-bf16 sbatch slurm/deepspeed.sbatch
 # ```
 #
-# They run the same `labkit.recipes` modules as notebooks 08 and 09. The batch script runs on the job's
+# They run the same `labkit.recipes` modules as notebooks 09 and 10. The batch script runs on the job's
 # first node, and there it
 #
 # - takes `MASTER_ADDR` from the first host in `$SLURM_JOB_NODELIST` and picks a free `MASTER_PORT`;
@@ -387,9 +387,9 @@ assert g == {"world_size": 8, "global_batch": 128}
 # 1. **Run it small, here or in `debug`**: the same script with 1 node, 2 ranks and `--steps 5`. It should
 #    exit 0 with equal checksums on all ranks (`sbatch --wait` returns the exit status).
 # 2. **Check the geometry**: world size, global batch and learning rate as you meant them (section 6).
-# 3. **Check the memory**: the model state per rank from notebook 06/09, plus activations, with margin.
+# 3. **Check the memory**: the model state per rank from notebooks 06 and 10, plus activations, with margin.
 # 4. **Check the time**: steps/s from the small run × steps needed < `--time`, with checkpoints more often
-#    than the time you can afford to lose, and resume tested (notebook 08).
+#    than the time you can afford to lose, and resume tested (notebook 09).
 # 5. **Check storage**: data on the parallel FS or copied to node-local storage; outputs where the quota
 #    allows; nothing heavy in `$HOME`.
 # 6. **Then scale in steps** (1 → 2 → 8 nodes), comparing throughput to the ideal, and stop where the
@@ -459,7 +459,7 @@ answer = """#!/bin/bash
 #SBATCH --time=01:30:00
 """
 ### END SOLUTION
-check("10.sbatch-header", answer)
+check("12.sbatch-header", answer)
 
 # %% [markdown]
 # **2.** How many examples does each optimizer step see in this launch?
@@ -472,7 +472,7 @@ answer = ...
 ### BEGIN SOLUTION
 answer = 3 * 4 * 32 * 2
 ### END SOLUTION
-check("10.global-batch", answer)
+check("12.global-batch", answer)
 
 # %% [markdown]
 # **3.** Your job's connection file says the following. Write the command you run **on your laptop** to
@@ -486,7 +486,7 @@ answer = ...  # a str: the ssh command
 ### BEGIN SOLUTION
 answer = "ssh -N -L 21983:cn0412:21983 carol@hpc-login.uni.example"
 ### END SOLUTION
-check("10.tunnel", answer)
+check("12.tunnel", answer)
 
 # %% [markdown]
 # **4.** What is wrong with this session? Answer with the set of labels from `PROBLEMS` that describe real
@@ -503,7 +503,7 @@ answer = {...}
 ### BEGIN SOLUTION
 answer = {"login-node", "missing-gpus", "fixed-port"}
 ### END SOLUTION
-check("10.whats-wrong", answer)
+check("12.whats-wrong", answer)
 
 # %% [markdown]
 # ## Summary
