@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labkit import memory as M
-from labkit import models
+from labkit import models, zero
 from labkit import widgets as W
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -98,17 +98,23 @@ def test_stages_shard_what_they_should(n, ws, policy, opt):
 @given(n=st.integers(1, 10**12), ws=st.integers(1, 512), stage=st.sampled_from([1, 2, 3]),
        policy=st.sampled_from(["fp32", "bf16-master", "bf16-master-fp32-grads", "bf16-pure"]),
        opt=st.sampled_from(OPT_NAMES))
-def test_offload_moves_bytes_without_losing_any(n, ws, stage, policy, opt):
-    """For policies with one gradient copy, offload moves bytes from GPU to CPU; the total stays."""
+def test_offload_moves_the_optimizer_side_and_keeps_an_fp32_gradient_partition(n, ws, stage, policy, opt):
+    """Offload moves master and optimizer states to the host unchanged; the host also keeps DeepSpeed's fp32
+    gradient partition (one shard, 4 B/element), and at stage >= 2 no gradient stays on the GPU."""
     base = M.model_state_bytes(n, policy, opt, stage=stage, world_size=ws)
     off = M.model_state_bytes(n, policy, opt, stage=stage, world_size=ws, offload_optimizer=True)
-    assert off.device_total + off.host_total == base.device_total
+    shard = zero.partition_layout([n], ws, stage)[0]["partition"]
+    assert "optimizer" not in off.device and "master" not in off.device and "fp32_grads" not in off.device
+    for k in ("master", "optimizer"):
+        assert off.host.get(k, 0) == base.device.get(k, 0)
+    assert off.host["fp32_grads"] == 4 * shard
+    assert off.device.get("grads", 0) == (base.device.get("grads", 0) if stage == 1 else 0)
+    assert off.device["params"] == base.device["params"]
     assert off.device_total <= base.device_total
-    assert "optimizer" not in off.device and "master" not in off.device
     if stage == 3:
         both = M.model_state_bytes(n, policy, opt, stage=3, world_size=ws, offload_optimizer=True,
                                    offload_params=True)
-        assert both.device_total == 0 and both.host_total == base.device_total
+        assert both.device_total == 0 and both.host_total == off.host_total + base.device["params"]
 
 
 def test_offload_with_two_gradient_copies_keeps_the_fp32_one():
@@ -543,7 +549,7 @@ def test_calculator_report_seed_example():
     """The seeds' setup: 13B on 8 x A100-80GB, ZeRO-2, bf16 with fp32 master, optimizer offload."""
     line = W.memory_calculator_report(13 * 10**9, 8, 1, stage=2, offload="optimizer", policy="bf16-master", gpu_gb=80)
     assert line.startswith("per GPU: 26.00 GB of model states on a 80 GB GPU: fits, 54.00 GB left")
-    assert line.endswith("CPU per node: 182.00 GB")  # 14 B/param: 16-bit grads + fp32 master + Adam
+    assert line.endswith("CPU per node: 208.00 GB")  # 16 B/param: fp32 grad partition + fp32 master + Adam
     no_off = W.memory_calculator_report(13 * 10**9, 8, 1, stage=0, offload="none", gpu_gb=80)
     assert "does NOT fit" in no_off and "208.00 GB" in no_off
 

@@ -148,7 +148,7 @@ FP16 = dev_gate.computes(torch.float16, "cpu") and dev_gate.deepspeed_accepts(to
 @pytest.fixture(scope="module")
 def launched():
     before = set(glob.glob(SHM_GLOB))
-    runs = "0:bf16,1:bf16,2:bf16,3:bf16" + (",2:fp16" if FP16 else "")
+    runs = "0:bf16,1:bf16,2:bf16,3:bf16,1:bf16:cpu,2:bf16:cpu" + (",2:fp16" if FP16 else "")
     res = dist.launch("labkit.recipes.zero", 2,
                       ["--runs", runs, "--steps", "5", "--initial-scale-power", "24",
                        "--loss-scale-window", "2", "--hysteresis", "1"],
@@ -158,8 +158,8 @@ def launched():
     return res, before, after
 
 
-def _run(res, stage, dtype="bf16"):
-    return next(r for r in res["runs"] if r["stage"] == stage and r["dtype"] == dtype)
+def _run(res, stage, dtype="bf16", offload="none"):
+    return next(r for r in res["runs"] if r["stage"] == stage and r["dtype"] == dtype and r["offload"] == offload)
 
 
 @pytest.mark.slow
@@ -217,6 +217,26 @@ def test_measured_bytes_equal_labkit_memory_prediction(launched, stage):
         assert measured["model_states"] == sum(pred[k] for k in ("params", "grads", "master", "optimizer")) \
             + extra
         assert b["other"] < 200  # step counters, norms, flags
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2])
+def test_offloaded_bytes_equal_labkit_memory_prediction(launched, stage):
+    """ZeRO-Offload as DeepSpeed 0.19.8 lays it out: fp32 master 4 + Adam 8 + an fp32 gradient partition 4 B per
+    shard element on the host (labkit.memory's ``host``), the 16-bit params (and at stage 1 the 16-bit grads)
+    on the device. On a CPU-only machine both sides are CPU memory, so the sums are compared by category."""
+    res, _, _ = launched
+    run = _run(res, stage, offload="cpu")
+    n = run["n_params"]
+    pred = memory.model_state_bytes(n, "bf16-master", "adamw", stage=stage, world_size=2, offload_optimizer=True)
+    shard = zero.partition_layout(run["param_numels"], 2, stage)[0]["partition"]
+    assert pred.host == {"fp32_grads": 4 * shard, "master": 4 * shard, "optimizer": 8 * shard}
+    for measured in run["bytes_per_rank"]:
+        b = measured["bytes"]
+        assert b["master"] == pred.host["master"] and b["optimizer"] == pred.host["optimizer"]
+        assert b["params"] == pred.device["params"]
+        assert b["grads"] == pred.host["fp32_grads"] + pred.device.get("grads", 0)
+    assert len(set(run["checksums"])) == 1
 
 
 @pytest.mark.slow

@@ -270,8 +270,8 @@ print(calc.result.value)
 assert "fits" in calc.result.value and calc.result.value.startswith("per GPU: 26.00 GB")
 
 # %% [markdown]
-# The 26 GB are the replicated bf16 weights (2 B × 13B); the gradient shard, the fp32 masters and the Adam states
-# (14 B/param) live in the node's CPU memory. Change the stage and watch the per-GPU figure:
+# The 26 GB are the replicated bf16 weights (2 B × 13B); the fp32 masters, the Adam states and the fp32 gradient
+# partition DeepSpeed keeps beside them (16 B/param, measured in notebook 10) live in the node's CPU memory. Change the stage and watch the per-GPU figure:
 
 # %%
 for stage in (0, 1, 2, 3):

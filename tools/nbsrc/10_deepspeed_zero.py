@@ -297,6 +297,9 @@ host_per_elem = sum(on["bytes_per_rank"][0]["bytes"][k] for k in ("master", "opt
 print(f"offloaded side, per shard element: {host_per_elem:g} B (fp32 master 4 + Adam 8 + an fp32 gradient "
       f"partition 4), plus {on['bytes_per_rank'][0]['bytes']['buffers']:,} B of staging buffers")
 assert host_per_elem == 16
+pred = memory.model_state_bytes(on["n_params"], "bf16-master", "adamw", stage=2, world_size=2, offload_optimizer=True)
+print(f"labkit.memory's offload model for this run: host {pred.host_total:,} B = measured "
+      f"{int(host_per_elem * shard):,} B: {pred.host_total == host_per_elem * shard}")
 
 # %% [markdown]
 # On this CPU-only machine, "offloaded" tensors were on the CPU all along. On a GPU node, `by_device` splits them
@@ -317,26 +320,27 @@ print(json.dumps(ref13, indent=1))
 # %%
 est = memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=2, world_size=8, offload_optimizer=True)
 print(est.table("GB"))
-print(f"CPU RAM per node for the 8 ranks' offloaded states, labkit.memory's steady state "
-      f"({est.host_total / (13e9 / 8):.0f} B/param): {memory.fmt_bytes(est.host_per_node(8))}")
-print(f"... with DeepSpeed's host layout as measured in section 5 ({host_per_elem:g} B/param, buffers not "
-      f"counted): {memory.fmt_bytes(host_per_elem * 13e9)}")
+print(f"CPU RAM per node for the 8 ranks' offloaded states, DeepSpeed's host layout as measured in section 5 "
+      f"({est.host_total / (13e9 / 8):.0f} B/param, staging buffers not counted): "
+      f"{memory.fmt_bytes(est.host_per_node(8))}")
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 ds_cpu, ds_gpu = estimate_zero2_model_states_mem_needs(13 * 10**9, 8, 1, cpu_offload=True)
 print(f"... DeepSpeed's own estimator: {memory.fmt_bytes(ds_cpu)} (1.5 x max(4 N Ψ, 16 Ψ): it also counts the "
       "fp32 copy each of the N processes makes while loading)")
-assert est.host_per_node(8) < host_per_elem * 13e9 < ds_cpu
+assert est.host_per_node(8) == host_per_elem * 13e9 < ds_cpu and ds_gpu == est.device_total
 assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=0).device_total
 
 # %% [markdown]
 # Without ZeRO the same model needs 208 GB of model states per GPU, so it cannot start at all. With ZeRO-2 and
 # offload, each GPU holds the 26 GB of bf16 weights, plus buckets and activations. The node's CPU RAM is where
-# the three figures above differ. labkit.memory counts the steady state of the ZeRO-Offload design (fp32 master,
-# Adam moments and the 16-bit gradient shard). DeepSpeed 0.19.8 really keeps an fp32 gradient partition on the
-# host too, plus staging buffers, which is what section 5 measured. Its estimator adds the fp32 copies of the
-# model that every process makes while loading, times a safety factor of 1.5. Plan for the measured layout plus
-# buffers, and for the loading peak unless you load the model sharded. Check that before you submit. The config above is plain
+# the two figures above differ. The steady state is DeepSpeed 0.19.8's host layout, which section 5 measured and
+# `labkit.memory` models: the fp32 master, Adam's two moments and an fp32 gradient partition, 16 B/param over the
+# node, 208 GB, plus pinned staging buffers. (The ZeRO-Offload paper's design keeps a 16-bit gradient shard,
+# 14 B/param; DeepSpeed copies the reduced gradients into an fp32 `.grad` of the master partition instead.)
+# DeepSpeed's estimator adds the fp32 copies of the model that every process makes while loading, times a safety
+# factor of 1.5. Plan for the measured layout plus buffers, and for the loading peak unless you load the model
+# sharded. Check that before you submit. The config above is plain
 # JSON: save it and pass it to `deepspeed.initialize(config=...)`. On a GPU cluster,
 # `ZERO_CONFIG=zero2-bf16-offload sbatch slurm/deepspeed.sbatch` runs this notebook's recipe with the same
 # stage, precision and offload (notebook 12).
