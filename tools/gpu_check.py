@@ -6,13 +6,16 @@
 On a machine without a CUDA GPU it says so in one line and exits 0 without running anything. On a GPU it:
 
 1. runs notebooks 03-10 top to bottom with nbclient (in notebooks/, as nbval and JupyterLab do; the stored copies
-   are not touched) and records each one's wall time and first error;
+   are not touched) and records each one's wall time and first error; notebook 08 then runs its Triton kernels
+   compiled for the GPU (on a CPU they run in Triton's interpreter);
 2. measures what only a GPU can show, with labkit's own functions:
    - the CUDA autocast op table, compared with PyTorch's documented lists (``train.CUDA_AUTOCAST_REFERENCE``);
    - TF32 and FP8 matmul timings (``tf32.time_tf32``, ``fp8.time_fp8_matmul``; ``None`` where the GPU lacks them);
    - NCCL all-reduce bus bandwidth over the GPUs present (``labkit.recipes.allreduce`` under torchrun);
    - CUDA peak memory of a tiny-GPT run against ``labkit.memory``'s prediction of its model states;
    - the AMP speed-up over fp32 for a matmul and the tiny-GPT train step (``bench.amp_benchmark``);
+   - notebook 08's Triton kernels compiled: each checked against torch (fp32 and bf16), the bf16 cast rounding to
+     nearest even, and each timed against torch eager and ``torch.compile`` (``kernelbench.race``), as ratios;
 3. writes ``gpu-report.json`` and ``gpu-report.md`` to ``--out`` (default: the current folder) and exits non-zero
    if any notebook or any check failed.
 
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ("03", "04", "05", "06", "07", "09", "10")
+NOTEBOOKS = ("03", "04", "05", "06", "07", "08", "09", "10")
 
 
 def no_gpu_line() -> str | None:
@@ -132,7 +135,23 @@ def cuda_results() -> dict[str, Any]:
     guarded("matmul_timings", timings)
     guarded("nccl_allreduce", nccl)
     guarded("peak_memory", peak_memory)
+    def triton_kernels() -> dict[str, Any]:
+        from labkit import kernelbench, kernels
+
+        mode = kernels.setup(dev)
+        checks = {f"{n} {d}": kernelbench.verify(n, 64, 1000, d).ok for n in kernelbench.NAMES for d in ("fp32", "bf16")}
+        x = kernels.randn(4096, device=dev)
+        rne = bool(torch.equal(kernels.cast(x, torch.bfloat16), x.to(torch.bfloat16)))
+        timing = {}
+        for n in kernelbench.NAMES:
+            t = kernelbench.race(n, 4096, 4096, repeats=10)
+            timing[n] = {"triton_us": round(t["triton"] * 1e6, 1),
+                         **{f"{k} / triton": round(v / t["triton"], 2) for k, v in t.items() if k != "triton"}}
+        return {"ok": mode.name == "compiled" and all(checks.values()) and rne, "mode": mode.name,
+                "bf16_cast_round_to_nearest": rne, "checks": checks, "timings": timing}
+
     guarded("amp_speedup", amp_speedup)
+    guarded("triton_kernels", triton_kernels)
     return out
 
 
@@ -144,8 +163,13 @@ def markdown(report: dict[str, Any]) -> str:
     for k, v in report["cuda"].items():
         if k == "device":
             continue
-        detail = {a: b for a, b in v.items() if a not in ("ok", "ops")}
+        detail = {a: b for a, b in v.items() if a not in ("ok", "ops", "timings")}
         lines.append(f"| {k} | {v.get('ok')} | {json.dumps(detail)[:300]} |")
+    triton = report["cuda"].get("triton_kernels", {}).get("timings")
+    if triton:  # notebook 08's kernels: time per kernel, and each torch variant's time as a ratio to it
+        lines += ["", "| Triton kernel (4096 x 4096, fp32) | Triton µs | other / Triton |", "|---|---|---|"]
+        lines += [f"| {n} | {t['triton_us']} | " + ", ".join(f"{k} {r}" for k, r in t.items() if k != "triton_us")
+                  + " |" for n, t in triton.items()]
     lines += ["", f"**{'PASS' if report['passed'] else 'FAIL'}** in {report['seconds']} s"]
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,324 @@
+"""Exercises of notebook 08 (fused kernels in Triton). Introduced in notebook 08.
+
+The kernel exercises are graded by running the learner's ``@triton.jit`` kernel (in Triton's interpreter on a CPU,
+compiled on a GPU) through the launchers of :mod:`labkit.kernels`, on fresh inputs, against torch (computed in float64 on the same values). Inputs and
+outputs sit inside larger buffers: the input's tail is poisoned with NaN and the output's tail holds a sentinel,
+so a kernel without a mask is caught reading or writing past the end. Each grader tries the cases in an order
+that tells the typical mistakes apart (a size that needs the mask, large inputs, bf16 inputs, several key blocks).
+
+Importing this module needs neither Triton nor a mode: the reference answers and the typical mistakes are
+:class:`labkit.kernels.KernelRef` names, resolved when a grader runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+import textwrap
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from labkit import kernelbench, kernels
+from labkit.exercises._core import Exercise
+
+__all__ = ["EXERCISES"]
+
+_SENTINEL = 7.0  # exact in every float format: an output tail still holding it was not written
+
+
+def _fn_of(answer: Any) -> Any:
+    if isinstance(answer, kernels.KernelRef):
+        return None
+    fn = getattr(answer, "fn", answer)
+    return fn if inspect.isfunction(fn) else None
+
+
+def _tree(answer: Any) -> ast.AST | None:
+    fn = _fn_of(answer)
+    if fn is None:
+        return None
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
+def _stores(answer: Any) -> bool:
+    """Whether a kernel's body calls ``tl.store`` at all (a kernel that stores nothing is not written yet)."""
+    tree = _tree(answer)
+    if tree is None:
+        return True
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "store"
+               for n in ast.walk(tree))
+
+
+def _updates_in_loop(answer: Any, name: str) -> bool:
+    """Whether a kernel assigns ``name`` inside a ``for`` loop (the online-softmax update)."""
+    tree = _tree(answer)
+    if tree is None:
+        return True
+    for loop in (n for n in ast.walk(tree) if isinstance(n, ast.For)):
+        for n in ast.walk(loop):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AugAssign) else []
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True
+    return False
+
+
+def _guarded(t: torch.Tensor, fill: float | None, pad: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t`` copied into the front of a longer buffer; returns (view shaped like t, the tail after it)."""
+    buf = torch.full((t.numel() + pad,), math.nan if fill is None else fill, dtype=t.dtype, device=t.device)
+    view = buf[: t.numel()].view(t.shape)
+    view.copy_(t)
+    return view, buf[t.numel():]
+
+
+def _output(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out, tail = _guarded(torch.full_like(like, math.nan), _SENTINEL)
+    return out, tail
+
+
+class _Case:
+    def __init__(self, label: str, ok: bool, worst: float, spilled: bool, unwritten: bool) -> None:
+        self.label, self.ok, self.worst, self.spilled, self.unwritten = label, ok, worst, spilled, unwritten
+
+    def say(self) -> str:
+        if self.spilled:
+            return f"{self.label}: your kernel wrote past the end of the output"
+        if self.unwritten:
+            return f"{self.label}: some outputs were never written"
+        return f"{self.label}: off by up to {self.worst:.3g}x the tolerance"
+
+
+def _run(label: str, launcher: Callable[..., Any], like: torch.Tensor, want: torch.Tensor, **kwargs: Any) -> tuple[_Case, Any]:
+    """Launch ``launcher(**kwargs, out=...)`` into a guarded output shaped like ``like``; compare with ``want``."""
+    out, tail = _output(like)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):  # a wrong kernel's overflows: graded, not printed
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = launcher(**kwargs, out=out)
+    spilled = bool((tail != _SENTINEL).any())
+    unwritten = bool(torch.isnan(out).any()) and not bool(torch.isnan(want).any())
+    ok, worst = kernels.close(out, want)
+    return _Case(label, ok and not spilled, worst, spilled, unwritten), result
+
+
+_MASK = ("Right when the size is a multiple of BLOCK, wrong otherwise: the mask. The last program's lanes past the "
+         "end must be switched off in tl.load (with a harmless `other`) and in tl.store.")
+_BF16 = ("Right with fp32 inputs, wrong with bf16 ones: your arithmetic runs in bf16. Convert right after loading "
+         "(`.to(tl.float32)`) and convert back only when storing. On a GPU bf16 sums lose digits; Triton's "
+         "interpreter even computes garbage, since it stores bf16 as 16-bit integers.")
+
+
+def _verdict(cases: list[_Case], diagnoses: list[tuple[Callable[[dict[str, _Case]], bool], str]],
+             success: str) -> tuple[bool, str]:
+    by = {c.label: c for c in cases}
+    if all(c.ok for c in cases):
+        return True, success
+    for test, message in diagnoses:
+        if test(by):
+            return False, message
+    failing = "; ".join(c.say() for c in cases if not c.ok)
+    return False, f"Compared with torch: {failing}."
+
+
+# --- 08.bias-gelu -------------------------------------------------------------------------------------------------
+
+
+def _grade_bias_gelu(answer: Any) -> tuple[bool, str] | None:
+    if not _stores(answer):
+        return None
+    kernel = kernels.as_kernel(answer)
+    cases = []
+    for label, rows, cols, dt in (("fp32, 4 x 64 = 4 blocks of 64", 4, 64, "fp32"),
+                                  ("fp32, 3 x 50 = 150 elements", 3, 50, "fp32"),
+                                  ("bf16, 3 x 50", 3, 50, "bf16")):
+        inp = kernelbench.make_inputs("bias_gelu", rows, cols, dt, seed=11)
+        x, _ = _guarded(inp["x"], None)
+        want = F.gelu(inp["x"].double() + inp["bias"].double())
+        cases.append(_run(label, kernels.bias_gelu, x, want, x=x, bias=inp["bias"], kernel=kernel, block=64)[0])
+    return _verdict(cases, [
+        (lambda c: c["fp32, 4 x 64 = 4 blocks of 64"].ok and not c["fp32, 3 x 50 = 150 elements"].ok, _MASK),
+        (lambda c: c["fp32, 3 x 50 = 150 elements"].ok and not c["bf16, 3 x 50"].ok, _BF16),
+    ], "Matches F.gelu(x + b) in fp32 and, for bf16 inputs, within one bf16 ulp, with a size that needs the mask.")
+
+
+# --- 08.softmax ---------------------------------------------------------------------------------------------------
+
+
+def _grade_softmax(answer: Any) -> tuple[bool, str] | None:
+    if not _stores(answer):
+        return None
+    kernel = kernels.as_kernel(answer)
+    cases = []
+    for label, rows, cols, dt, scale in (("fp32, 64 columns", 4, 64, "fp32", 1.0),
+                                         ("fp32, 50 columns", 4, 50, "fp32", 1.0),
+                                         ("fp32, inputs up to ~500", 4, 64, "fp32", 80.0),
+                                         ("bf16, 50 columns", 4, 50, "bf16", 1.0)):
+        x0 = kernelbench.make_inputs("softmax", rows, cols, dt, seed=12)["x"] * scale
+        x, _ = _guarded(x0, None)
+        cases.append(_run(label, kernels.softmax, x, torch.softmax(x0.double(), -1), x=x, kernel=kernel)[0])
+    return _verdict(cases, [
+        (lambda c: c["fp32, 64 columns"].ok and not c["fp32, inputs up to ~500"].ok,
+         "Right for small inputs, wrong (inf/NaN) for large ones: subtract the row max before tl.exp. exp(x) "
+         "overflows fp32 above x = 88.7; exp(x - max) is at most 1, and the ratio is unchanged."),
+        (lambda c: c["fp32, 64 columns"].ok and not c["fp32, 50 columns"].ok,
+         "Right when the row fills the block, wrong with 50 columns in a block of 64: the mask. Masked lanes must "
+         "load -inf (so that exp gives 0 and the max ignores them), and must not be stored."),
+        (lambda c: c["fp32, 50 columns"].ok and not c["bf16, 50 columns"].ok, _BF16),
+    ], "Matches torch.softmax in fp32 (also for inputs in the hundreds) and, for bf16, within one bf16 ulp.")
+
+
+# --- 08.layernorm -------------------------------------------------------------------------------------------------
+
+
+def _grade_layernorm(answer: Any) -> tuple[bool, str] | None:
+    if not _stores(answer):
+        return None
+    kernel = kernels.as_kernel(answer)
+    cases, stats_ok = [], True
+    for label, rows, cols, dt, shift in (("fp32, 64 columns", 4, 64, "fp32", 0.0),
+                                         ("fp32, 50 columns", 4, 50, "fp32", 0.0),
+                                         ("bf16, 50 columns around 8", 4, 50, "bf16", 7.0)):
+        inp = kernelbench.make_inputs("layernorm", rows, cols, dt, seed=13)
+        x0, w, b = inp["x"] + shift, inp["weight"], inp["bias"]
+        x, _ = _guarded(x0, None)
+        want, want_mean, want_rstd = torch.ops.aten.native_layer_norm(x0.double(), [cols], w.double(), b.double(), 1e-5)
+        case, (_, mean, rstd) = _run(label, kernels.layernorm, x, want, x=x, weight=w, bias=b, eps=1e-5,
+                                     kernel=kernel)
+        cases.append(case)
+        if case.ok:
+            stats_ok &= kernels.close(mean, want_mean.view(-1))[0] and kernels.close(rstd, want_rstd.view(-1))[0]
+    if all(c.ok for c in cases) and not stats_ok:
+        return False, "y is right, but the mean and rstd you store per row differ from native_layer_norm's."
+    return _verdict(cases, [
+        (lambda c: c["fp32, 64 columns"].ok and not c["fp32, 50 columns"].ok,
+         "Right when the row fills the block, wrong with 50 columns: masked lanes must count neither in the mean "
+         "(load them as 0) nor in the variance (zero x - mean there with tl.where), and must not be stored."),
+        (lambda c: c["fp32, 50 columns"].ok and not c["bf16, 50 columns around 8"].ok, _BF16),
+    ], "y, mean and rstd match torch's native_layer_norm (fp32), and bf16 inputs within one bf16 ulp.")
+
+
+# --- 08.flash-attention -------------------------------------------------------------------------------------------
+
+
+def _grade_flash(answer: Any) -> tuple[bool, str] | None:
+    if not _updates_in_loop(answer, "acc"):
+        return None
+    kernel = kernels.as_kernel(answer)
+    cases = []
+    for i, (label, n, causal, dt) in enumerate((("fp32, 32 keys (one key block)", 32, False, "fp32"),
+                                                ("fp32, 80 keys (three key blocks)", 80, False, "fp32"),
+                                                ("fp32, causal, 80 keys", 80, True, "fp32"),
+                                                ("bf16, 80 keys", 80, False, "bf16"))):
+        q0, k0, v0 = (kernels.randn(1, 2, n, 16, seed=20 + 3 * i + j, dtype=dt) for j in range(3))
+        q, k, v = (_guarded(t, None)[0] for t in (q0, k0, v0))
+        want = F.scaled_dot_product_attention(q0.double(), k0.double(), v0.double(), is_causal=causal)
+        cases.append(_run(label, kernels.flash_attention, q, want, q=q, k=k, v=v, causal=causal, kernel=kernel)[0])
+    return _verdict(cases, [
+        (lambda c: c["fp32, 32 keys (one key block)"].ok and not c["fp32, 80 keys (three key blocks)"].ok,
+         "Right with one key block, wrong with several: when a new block raises the running max, what you summed "
+         "so far (l_i and acc) was computed against the old max. Multiply both by alpha = exp(m_old - m_new)."),
+        (lambda c: c["fp32, 80 keys (three key blocks)"].ok and not c["bf16, 80 keys"].ok, _BF16),
+    ], "Matches F.scaled_dot_product_attention with one and several key blocks, causal, and bf16 inputs.")
+
+
+# --- 08.softmax-bytes (predict, then run) ---------------------------------------------------------------------------
+
+
+def _grade_bytes(answer: Any) -> tuple[bool, str]:
+    if not (isinstance(answer, tuple) and len(answer) == 2):
+        return False, ("This one is predict, then run: predict(\"08.softmax-bytes\", your factor) records a number, "
+                       "and the next cell's reveal(...) compares it with the count.")
+    prediction, result = answer
+    if isinstance(prediction, bool) or not isinstance(prediction, (int, float)) or not math.isfinite(prediction) \
+            or prediction <= 0:
+        return False, f"Give the factor as a positive number, such as 2 or 10, not {prediction!r}."
+    if isinstance(result, bool) or not isinstance(result, (int, float)) or not result > 0:
+        return False, "The measured result must be a positive number (the cell below computes it)."
+    why = ("The five ops read the matrix 5 times (max, subtract, exp, sum, divide) and write it 3 times "
+           "(subtract, exp, divide); max and sum write one value per row. The fused kernel reads it once and "
+           f"writes it once: 8 passes against 2, measured {result:.2f}x.")
+    if abs(prediction / result - 1) <= 0.125:
+        return True, f"You predicted {prediction:g}x. {why}"
+    return False, f"You predicted {prediction:g}x, the count says {result:.2f}x. {why}"
+
+
+EXERCISES = [
+    Exercise("08.bias-gelu", "Write the body of a kernel that computes gelu(x + b), one program per BLOCK elements.",
+             _grade_bias_gelu,
+             "Each program owns BLOCK consecutive elements of the flattened x; which column's bias does element i "
+             "need, and what must the last program not touch?",
+             method="offs = program id * BLOCK + arange; mask = offs < n; load x and the bias at offs % n_cols, both "
+                    "masked, convert to fp32, add, apply gelu(h) = h * 0.5 * (1 + erf(h / sqrt 2)) with tl.math.erf, "
+                    "convert to y's dtype and store with the same mask.",
+             solution="pid = tl.program_id(0); offs = pid * BLOCK + tl.arange(0, BLOCK); mask = offs < n\n"
+                      "x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)\n"
+                      "b = tl.load(b_ptr + offs % n_cols, mask=mask).to(tl.float32)\n"
+                      "h = x + b; y = 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))\n"
+                      "tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)",
+             kind="implement", reference=kernels.KernelRef("bias_gelu_kernel"),
+             wrong=kernels.KernelRef("bias_gelu_no_mask"), wrong_why=_MASK),
+    Exercise("08.softmax", "Write the body of a row-softmax kernel, one program per row, the row in one block.",
+             _grade_softmax,
+             "Softmax is unchanged if you subtract the same number from every element of a row. Which number keeps "
+             "exp from overflowing, and what should lanes past the end of the row hold?",
+             method="Load the row with mask=offs < n_cols and other=-inf, convert to fp32, subtract tl.max(x, axis=0), "
+                    "take tl.exp, divide by tl.sum of it, store with the mask.",
+             solution="mask = offs < n_cols\n"
+                      "x = tl.load(x_ptr + row * row_stride + offs, mask=mask, other=float('-inf')).to(tl.float32)\n"
+                      "e = tl.exp(x - tl.max(x, axis=0)); y = e / tl.sum(e, axis=0)\n"
+                      "tl.store(y_ptr + row * row_stride + offs, y.to(y_ptr.dtype.element_ty), mask=mask)",
+             kind="implement", reference=kernels.KernelRef("softmax_kernel"),
+             wrong=kernels.KernelRef("softmax_no_max"),
+             wrong_why="The row max is not subtracted: exp(x) overflows to inf for x above 88.7 in fp32, and "
+                       "inf / inf is NaN. exp(x - max) <= 1, and the ratio is the same."),
+    Exercise("08.layernorm", "Write the body of a LayerNorm forward kernel that also stores each row's mean and rstd.",
+             _grade_layernorm,
+             "Think about the dtype your sums run in when x arrives as bf16, and about what lanes past the end of "
+             "the row add to the mean and to the variance.",
+             method="Load x masked (other=0) and convert to fp32; mean = sum / n_cols; xc = x - mean, zeroed on masked "
+                    "lanes with tl.where; var = sum(xc * xc) / n_cols; rstd = 1 / sqrt(var + eps); load w and b "
+                    "(fp32), store xc * rstd * w + b in y's dtype, and mean and rstd at mean_ptr + row, rstd_ptr + row.",
+             solution="mask = offs < n_cols\n"
+                      "x = tl.load(x_ptr + row * row_stride + offs, mask=mask, other=0.0).to(tl.float32)\n"
+                      "mean = tl.sum(x, axis=0) / n_cols; xc = tl.where(mask, x - mean, 0.0)\n"
+                      "rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)\n"
+                      "w = tl.load(w_ptr + offs, mask=mask).to(tl.float32); b = tl.load(b_ptr + offs, mask=mask)"
+                      ".to(tl.float32)\n"
+                      "tl.store(y_ptr + row * row_stride + offs, (xc * rstd * w + b).to(y_ptr.dtype.element_ty), "
+                      "mask=mask)\n"
+                      "tl.store(mean_ptr + row, mean); tl.store(rstd_ptr + row, rstd)",
+             kind="implement", reference=kernels.KernelRef("layernorm_kernel"),
+             wrong=kernels.KernelRef("layernorm_bf16_accumulation"), wrong_why=_BF16),
+    Exercise("08.softmax-bytes",
+             "Predict how many times more bytes the 5-op unfused softmax moves than the fused kernel, then count.",
+             _grade_bytes,
+             "Count passes over the matrix: for each of the five ops, does it read the whole matrix, write the "
+             "whole matrix, or only one value per row?",
+             method="max: read all, write a column; subtract: read all, write all; exp: read all, write all; sum: "
+                    "read all, write a column; divide: read all, write all. The fused kernel: read all, write all.",
+             solution="(5 reads + 3 writes) / (1 read + 1 write) = 8 / 2 = 4x (plus a few columns).",
+             kind="predict", reference=(4, 4.01), wrong=(5, 4.01),
+             wrong_why="One pass per op counts 5 ops against 1 kernel, but every elementwise op both reads and writes "
+                       "the matrix, the two reductions read it and write one value per row, and the fused kernel "
+                       "also reads and writes: 8 passes against 2."),
+    Exercise("08.flash-attention",
+             "Complete FlashAttention's online-softmax update inside the loop over key blocks.", _grade_flash,
+             "After a new block of scores s, the running max may grow. What happens to the sum l_i and the "
+             "accumulator acc, which were built with exponentials of the old max?",
+             method="m_new = max(m_i, row max of s); alpha = exp(m_i - m_new); p = exp(s - m_new[:, None]); "
+                    "l_i = l_i * alpha + row sum of p; acc = acc * alpha[:, None] + p @ v (tl.dot); m_i = m_new.",
+             solution="m_new = tl.maximum(m_i, tl.max(s, axis=1)); alpha = tl.exp(m_i - m_new)\n"
+                      "p = tl.exp(s - m_new[:, None]); l_i = l_i * alpha + tl.sum(p, axis=1)\n"
+                      "acc = acc * alpha[:, None] + tl.dot(p, v, input_precision='ieee'); m_i = m_new",
+             kind="implement", reference=kernels.KernelRef("flash_attention_kernel"),
+             wrong=kernels.KernelRef("flash_attention_no_rescale"),
+             wrong_why="Without the rescale, blocks summed before the max grew keep weights exp(s - m_old), too "
+                       "large by exp(m_new - m_old) relative to the later ones: right only with a single key block."),
+]

@@ -1,0 +1,298 @@
+"""labkit.kernels, labkit.kernelbench and labkit.traffic: every reference Triton kernel against torch, in Triton's
+interpreter (the mode the device gate chooses on a CPU, as in CI), and the byte counts against the model and against
+what torch's ops really touch.
+
+The numerics facts about the interpreter that notebook 08 teaches (bf16 casts truncate, bf16 arithmetic without a
+conversion is nonsense) are tested here as measured, and will fail loudly if a Triton release changes them. On a
+CUDA machine the same tests run the compiled kernels and check the GPU's side of each fact instead (round to nearest
+even, a bf16 sum that is merely imprecise); ``make gpu-check`` adds the timings.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+import torch
+import torch.nn.functional as F
+import triton.language as tl
+
+from labkit import kernelbench as KB
+from labkit import kernels
+from labkit import traffic as T
+from labkit.check import evaluate
+from labkit.exercises import get_exercise
+
+ROOT = Path(__file__).resolve().parents[1]
+MODE = kernels.setup()
+K = kernels.load()
+
+
+def test_the_device_gate_chooses_the_mode():
+    if torch.cuda.is_available():
+        assert not MODE.interpreted and MODE.device.type == "cuda" and "compiled" in str(MODE)
+        assert type(K.softmax_kernel).__name__ == "JITFunction"
+        return
+    assert MODE.interpreted and MODE.device == torch.device("cpu")
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    assert "interpreter" in str(MODE) and "no CUDA GPU" in str(MODE)
+    assert type(K.softmax_kernel).__name__ == "InterpretedFunction"
+    assert kernels.setup("cpu") is MODE and kernels.mode() is MODE
+
+
+def test_a_second_mode_in_the_same_process_is_refused(monkeypatch):
+    monkeypatch.setattr(kernels, "_MODE", kernels.Mode("compiled", torch.device("cpu"), "pretend"))
+    with pytest.raises(ValueError, match="fresh process"):
+        kernels.setup("cpu")
+
+
+def test_kernels_imported_before_setup_are_redecorated_by_load():
+    code = ("import os; os.environ.pop('TRITON_INTERPRET', None)\n"
+            "import labkit._triton_kernels as m\n"
+            "print(type(m.softmax_kernel).__name__)\n"
+            "from labkit import kernels\n"
+            "kernels.setup('cpu')\n"
+            "print(type(kernels.load().softmax_kernel).__name__)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU's path, on any machine
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["JITFunction", "InterpretedFunction"]
+
+
+def test_the_kernels_extra_pins_triton_and_the_dev_install_installs_it():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["kernels"] == ["triton==3.9.0; sys_platform == 'linux'"]
+    assert '".[dev,deepspeed,kernels]"' in (ROOT / "Makefile").read_text()
+    assert kernels.triton_available() and "pip install -e '.[kernels]'" in kernels.install_hint()
+    import triton
+
+    assert triton.__version__ == "3.9.0" and torch.__version__.startswith("2.13.0")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", KB.NAMES)
+def test_every_reference_kernel_matches_torch(name, dtype):
+    for rows, cols in ((3, 7), (5, 300), (2, 1024)):
+        v = KB.verify(name, rows, cols, dtype, seed=rows)
+        assert v.ok, (rows, cols, v)
+        assert v.rtol == (1e-5 + 2.0**-7 if dtype == "bf16" and name != "adamw" else 1e-5)
+
+
+def test_several_adamw_steps_follow_torch():
+    inp = KB.make_inputs("adamw", 4, 50)
+    ours = {"p": inp["p"].clone(), "m": torch.zeros_like(inp["p"]), "v": torch.zeros_like(inp["p"])}  # a fresh AdamW
+    ours["p"] = torch.nn.Parameter(ours["p"])  # updated in place like a model's weight
+    p = torch.nn.Parameter(inp["p"].clone())
+    opt = torch.optim.AdamW([p], lr=1e-2, weight_decay=0.1, foreach=False)
+    for step in range(1, 6):
+        g = KB.make_inputs("adamw", 4, 50, seed=step)["g"]
+        kernels.adamw_step(ours["p"], g, ours["m"], ours["v"], step, lr=1e-2, weight_decay=0.1)
+        p.grad = g
+        opt.step()
+    assert kernels.close(ours["p"], p.detach())[0]
+    assert kernels.close(ours["m"], opt.state[p]["exp_avg"])[0]
+    assert kernels.close(ours["v"], opt.state[p]["exp_avg_sq"])[0]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_matches_sdpa(dtype, causal):
+    for shape, bm, bn in (((1, 2, 37, 16), 16, 32), ((2, 1, 100, 32), 32, 16), ((1, 1, 16, 64), 16, 16)):
+        q, k, v = (kernels.randn(*shape, seed=s, dtype=dtype) for s in (1, 2, 3))
+        got = kernels.flash_attention(q, k, v, causal, block_m=bm, block_n=bn)
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        assert got.dtype == q.dtype and kernels.close(got, want)[0], (shape, bm, bn)
+    # the textbook version computes the same attention
+    got = kernels.flash_attention_unfused(q.double(), k.double(), v.double(), causal)
+    assert torch.allclose(got, want, atol=1e-12)
+
+
+def test_a_plain_function_and_a_kernel_ref_launch_like_a_kernel():
+    x = kernels.randn(6, 40, scale=3.0)
+    want = torch.softmax(x.double(), -1)
+    undecorated = K.softmax_kernel.fn  # the Python function under @triton.jit
+    for kernel in (None, K.softmax_kernel, kernels.KernelRef("softmax_kernel"), undecorated):
+        assert kernels.close(kernels.softmax(x, kernel=kernel), want)[0]
+    with pytest.raises(TypeError, match="launch it"):
+        kernels.KernelRef("softmax_kernel")()
+    with pytest.raises(ValueError, match="no kernel named"):
+        kernels.softmax(x, kernel=kernels.KernelRef("no_such_kernel"))
+    with pytest.raises(TypeError, match="triton.jit"):
+        kernels.as_kernel(torch.nn.Linear(2, 2))
+    assert kernels.source(K.softmax_kernel).startswith("@triton.jit\ndef softmax_kernel(")
+
+
+def test_launchers_check_their_inputs():
+    x = kernels.randn(4, 8)
+    with pytest.raises(ValueError, match="bias must have"):
+        kernels.bias_gelu(x, kernels.randn(7))
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.softmax(x.t())
+    with pytest.raises(ValueError, match="'float32', 'bfloat16'"):
+        kernels.softmax(x.double())
+    with pytest.raises(ValueError, match="head dim"):
+        kernels.flash_attention(*(kernels.randn(1, 1, 8, 12) for _ in range(3)))
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.bias_gelu(x, kernels.randn(8), block=48)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.adamw_step(*(kernels.randn(5, dtype="bf16") for _ in range(4)), step=1)
+    with pytest.raises(TypeError):
+        kernels.layernorm(x, "w", "b")
+    y = kernels.softmax(x.requires_grad_())  # a kernel is no autograd op: the input is detached, not refused
+    assert not y.requires_grad
+
+
+def test_randn_is_the_same_on_every_machine():
+    import numpy as np
+
+    want = np.random.default_rng(5).standard_normal((3, 4), dtype=np.float32) * np.float32(2) + np.float32(1)
+    assert torch.equal(kernels.randn(3, 4, seed=5, scale=2.0, shift=1.0), torch.from_numpy(want))
+    assert kernels.randn(3, dtype="bf16").dtype == torch.bfloat16
+
+
+def test_tolerances_are_stated_from_the_format():
+    assert kernels.tolerance("fp32") == (1e-5, 1e-6)
+    assert kernels.tolerance(torch.bfloat16) == (1e-5 + 2.0**-7, 1e-6)
+    assert kernels.tolerance("fp16") == (1e-5 + 2.0**-10, 1e-6)
+    ok, worst = kernels.close(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-5]))
+    assert ok and 0 < worst < 1
+    assert not kernels.close(torch.tensor([math.nan]), torch.tensor([1.0]))[0]
+
+
+# --- bytes ---------------------------------------------------------------------------------------------------------
+
+
+def _measured(fn, model, *args, **kwargs):
+    """What the interpreter counts for ``fn(*args, **kwargs)``; compiled kernels cannot be watched: the model."""
+    if MODE.interpreted:
+        return T.triton_traffic(fn, *args, **kwargs)
+    with pytest.raises(ValueError, match="interpreter"):
+        T.triton_traffic(fn, *args, **kwargs)
+    return model
+
+
+def test_torch_traffic_counts_what_each_op_touches():
+    x = torch.ones(64, 100)
+    t = T.torch_traffic(kernels.softmax_unfused, x)
+    n, m = x.nbytes, 64 * 4
+    assert [o.op for o in t.ops] == ["amax", "sub.Tensor", "exp", "sum.dim_IntList", "div.Tensor"]
+    assert [(o.read, o.written) for o in t.ops] == [(n, m), (n + m, n), (n, n), (n, m), (n + m, n)]
+    # views move nothing; an in-place op reads and writes; an input given twice is read once
+    g = torch.ones(100)
+    t = T.torch_traffic(lambda a, b: a.view(10, 10).t().mul_(2).addcmul_(b.view(10, 10), b.view(10, 10)), x[0], g)
+    assert [(o.op, o.read, o.written) for o in t.ops] == [("mul_.Tensor", 400, 400), ("addcmul_", 800, 400)]
+    # torch's fused AdamW: its schema marks the gradients mutable, but it writes them only with a grad_scale
+    inp = KB.make_inputs("adamw", 4, 25)
+    fused = T.torch_traffic(KB.run_unfused, "adamw", inp, library=True)
+    assert fused.ops[-1].op == "_fused_adamw_" and fused.ops[-1].written == 3 * inp["p"].nbytes
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", KB.NAMES)
+def test_the_interpreter_count_equals_the_model(name, dtype):
+    rows, cols = 6, 70
+    model = T.fused_traffic(name, rows, cols, dtype)
+    measured = _measured(KB.run_fused, model, name, KB.make_inputs(name, rows, cols, dtype))
+    assert (measured.read, measured.written, measured.launches) == (model.read, model.written, 1)
+    unfused = T.torch_traffic(KB.run_unfused, name, KB.make_inputs(name, rows, cols, dtype))
+    assert unfused.launches >= 2 and unfused.total > 1.9 * model.total
+    cost = T.cost(name, rows, cols, model)
+    assert cost.flops == T.FLOPS_PER_ELEMENT[name] * rows * cols and cost.bytes == model.total
+
+
+def test_the_softmax_saving_is_eight_passes_against_two():
+    x = KB.make_inputs("softmax", 64, 1000)["x"]
+    fused = _measured(kernels.softmax, T.fused_traffic("softmax", 64, 1000), x)
+    ratio = T.torch_traffic(kernels.softmax_unfused, x).total / fused.total
+    assert ratio == pytest.approx(4 + 2 / 1000)
+    ex = get_exercise("08.softmax-bytes")
+    assert ex.reference[1] == pytest.approx(ratio, abs=0.01)
+
+
+def test_flash_attention_never_stores_the_score_matrix():
+    q, k, v = (kernels.randn(1, 2, 128, 16, seed=s) for s in (1, 2, 3))
+    if MODE.interpreted:
+        flash = T.triton_traffic(kernels.flash_attention, q, k, v, block_m=32)
+        assert flash.launches == 1 and flash.read == 3 * q.nbytes and flash.written == q.nbytes
+        assert flash.requested == q.nbytes * (1 + 2 * 128 // 32 + 1)  # Q once, K and V once per query block, O
+    naive = T.torch_traffic(kernels.flash_attention_unfused, q, k, v)
+    scores = 2 * 128 * 128 * 4
+    assert max(o.written for o in naive.ops) == scores and naive.total > 4 * scores
+
+
+def test_traffic_needs_the_interpreter_and_reports_bad_calls(monkeypatch):
+    with pytest.raises(ValueError, match="failed on these arguments"):
+        T.torch_traffic(torch.nn.Linear(2, 2), torch.ones(3))
+    monkeypatch.setattr(kernels, "_MODE", kernels.Mode("compiled", torch.device("cpu"), "pretend"))
+    with pytest.raises(ValueError, match="interpreter"):
+        T.triton_traffic(lambda: None)
+
+
+# --- the interpreter is not the hardware (measured, notebook 08 section 4) ---------------------------------------
+
+
+def test_the_interpreter_truncates_bf16_casts():
+    x = kernels.randn(4096, seed=0)
+    got, want = kernels.cast(x, torch.bfloat16), x.to(torch.bfloat16)
+    if not MODE.interpreted:  # compiled: the GPU's cvt.rn rounds to nearest even, as torch
+        assert torch.equal(got, want)
+        return
+    ulps = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+    assert 0 < int((ulps > 0).sum()) < 4096 and int(ulps.max()) == 1
+    assert torch.equal(got, (x.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16))
+    assert torch.equal(kernels.cast(x, torch.float16), x.to(torch.float16))  # fp16 goes through NumPy: nearest
+
+
+def test_bf16_arithmetic_without_a_conversion_is_nonsense_in_the_interpreter():
+    xb = kernels.randn(1000, seed=3, shift=3.0, dtype="bf16")
+    exact = float(xb.double().sum())
+    assert kernels.kernel_sum(xb) == pytest.approx(exact, rel=1e-6)
+    if MODE.interpreted:
+        assert abs(kernels.kernel_sum(xb, upcast=False) - exact) > exact
+    else:  # a real bf16 sum: imprecise, not nonsense
+        assert kernels.kernel_sum(xb, upcast=False) == pytest.approx(exact, rel=0.05)
+
+
+def test_race_leaves_the_interpreter_out():
+    times = KB.race("softmax", 32, 64, repeats=2, compile=False)
+    want = {"eager unfused", "eager library"} | (set() if MODE.interpreted else {"triton"})
+    assert set(times) == want and all(t > 0 for t in times.values())
+
+
+# --- the exercises' graders: the diagnosis names the mistake ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("ex_id", "words"), [("08.bias-gelu", "mask"), ("08.softmax", "row max"),
+                                             ("08.layernorm", "bf16"), ("08.flash-attention", "alpha")])
+def test_each_grader_names_its_typical_mistake(ex_id, words):
+    ex = get_exercise(ex_id)
+    bad = evaluate(ex_id, ex.wrong)
+    assert bad.status == "wrong" and words in bad.message
+
+
+def _softmax_store_unmasked(x_ptr, y_ptr, n_cols, row_stride, BLOCK: tl.constexpr):
+    """Right values, but the store has no mask: the last row writes past the end of the output."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * row_stride + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(y_ptr + row * row_stride + offs, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty))
+
+
+def _quiet(x_ptr, b_ptr, y_ptr, n, n_cols, BLOCK: tl.constexpr):
+    """Stores nothing yet: the learner has not written it."""
+    pid = tl.program_id(0)  # noqa: F841
+
+
+def test_graders_catch_writes_past_the_end_and_unwritten_kernels():
+    v = evaluate("08.softmax", _softmax_store_unmasked)  # a plain function: the grader decorates it
+    assert v.status == "wrong" and "mask" in v.message
+    assert evaluate("08.bias-gelu", _quiet).status == "not attempted"
+    assert evaluate("08.bias-gelu", K.bias_gelu_kernel).status == "correct"
