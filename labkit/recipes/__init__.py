@@ -15,6 +15,13 @@
 
       torchrun --nproc_per_node 2 -m labkit.recipes.zero --runs 0:bf16,1:bf16,2:bf16,3:bf16
 
+- :mod:`labkit.recipes.handpar` — DDP, ZeRO-1, tensor and pipeline parallelism by hand next to torch DDP,
+  AdamW, DeepSpeed, FSDP2 and ``torch.distributed.pipelining``; :mod:`labkit.recipes.handpar_grade` runs
+  notebook 11's exercises the same way (introduced in notebook 11)::
+
+      torchrun --nproc_per_node 2 -m labkit.recipes.handpar --parts ddp,zero1,tp,pp,fsdp
+      torchrun --nproc_per_node 2 -m labkit.recipes.handpar_grade --file tp=my_tp.py
+
 All print one ``LABKIT_RESULT {json}`` line on rank 0, which :func:`labkit.dist.launch` returns.
 Importing this package has no side effects; the recipes do their work only when run as ``__main__``.
 
@@ -23,4 +30,4 @@ Introduced in notebook 09.
 
 from __future__ import annotations
 
-__all__ = ["allreduce", "ddp", "zero"]
+__all__ = ["allreduce", "ddp", "handpar", "handpar_grade", "zero"]

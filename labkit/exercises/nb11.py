@@ -1,0 +1,357 @@
+"""Exercises of notebook 11 (parallelism by hand): the learner's code runs on 2 ranks under torchrun.
+
+The four implement exercises take what the learner defined in a notebook cell (a function, or a pair of
+``torch.autograd.Function`` classes). Ranks are other processes: they cannot see the notebook's memory. So the
+grader writes a module file from the cell that defined the answer (:func:`rank_module`: the cell's imports,
+functions and classes, not its calls), runs it on 2 ranks with ``python -m labkit.recipes.handpar_grade``
+through :func:`labkit.dist.launch`, and compares it there with the real thing: torch's
+``DistributedDataParallel``, an unsharded ``torch.optim.AdamW``, the single-process model. A definition whose body
+is still ``...`` is "not attempted yet" and nothing is launched. Verdicts are remembered per module text, so
+running a check again on unchanged code costs nothing (a run that failed is not remembered).
+
+Introduced in notebook 11.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from labkit import handpar as _hp
+from labkit.exercises import _nb11_mistakes as _mistake
+from labkit.exercises._core import Exercise
+
+__all__ = ["EXERCISES", "PREDICT_SETUP", "rank_module"]
+
+#: The header of every module file the graders write: what a rank has without the notebook.
+_HEADER = ("# Written by labkit's grader for notebook 11 from your cell's definitions; run on 2 ranks.\n"
+           "import torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\nfrom torch import nn\n")
+_CACHE: dict[tuple[str, str], tuple[bool, str]] = {}
+_TOL = 1e-5  # fp32 tolerance where the order of a sum differs (tensor and pipeline parallel)
+
+
+def _function_of(obj: Any) -> Any:
+    """A function whose code lives where ``obj`` was defined (``obj`` itself, or a method of a class)."""
+    if inspect.isfunction(obj):
+        return obj
+    if inspect.isclass(obj):
+        for v in vars(obj).values():
+            v = getattr(v, "__func__", v)
+            if inspect.isfunction(v):
+                return v
+    raise TypeError(f"expected a function or a class defined in a cell, got {type(obj).__name__}")
+
+
+def rank_module(obj: Any) -> str:
+    """Return the module text the graders run on the ranks for ``obj`` (a function or class from a cell or file).
+
+    It holds the imports, functions, classes and constant assignments of the cell (or file) that defined
+    ``obj``, after a header importing torch, ``torch.distributed as dist``, ``torch.nn.functional as F`` and
+    ``nn``; calls such as ``check(...)`` are left out. Introduced in notebook 11.
+    """
+    fn = _function_of(obj)
+    try:
+        lines, _ = inspect.findsource(fn)
+    except OSError as exc:
+        raise ValueError(f"cannot read the source of {fn.__qualname__}: define it in a notebook cell or a .py file "
+                         f"({exc})") from None
+    tree = ast.parse("".join(lines))
+    keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    body = [n for n in tree.body
+            if isinstance(n, keep) or (isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Constant))]
+    future = [n for n in body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    rest = [n for n in body if n not in future]
+    text = "".join(ast.unparse(n) + "\n" for n in future) + _HEADER
+    return text + "\n\n".join(ast.unparse(n) for n in rest) + "\n"
+
+
+def _is_stub(obj: Any) -> bool:
+    """True when the definition's body (every method's, for a class) is only a docstring, ``...`` or ``pass``."""
+    try:
+        src = textwrap.dedent(inspect.getsource(obj))
+    except (OSError, TypeError):  # a class defined in a notebook cell (no file): Python cannot find its source
+        src = ""
+    if not src and inspect.isclass(obj):  # a class defined in __main__: look at its methods one by one
+        funcs = [getattr(v, "__func__", v) for v in vars(obj).values()]
+        return all(_is_stub(f) for f in funcs if inspect.isfunction(f))
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return False
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+    def empty(node: Any) -> bool:
+        body = list(node.body)
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            body = body[1:]
+        return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                               and s.value.value is Ellipsis) for s in body)
+
+    return bool(defs) and all(empty(d) for d in defs)
+
+
+def _launch(grade: str, text: str) -> tuple[dict[str, Any] | None, str]:
+    """Run ``text`` as a module on 2 ranks for exercise ``grade``; return (rank results, error message)."""
+    from labkit.dist import LaunchError, LaunchTimeout, launch
+
+    with tempfile.TemporaryDirectory(prefix="labkit-nb11-") as tmp:
+        path = Path(tmp) / f"nb11_{grade}.py"
+        path.write_text(text)
+        try:
+            res = launch("labkit.recipes.handpar_grade", nproc=2, timeout=180, stream=False,
+                         args=["--file", f"{grade}={path}", "--pg-timeout", "30"])
+        except LaunchTimeout:
+            return None, ("The ranks did not finish: one of them waited for ever, e.g. a recv without its send, or a "
+                          "collective that only one rank calls.")
+        except LaunchError as err:
+            if "timed out" in (err.log + err.rank_traceback).lower():
+                return None, ("A rank waited 30 s for its partner and gave up: a recv whose send never comes (both "
+                              "ranks receiving first?), or a collective that only one rank calls. Every send needs "
+                              "the matching recv on the other rank, in the same order.")
+            last = (err.rank_traceback.strip().splitlines() or [str(err).splitlines()[0]])[-1]
+            return None, f"Your code failed on rank {err.rank}: {last}"
+    if not res or "grades" not in res:
+        return None, "The ranks returned no result."
+    return res["grades"][0]["ranks"], ""
+
+
+def _grader(grade: str, names: tuple[str, ...], judge: Any) -> Any:
+    """A grader: the answer is a function (or a tuple of classes) named ``names``, run on 2 ranks, judged."""
+    what = " and ".join(f"`{n}`" for n in names)
+
+    def run(answer: Any) -> tuple[bool, str] | None:
+        objs = answer if isinstance(answer, tuple) else (answer,)
+        if len(objs) != len(names) or not all(inspect.isfunction(o) or inspect.isclass(o) for o in objs):
+            return False, f"Pass {'the pair ' if len(names) > 1 else ''}{what} itself (not its result)."
+        if all(_is_stub(o) for o in objs):
+            return None
+        try:
+            text = rank_module(objs[0])
+        except (TypeError, ValueError) as exc:
+            return False, str(exc)
+        tree_names = {n.name for n in ast.parse(text).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        missing = [n for n in names if n not in tree_names]
+        if missing:
+            return False, f"The cell must define {', '.join(missing)} (with that name): the ranks look it up by name."
+        key = (grade, hashlib.sha256(text.encode()).hexdigest())
+        if key not in _CACHE:
+            ranks, error = _launch(grade, text)
+            if ranks is None:
+                return False, error  # not remembered: running it again runs it again
+            _CACHE[key] = judge(ranks)
+        return _CACHE[key]
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the judges: rank results -> (ok, message)
+# ---------------------------------------------------------------------------------------------------------
+
+def _judge_ddp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
+    r = ranks[0]
+    if "returned" in r:
+        return False, f"overlap_gradients returned a {r['returned']}; return the function that waits (wait)."
+    if all(x["bitwise"] for x in ranks):
+        if min(x["in_backward"] for x in ranks) == 0:
+            return False, ("The gradients equal DDP's, but no all-reduce started while backward was running: that is "
+                           "step 1 again. Start each one from a hook (register_post_accumulate_grad_hook) with "
+                           "async_op=True, and only wait in wait().")
+        return True, ""
+    ratio = r["ratio"]
+    if abs(ratio - 2.0) < 1e-3:
+        return False, ("Your gradients are exactly 2× DDP's: you summed them over the 2 ranks instead of averaging. "
+                       "Scale each gradient by 1/world size.")
+    if abs(ratio - 0.5) < 1e-3:
+        return False, "Your gradients are half of DDP's: you divided by the world size twice."
+    return False, f"Your gradients differ from DDP's (their ratio is {ratio:.3g}, not 1)."
+
+
+def _judge_zero1(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
+    if all(x["bitwise"] for x in ranks) and len({x["digest"] for x in ranks}) == 1:
+        return True, ""
+    if any(x["outside_unchanged"] for x in ranks):
+        return False, ("Each rank's parameters outside its own slice never change: the updated slices were not "
+                       "all-gathered into flat_param.")
+    if all(x["summed"] for x in ranks):
+        return False, ("Your weights equal AdamW's on the *summed* gradients, not the averaged ones. Adam almost hides "
+                       "it (m/√v does not change when the gradients double; only eps does), but DDP and ZeRO average.")
+    if len({x["digest"] for x in ranks}) > 1:
+        return False, "The ranks end with different parameters: every rank must receive every updated slice."
+    return False, f"After 3 steps your weights differ from unsharded AdamW's (relative {ranks[0]['rel']:.2g})."
+
+
+def _judge_tp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
+    rel = [x["rel"] for x in ranks]
+    bad = sorted({k for r in rel for k, v in r.items() if v is None or v > _TOL})
+    if not bad:
+        return True, ""
+    if "output" in bad:
+        return False, ("The output differs from the single-process MLP: g must all-reduce (sum) the row-parallel "
+                       "partial outputs in its forward.")
+    if bad == ["input"]:
+        return False, ("Output and weight gradients are right, but the gradient of the input is only this rank's part: "
+                       "f's backward must all-reduce it (each rank's column slice contributes a part).")
+    ratios = {k: ranks[0]["ratio"][k] for k in bad}
+    if all(v is not None and abs(v - 2.0) < 1e-3 for v in ratios.values()):
+        return False, ("Gradients are 2× too large: g's backward must be the identity (its forward already summed), "
+                       "only f's backward all-reduces.")
+    return False, f"These differ from the single-process MLP: {', '.join(bad)}."
+
+
+def _judge_gpipe(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
+    if any(x.get("missing_grads") for x in ranks):
+        return False, "Some stage's parameters got no gradient: every stage must run backward for every micro-batch."
+    last = ranks[-1]
+    if last["loss_rel"] is None:
+        return False, "The last stage must return the mean loss (a float)."
+    if all(x["grad_rel"] <= _TOL for x in ranks) and last["loss_rel"] <= _TOL:
+        return True, ""
+    m = last["m"]
+    if all(abs(x["ratio"] - m) < 1e-3 * m and abs(x["ratio_max"] - m) < 1e-3 * m for x in ranks):
+        return False, (f"Gradients are {m}× too large with {m} micro-batches: divide each micro-batch's loss by m, "
+                       "so that they add up to the mean over the whole batch.")
+    return False, (f"Loss or gradients differ from the single-process model (relative {last['loss_rel']:.2g} and "
+                   f"{max(x['grad_rel'] for x in ranks):.2g}).")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the predict exercise
+# ---------------------------------------------------------------------------------------------------------
+
+#: What the predict exercise asks (the notebook prints it).
+PREDICT_SETUP = ("MLP 64 -> 256 -> 256 -> 256 -> 1: 8 tensors of 16384, 256, 65536, 256, 65536, 256, 256 and 1 "
+                 "elements (fp32, 148,481 in all). Buckets of 0.25 MiB (65,536 elements) for the bucketed version; "
+                 "torch DDP with its defaults. All-reduce calls per step?")
+_COUNTS = {"naive": 8, "bucketed": 3, "ddp": 1}
+
+
+def _grade_predict(answer: Any) -> tuple[bool, str]:
+    if not (isinstance(answer, tuple) and len(answer) == 2):
+        return False, "reveal() passes (prediction, result); give the prediction as a dict."
+    pred, result = answer
+    if not isinstance(pred, dict) or set(pred) != set(_COUNTS):
+        return False, "Predict a dict with the keys 'naive', 'bucketed' and 'ddp': all-reduce calls per step."
+    if not isinstance(result, dict):
+        return False, "The measured result should be a dict of calls per step."
+    got = {k: result.get(k) for k in _COUNTS}
+    lines = []
+    why = {"naive": "one per tensor, after backward",
+           "bucketed": "buckets close at 65,536 elements or more, filled from the last layer back: "
+                       "[1+256+256+65536], [256+65536], [256+16384]",
+           "ddp": "DDP's first bucket holds up to 1 MiB and the whole model is 594 KB: a single bucket"}
+    for k in ("naive", "bucketed", "ddp"):
+        mark = "=" if pred[k] == got[k] else "≠"
+        lines.append(f"{k}: you said {pred[k]!r} {mark} measured {got[k]} ({why[k]})")
+    ok = all(pred[k] == got[k] for k in _COUNTS)
+    return ok, " | ".join(lines)
+
+
+EXERCISES = [
+    Exercise(
+        "11.ddp-overlap",
+        "Write overlap_gradients(model): hooks that start each gradient's all-reduce as soon as backward produces it; "
+        "return wait(), which waits for them all. Gradients must equal torch DDP's bit for bit.",
+        _grader("ddp", ("overlap_gradients",), _judge_ddp),
+        "Which hook on a parameter fires right after its gradient is complete, and how do you start an all-reduce "
+        "without waiting for it?",
+        success="Bitwise equal to torch DDP on 2 ranks, with communication started during backward.",
+        reference=_hp.overlap_gradients,
+        wrong=_mistake.overlap_gradients,
+        method="For every parameter p: p.register_post_accumulate_grad_hook(hook). In hook(p): scale p.grad by "
+               "1/world, then work = dist.all_reduce(p.grad, async_op=True) and keep the work in a list. wait() "
+               "calls work.wait() on each and empties the list.",
+        solution="world = dist.get_world_size(); pending = []\n"
+                 "def hook(p): p.grad.mul_(1.0 / world); pending.append(dist.all_reduce(p.grad, async_op=True))\n"
+                 "for p in model.parameters(): p.register_post_accumulate_grad_hook(hook)\n"
+                 "def wait():\n    for w in pending: w.wait()\n    pending.clear()\nreturn wait",
+        kind="implement",
+        wrong_why="Summing the gradients (all-reduce without scaling by 1/world) gives world × the gradient DDP uses: "
+                  "every rank steps as if the batch were world times larger in learning rate.",
+    ),
+    Exercise(
+        "11.zero1-step",
+        "Write zero1_step(flat_param, flat_grad, shard, optimizer): reduce-scatter the averaged gradients, step this "
+        "rank's shard, all-gather the updated shards into flat_param. After 3 steps the weights must equal unsharded "
+        "AdamW's, bit for bit.",
+        _grader("zero1", ("zero1_step",), _judge_zero1),
+        "Three collectives-worth of work: what does each rank need to *receive* before its optimizer step, and what "
+        "must every rank have after it?",
+        success="Bitwise equal to AdamW on the whole model, with AdamW states for half the parameters per rank.",
+        reference=_hp.zero1_step,
+        wrong=_mistake.zero1_step,
+        method="grad_shard = torch.empty_like(shard); dist.reduce_scatter_single(grad_shard, flat_grad / world); "
+               "shard.grad = grad_shard; optimizer.step(); then dist.all_gather_single(flat_param, "
+               "shard.detach()).",
+        solution="world = dist.get_world_size()\ngrad_shard = torch.empty_like(shard)\n"
+                 "dist.reduce_scatter_single(grad_shard, flat_grad.mul(1.0 / world))\nshard.grad = grad_shard\n"
+                 "optimizer.step()\ndist.all_gather_single(flat_param, shard.detach())",
+        kind="implement",
+        wrong_why="Without the all-gather each rank only updates its own slice of flat_param: the rest of the model "
+                  "stays at its initial values on that rank, and the ranks no longer agree.",
+    ),
+    Exercise(
+        "11.tp-conjugates",
+        "Write Megatron's conjugate operators as torch.autograd.Function classes: CopyToTP (f: identity forward, "
+        "all-reduce backward) and ReduceFromTP (g: all-reduce forward, identity backward). Pass the pair.",
+        _grader("tp", ("CopyToTP", "ReduceFromTP"), _judge_tp),
+        "Where does each rank hold only a *part* of a sum: in the output of the row-parallel layer, and in the "
+        "gradient of the input that both column slices read?",
+        success="Output and every gradient, the input's included, equal the single-process MLP to fp32 tolerance.",
+        reference=(_hp.CopyToTP,
+                   _hp.ReduceFromTP),
+        wrong=(_mistake.CopyToTP,
+               _mistake.ReduceFromTP),
+        method="Both are classes with @staticmethod forward(ctx, x) and backward(ctx, grad). An all-reduce is "
+               "in-place: clone the tensor, dist.all_reduce(it), return it. The identity returns its argument.",
+        solution="class CopyToTP(torch.autograd.Function):\n    forward: return x\n"
+                 "    backward: grad = grad.clone(); dist.all_reduce(grad); return grad\n"
+                 "class ReduceFromTP(torch.autograd.Function):\n    forward: x = x.clone(); dist.all_reduce(x); "
+                 "return x\n    backward: return grad",
+        kind="implement",
+        wrong_why="If f's backward forgets its all-reduce, the weights' gradients are still right but the gradient of "
+                  "the input is only this rank's part: every layer before the MLP then learns from half a gradient.",
+    ),
+    Exercise(
+        "11.gpipe",
+        "Write gpipe_step(stage, inputs, targets, loss_fn, act_shape): GPipe on 2 ranks, all micro-batch forwards "
+        "(send activations on) then all backwards (send gradients back). Loss and gradients must equal one process.",
+        _grader("gpipe", ("gpipe_step",), _judge_gpipe),
+        "Stage 1 cannot start a micro-batch before stage 0 sends it, and stage 0 cannot run backward before stage 1 "
+        "sends the gradient of its output. What does the loss of one micro-batch stand for in the whole batch?",
+        success="The same loss and gradients as the whole model on the whole batch, to fp32 rounding.",
+        reference=_hp.gpipe_step,
+        wrong=_mistake.gpipe_step,
+        method="m = len(inputs) on rank 0, len(targets) on rank 1. Forward loop: rank 0 runs stage(inputs[i]) and "
+               "sends; rank 1 receives into torch.empty(act_shape), sets requires_grad_, runs the stage and "
+               "loss_fn(out, targets[i]) / m. Backward loop: rank 1 calls backward and sends x.grad; rank 0 receives "
+               "the gradient and calls out.backward(grad).",
+        solution="See labkit.handpar.gpipe_step: two loops over the micro-batches; dist.send/dist.recv (or isend) "
+                 "between them; the last stage divides each micro-batch loss by m and returns their sum.",
+        kind="implement",
+        wrong_why="Summing the micro-batch losses (no 1/m) makes every gradient m times the full-batch gradient, so "
+                  "the effective learning rate changes with the number of micro-batches.",
+    ),
+    Exercise(
+        "11.allreduce-count",
+        "Predict the all-reduce calls per training step of naive DDP, the bucketed version and torch DDP. "
+        + PREDICT_SETUP,
+        _grade_predict,
+        "Naive sends each tensor on its own; buckets group tensors up to a size; DDP's first bucket is 1 MiB.",
+        success="Calls counted, not bytes: every variant all-reduces the same 148,481 elements per step.",
+        reference=(dict(_COUNTS), {"naive": 8, "overlap": 8, "bucketed": 3, "ddp": 1}),
+        wrong=({"naive": 8, "bucketed": 3, "ddp": 8}, {"naive": 8, "overlap": 8, "bucketed": 3, "ddp": 1}),
+        method="Fill buckets from the last tensor backwards (the order gradients arrive) and close a bucket once it "
+               "holds 65,536 elements or more. For DDP, compare the model's 594 KB with its 1 MiB first bucket.",
+        solution="naive 8 (one per tensor), bucketed 3 ([w3 b2 ... w2], [b1 w1], [b0 w0]), DDP 1 (one bucket).",
+        kind="predict",
+        wrong_why="torch DDP does not all-reduce tensor by tensor: it copies gradients into buckets (the first up to "
+                  "1 MiB, then 25 MiB) and sends each bucket once; a small model is a single call.",
+    ),
+]

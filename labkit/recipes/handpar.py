@@ -1,0 +1,701 @@
+"""Parallelism by hand, run for real: every strategy of :mod:`labkit.handpar` next to the library that does it.
+
+Run it under torchrun with 2 ranks; rank 0 prints one ``LABKIT_RESULT {json}`` line::
+
+    torchrun --nproc_per_node 2 -m labkit.recipes.handpar --parts ddp,zero1,tp,pp,fsdp
+
+Parts (``--parts``, comma-separated), each checked against the real thing in the same processes:
+
+- ``ddp``: naive, overlapped and bucketed DDP against ``torch.nn.parallel.DistributedDataParallel`` (gradients
+  compared bit for bit at every step), the all-reduces each issues (read from ``torch.profiler``), and their step
+  times, interleaved in one run;
+- ``zero1``: :class:`labkit.handpar.ShardedAdamW` against an unsharded AdamW (weights compared bit for bit after
+  ``--steps`` steps) and DeepSpeed ZeRO stage 1 (losses, weights, per-rank optimizer bytes);
+- ``tp``: the 2-way Megatron MLP against the single-process MLP, and its all-reduces;
+- ``pp``: GPipe with 1, 2, 4 and 8 micro-batches against the single-process model, its sends, and the bubble
+  measured from each stage's forward/backward times; the same step with ``torch.distributed.pipelining``;
+- ``fsdp``: ``torch.distributed.fsdp.fully_shard`` (FSDP2) and DeepSpeed ZeRO stage 3 on the same model and data:
+  losses, per-rank bytes, collectives.
+
+Learners' exercises run on the ranks through :mod:`labkit.recipes.handpar_grade`, which reuses this module's
+setups.
+
+DeepSpeed runs on its CPU accelerator (``DS_ACCELERATOR=cpu``) with gloo and torch's AdamW (no C++ compile).
+Introduced in notebook 11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import math
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["PARTS", "build_parser", "main"]
+
+#: What ``--parts`` runs.
+PARTS = ("ddp", "zero1", "tp", "pp", "fsdp")
+
+# The shapes every part uses (the notebook describes them).
+IN, HIDDEN, DEPTH, ROWS = 64, 256, 3, 64          # the data-parallel MLP: 148,481 parameters; rows per rank
+TP_TOKENS, TP_D = 256, 128                        # the tensor-parallel MLP: d -> 4d -> d on 256 tokens
+PP_BATCH, PP_WIDTH, PP_LAYERS = 256, 1024, 3      # the 2-stage pipeline: batch, width, linear layers per stage
+LR, WD = 1e-3, 0.01
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the command-line parser (``--help`` documents it). Introduced in notebook 11."""
+    from labkit import _cli
+
+    ap = _cli.ArgumentParser(prog="python -m labkit.recipes.handpar", checks=[_check_micro],
+                             description="Parallelism by hand next to torch and DeepSpeed (2 ranks under torchrun).")
+    ap.add_argument("--parts", type=_cli.choices_list(PARTS), default=",".join(PARTS),
+                    help=f"comma-separated, from {','.join(PARTS)} (default: all)")
+    ap.add_argument("--steps", type=_cli.int_in(2, 50), default=5, help="optimizer steps of zero1/fsdp (default: 5)")
+    ap.add_argument("--reps", type=_cli.int_in(1, 200), default=10, help="timed DDP steps per variant (default: 10)")
+    ap.add_argument("--micro", type=_cli.int_list(1, PP_BATCH), default="1,2,4,8",
+                    help="pipeline micro-batch counts, each dividing 256 (default: 1,2,4,8)")
+    ap.add_argument("--no-deepspeed", dest="deepspeed", action="store_false",
+                    help="skip the DeepSpeed runs of zero1 and fsdp")
+    ap.add_argument("--pg-timeout", type=_cli.pg_timeout, default=60.0, help="collective timeout, s (default: 60)")
+    return ap
+
+
+def _check_micro(args: argparse.Namespace) -> None:
+    bad = [m for m in (int(v) for v in args.micro.split(",") if v.strip()) if PP_BATCH % m]
+    if bad:
+        raise ValueError(f"--micro: {bad} do not divide the pipeline's batch of {PP_BATCH}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------------------
+
+def _mlp(seed: int = 0) -> Any:
+    from labkit import models
+
+    return models.MLP(IN, HIDDEN, 1, depth=DEPTH, activation="gelu", seed=seed)
+
+
+def _batch(step: int, rank: int, rows: int = ROWS) -> tuple[Any, Any]:
+    """This rank's batch for ``step``: the same on every run, different on every rank."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 * step + rank + 17)
+    x = torch.randn(rows, IN, generator=g)
+    return x, torch.tanh(x[:, :8].sum(1, keepdim=True))
+
+
+def _global_batch(step: int, world: int) -> tuple[Any, Any]:
+    import torch
+
+    xs, ys = zip(*(_batch(step, r) for r in range(world)))
+    return torch.cat(xs), torch.cat(ys)
+
+
+def _flat(tensors: Any) -> Any:
+    import torch
+
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def _digest(t: Any) -> str:
+    return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def _gather(obj: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _rel(a: Any, b: Any) -> float:
+    """max |a - b| / max |b| (0 when both are 0)."""
+    scale = float(b.abs().max())
+    return float((a - b).abs().max()) / scale if scale else float((a - b).abs().max())
+
+
+def _calls(events: list[tuple[str, int]]) -> dict[str, Any]:
+    ops: dict[str, list[int]] = {}
+    for name, n in events:
+        ops.setdefault(name, []).append(n)
+    return {k: {"calls": len(v), "elements": sum(v), "sizes": v} for k, v in ops.items()}
+
+
+def _mse(a: Any, b: Any) -> Any:
+    import torch.nn.functional as F
+
+    return F.mse_loss(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# part ddp
+# ---------------------------------------------------------------------------------------------------------
+
+def _ddp_variants(bucket_mb: float) -> dict[str, Any]:
+    """Fresh models, one per variant: {name: (model, what the forward calls, the gradient sync after backward)}."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from labkit import handpar
+
+    out: dict[str, Any] = {}
+    m = _mlp()
+    out["naive"] = (m, m, lambda m=m: handpar.allreduce_gradients(m))
+    m = _mlp()
+    out["overlap"] = (m, m, handpar.overlap_gradients(m))
+    m = _mlp()
+    out["bucketed"] = (m, m, handpar.BucketedGradients(m, bucket_mb=bucket_mb).wait)
+    m = _mlp()
+    out["ddp"] = (m, DDP(m), lambda: None)
+    return out
+
+
+def _ddp_step(front: Any, sync: Any, x: Any, y: Any) -> dict[str, Any]:
+    """One backward + gradient sync under the profiler: the collectives executed, and how many were issued
+    while backward was still running (torch's ``c10d::`` ops are recorded where they are called)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with record_function("labkit::backward"):
+            _mse(front(x), y).backward()
+        sync()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    bwd = next(e.time_range for e in events if e.name == "labkit::backward")
+    issued = [e for e in events if e.name.startswith("c10d::") and "broadcast" not in e.name]
+    executed = [(e.name.split(":", 1)[1], int(math.prod(e.input_shapes[0])) if e.input_shapes else 0)
+                for e in events if e.name.startswith(("gloo:", "nccl:"))]
+    return {"issued_in_backward": sum(bwd.start <= e.time_range.start <= bwd.end for e in issued),
+            "issued": len(issued), **_calls(executed)}
+
+
+def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    rank = dist.get_rank()
+    bucket_mb = 0.25
+    variants = _ddp_variants(bucket_mb)
+    opts = {k: torch.optim.AdamW(v[0].parameters(), lr=LR, weight_decay=WD, foreach=False) for k, v in variants.items()}
+    steps = 3
+    same = {k: True for k in variants if k != "ddp"}
+    counts: dict[str, Any] = {}
+    for step in range(steps):
+        x, y = _batch(step, rank)
+        grads = {}
+        for name, (model, front, sync) in variants.items():
+            opts[name].zero_grad(set_to_none=True)
+            if step == steps - 1:  # counted on the last step: DDP has rebuilt its buckets by then
+                counts[name] = _ddp_step(front, sync, x, y)
+            else:
+                _mse(front(x), y).backward()
+                sync()
+            grads[name] = _flat(p.grad for p in model.parameters())
+            opts[name].step()
+        for k in same:
+            same[k] = same[k] and torch.equal(grads[k], grads["ddp"])
+    params_same = {k: torch.equal(_flat(variants[k][0].parameters()), _flat(variants["ddp"][0].parameters()))
+                   for k in same}
+    # timings: one step each, round robin, after a barrier; medians per rank, then the slowest rank
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    x, y = _batch(99, rank)
+    for _ in range(args.reps + 2):
+        for name, (model, front, sync) in variants.items():
+            for p in model.parameters():
+                p.grad = None
+            dist.barrier()
+            t0 = time.perf_counter()
+            _mse(front(x), y).backward()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v[2:]) for k, v in times.items()}
+    slowest = {k: max(d[k] for d in _gather(med)) for k in med}
+    numels = [p.numel() for p in variants["naive"][0].parameters()]
+    elems = max(1, int(bucket_mb * 2**20) // 4)
+    return {
+        "n_params": sum(numels), "numels": numels, "bucket_mb": bucket_mb,
+        "bucket_layout": handpar.bucket_layout(numels, elems),
+        "steps": steps, "bitwise_grads_vs_ddp": _gather(same), "bitwise_params_vs_ddp": _gather(params_same),
+        "collectives": counts, "step_s": slowest, "reps": args.reps,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# part zero1
+# ---------------------------------------------------------------------------------------------------------
+
+def _replicated_adamw(steps: int, average: bool = True) -> tuple[Any, list[float]]:
+    """The unsharded reference: every rank averages gradients (all-reduce) and steps AdamW on everything.
+
+    ``average=False`` sums them instead: the typical mistake, so that a grader can name it."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    rank = dist.get_rank()
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=False)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(step, rank)
+        opt.zero_grad(set_to_none=True)
+        loss = _mse(model(x), y)
+        loss.backward()
+        if average:
+            handpar.allreduce_gradients(model)
+        else:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+        opt.step()
+        losses.append(_mean_over_ranks(loss))
+    return model, losses
+
+
+def _mean_over_ranks(loss: Any) -> float:
+    import torch.distributed as dist
+
+    t = loss.detach().double().reshape(1).clone()
+    dist.all_reduce(t)
+    return float(t) / dist.get_world_size()
+
+
+def _sharded(steps: int, step_fn: Any = None) -> tuple[Any, Any, list[float], Any]:
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    rank = dist.get_rank()
+    model = _mlp()
+    opt = handpar.ShardedAdamW(model.parameters(), step_fn=step_fn, lr=LR, weight_decay=WD)
+    losses, events = [], []
+    for step in range(steps):
+        x, y = _batch(step, rank)
+        opt.zero_grad()
+        loss = _mse(model(x), y)
+        loss.backward()
+        with handpar.recorded_collectives() as ev:
+            opt.step()
+        events = ev
+        losses.append(_mean_over_ranks(loss))
+    return model, opt, losses, events
+
+
+def _deepspeed() -> Any:
+    """Import DeepSpeed on its CPU accelerator, collectives on the process group already joined (gloo)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+        os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
+    import deepspeed
+    import deepspeed.ops
+
+    # no shared-memory all-reduce (a one-minute compile, and /dev/shm files): gloo, like every other part
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def _ds_run(stage: int, steps: int) -> dict[str, Any]:
+    """DeepSpeed ZeRO ``stage`` in fp32 on the same model, data and AdamW; losses, bytes, collectives, weights."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit import handpar, zero
+
+    deepspeed = _deepspeed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = zero.config(stage, "fp32", micro_batch=ROWS, grad_accum=1, world_size=world, lr=LR, weight_decay=WD,
+                      gradient_clipping=0.0, torch_adam=True, reduce_bucket_size=1 << 16,
+                      param_persistence_threshold=0 if stage == 3 else None)
+    model = _mlp()
+    t0 = time.perf_counter()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    init_s = time.perf_counter() - t0
+    losses, snapshot, events = [], None, []
+    for step in range(steps):
+        x, y = _batch(step, rank)
+        last = step == steps - 1
+        with handpar.recorded_collectives() if last else contextlib.nullcontext([]) as ev:
+            loss = _mse(engine(x), y)
+            engine.backward(loss)
+            if last:
+                snapshot = zero.count_model_states(engine)["bytes"]
+            engine.step()
+        events = ev
+        losses.append(_mean_over_ranks(loss))
+    params = list(engine.module.parameters())
+    ctx = deepspeed.zero.GatheredParameters(params) if stage == 3 else contextlib.nullcontext()
+    with ctx, torch.no_grad():
+        flat = _flat(p.float() for p in params).clone()
+    out = {"losses": losses, "bytes": _gather(snapshot), "collectives": _calls(events), "init_s": init_s,
+           "optimizer": type(engine.optimizer).__name__, "version": deepspeed.__version__, "config": cfg}
+    del engine
+    return out | {"_flat": flat}
+
+
+def part_zero1(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    ref, ref_losses = _replicated_adamw(args.steps)
+    model, opt, losses, events = _sharded(args.steps)
+    mine, theirs = _flat(model.parameters()), _flat(ref.parameters())
+    out: dict[str, Any] = {
+        "steps": args.steps, "n_params": opt.numel, "padded": opt.padded, "part": opt.part,
+        "losses": losses, "reference_losses": ref_losses,
+        "bitwise_vs_adamw": _gather(torch.equal(mine, theirs)),
+        "ranks_identical": len(set(_gather(_digest(mine)))) == 1,
+        "state_bytes": _gather(opt.state_bytes()),
+        "state_shapes": _gather({k: list(v.shape) for k, v in opt.optimizer.state[opt.shard].items()}),
+        "collectives": _calls(events),
+    }
+    if args.deepspeed:
+        ds = _ds_run(1, args.steps)
+        flat = ds.pop("_flat")
+        ds["max_rel_param_diff_vs_hand"] = max(_gather(_rel(flat, mine)))
+        ds["bitwise_vs_hand"] = all(_gather(torch.equal(flat, mine)))
+        out["deepspeed"] = ds
+    dist.barrier()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# part tp
+# ---------------------------------------------------------------------------------------------------------
+
+def _tp_case(f: Any = None, g: Any = None) -> dict[str, Any]:
+    """The 2-way Megatron MLP (optionally with someone's f and g) against the single-process MLP."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from labkit import handpar
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(5)
+    fc1, fc2 = nn.Linear(TP_D, 4 * TP_D), nn.Linear(4 * TP_D, TP_D)
+    gen = torch.Generator().manual_seed(6)
+    x0 = torch.randn(TP_TOKENS, TP_D, generator=gen)
+    target = torch.randn(TP_TOKENS, TP_D, generator=gen)
+    tp = handpar.TensorParallelMLP(fc1, fc2, f=f, g=g)
+    x = x0.clone().requires_grad_(True)
+    with handpar.recorded_collectives() as fwd:
+        y = tp(x)
+    loss = _mse(y, target)
+    with handpar.recorded_collectives() as bwd:
+        loss.backward()
+    xs = x0.clone().requires_grad_(True)  # the single-process reference, on every rank
+    ys = fc2(torch.nn.functional.gelu(fc1(xs)))
+    _mse(ys, target).backward()
+    pairs = {
+        "output": (y, ys),
+        "w1": (tp.w1.grad, fc1.weight.grad.chunk(world, 0)[rank]),
+        "b1": (tp.b1.grad, fc1.bias.grad.chunk(world, 0)[rank]),
+        "w2": (tp.w2.grad, fc2.weight.grad.chunk(world, 1)[rank]),
+        "b2": (tp.b2.grad, fc2.bias.grad),
+        "input": (x.grad, xs.grad),
+    }
+    rel = {k: (_rel(a.detach(), b.detach()) if a is not None else None) for k, (a, b) in pairs.items()}
+    ratio = {k: (float((a.detach() * b.detach()).sum() / (b.detach() ** 2).sum()) if a is not None else None)
+             for k, (a, b) in pairs.items()}
+    return {"rel": rel, "ratio": ratio, "forward": _calls(fwd), "backward": _calls(bwd),
+            "held": {"w1": list(tp.w1.shape), "w2": list(tp.w2.shape), "b2": list(tp.b2.shape)}}
+
+
+def part_tp(args: argparse.Namespace) -> dict[str, Any]:
+    res = _gather(_tp_case())
+    return {"tokens": TP_TOKENS, "d_model": TP_D, "hidden": 4 * TP_D, "ranks": res}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# part pp
+# ---------------------------------------------------------------------------------------------------------
+
+def _pp_model(width: int = PP_WIDTH, layers: int = PP_LAYERS) -> list[Any]:
+    """The pipeline's two stages (the same on every rank): ``layers`` linear layers each, GELU between them."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(7)
+    seq = [m for _ in range(2 * layers) for m in (nn.Linear(width, width), nn.GELU())][:-1]
+    return [nn.Sequential(*seq[:2 * layers]), nn.Sequential(*seq[2 * layers:])]
+
+
+def _pp_data(batch: int = PP_BATCH, width: int = PP_WIDTH) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(8)
+    return torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+
+
+def _pp_reference(batch: int = PP_BATCH, width: int = PP_WIDTH, layers: int = PP_LAYERS) -> tuple[float, list[Any]]:
+    """Loss and gradients of the whole model on the whole batch, in one process."""
+    import torch
+
+    stages = _pp_model(width, layers)
+    x, y = _pp_data(batch, width)
+    loss = _mse(torch.nn.Sequential(*stages)(x), y)
+    loss.backward()
+    return float(loss), [[p.grad.clone() for p in s.parameters()] for s in stages]
+
+
+class _Timeline:
+    """Forward and backward intervals of one stage module, from hooks around it (nothing inside the schedule)."""
+
+    def __init__(self, module: Any) -> None:
+        self.spans: list[tuple[str, float, float]] = []
+        self._start = 0.0
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._left = 0
+        module.register_forward_pre_hook(lambda m, a: self._begin())
+        module.register_forward_hook(lambda m, a, o: self._end("F"))
+        module.register_full_backward_pre_hook(lambda m, g: self._begin_backward())
+        for p in self._params:  # backward ends when the last parameter's gradient has been accumulated
+            p.register_post_accumulate_grad_hook(lambda p: self._accumulated())
+
+    def _begin(self) -> None:
+        self._start = time.perf_counter()
+
+    def _end(self, kind: str) -> None:
+        self.spans.append((kind, self._start, time.perf_counter()))
+
+    def _begin_backward(self) -> None:
+        self._left = len(self._params)
+        self._begin()
+
+    def _accumulated(self) -> None:
+        self._left -= 1
+        if self._left == 0:
+            self._end("B")
+
+
+def _pp_run(m: int, step_fn: Any, stage: Any, x: Any, y: Any) -> Any:
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    xs = list(x.chunk(m)) if rank == 0 else None
+    ys = list(y.chunk(m)) if rank == world - 1 else None
+    return step_fn(stage, xs, ys, _mse, (x.shape[0] // m, x.shape[1]))
+
+
+def _bubble(spans_per_rank: list[list[tuple[str, float, float]]]) -> dict[str, float]:
+    start = min(s[1] for spans in spans_per_rank for s in spans)
+    end = max(s[2] for spans in spans_per_rank for s in spans)
+    busy = sum(s[2] - s[1] for spans in spans_per_rank for s in spans)
+    return {"bubble": 1 - busy / (len(spans_per_rank) * (end - start)), "span_s": end - start}
+
+
+def part_pp(args: argparse.Namespace) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != 2:
+        raise ValueError("the pipeline part has 2 stages: run it on 2 ranks")
+    # stage 0's input needs no gradient, so torch says its backward pre-hook fires on the output's gradient:
+    # exactly when the stage's backward starts, which is what the timeline wants
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+    ref_loss, ref_grads = _pp_reference()
+    x, y = _pp_data()
+    out: dict[str, Any] = {"batch": PP_BATCH, "width": PP_WIDTH, "stages": world, "runs": {}}
+    for m in args.micro:
+        if PP_BATCH % m:
+            raise ValueError(f"micro-batch count {m} does not divide the batch of {PP_BATCH}")
+        stage = _pp_model()[rank]
+        tl = _Timeline(stage)
+        bubbles, loss, events = [], None, []
+        for rep in range(3):  # one warm-up, then two timed steps
+            stage.zero_grad(set_to_none=True)
+            tl.spans.clear()
+            dist.barrier()
+            with handpar.recorded_collectives() if rep == 0 else contextlib.nullcontext([]) as ev:
+                loss = _pp_run(m, handpar.gpipe_step, stage, x, y)
+            if rep == 0:
+                events = ev
+                grads = [p.grad.clone() for p in stage.parameters()]
+            if rep:
+                bubbles.append(_bubble(_gather(tl.spans)))
+        grad_rel = max(_rel(a, b) for a, b in zip(grads, ref_grads[rank]))
+        spans = _gather(tl.spans)
+        t0 = min(s[1] for sp in spans for s in sp)
+        losses = [v for v in _gather(loss) if v is not None]
+        out["runs"][str(m)] = {
+            "loss_rel": abs(losses[-1] - ref_loss) / ref_loss,
+            "grad_rel": _gather(grad_rel),
+            "bubble": statistics.median(b["bubble"] for b in bubbles),
+            "span_s": statistics.median(b["span_s"] for b in bubbles),
+            "timeline": [[(k, a - t0, b - t0) for k, a, b in sp] for sp in spans],
+            "p2p": _gather(_calls(events)),
+        }
+    out["reference_loss"] = ref_loss
+    out["pipelining"] = _pipelining(4, ref_loss, ref_grads)
+    return out
+
+
+def _pipelining(m: int, ref_loss: float, ref_grads: list[Any]) -> dict[str, Any]:
+    """The same GPipe step with torch.distributed.pipelining (PipelineStage + ScheduleGPipe)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    stage_mod = _pp_model()[rank]
+    x, y = _pp_data()
+    try:
+        stage = PipelineStage(stage_mod, rank, world, torch.device("cpu"))
+        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=_mse)
+        losses: list[Any] = []
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=losses)
+    except Exception as exc:  # report plainly what does not work, rather than hide it
+        return {"works": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    grad_rel = max(_rel(p.grad, g) for p, g in zip(stage_mod.parameters(), ref_grads[rank]))
+    loss = float(sum(float(v) for v in losses) / m) if losses else None
+    res = _gather({"grad_rel": grad_rel, "loss": loss})
+    last = res[-1]["loss"]
+    return {"works": True, "grad_rel": [r["grad_rel"] for r in res], "loss_rel": abs(last - ref_loss) / ref_loss,
+            "schedule": "ScheduleGPipe", "micro_batches": m}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# part fsdp
+# ---------------------------------------------------------------------------------------------------------
+
+def _local(t: Any) -> Any:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _storage_bytes(tensors: Any) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        s = _local(t).untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def _reference_curve(steps: int) -> list[float]:
+    """Single-process AdamW on the global batch (both ranks' rows): the loss curve every sharding must give."""
+    import torch
+    import torch.distributed as dist
+
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=False)
+    losses = []
+    for step in range(steps):
+        x, y = _global_batch(step, dist.get_world_size())
+        opt.zero_grad(set_to_none=True)
+        loss = _mse(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return losses
+
+
+def _fsdp2(steps: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    rank = dist.get_rank()
+    try:
+        from torch.distributed.fsdp import fully_shard
+
+        model = _mlp()
+        for layer in model.net:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=False)
+        losses, events, snap = [], [], {}
+        for step in range(steps):
+            x, y = _batch(step, rank)
+            last = step == steps - 1
+            opt.zero_grad(set_to_none=True)
+            with handpar.recorded_collectives() if last else contextlib.nullcontext([]) as ev:
+                loss = _mse(model(x), y)
+                loss.backward()
+            if last:
+                params = list(model.parameters())
+                states = [v for p in params for k, v in opt.state[p].items() if k != "step"]
+                snap = {"params": _storage_bytes(params), "grads": _storage_bytes(p.grad for p in params),
+                        "optimizer": _storage_bytes(states),
+                        "shards": [list(_local(p).shape) for p in params]}
+                events = ev
+            opt.step()
+            losses.append(_mean_over_ranks(loss))
+    except Exception as exc:
+        return {"works": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"works": True, "losses": losses, "bytes": _gather(snap), "collectives": _calls(events)}
+
+
+def part_fsdp(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"steps": args.steps, "reference_losses": _reference_curve(args.steps),
+                           "fsdp2": _fsdp2(args.steps)}
+    if args.deepspeed:
+        ds = _ds_run(3, args.steps)
+        ds.pop("_flat")
+        out["deepspeed"] = ds
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------------------
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the requested parts on this rank; rank 0 prints the result.
+
+    Raises ``ValueError`` when not started by torchrun with 2 ranks. Introduced in notebook 11.
+    """
+    if os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ:
+        raise ValueError("run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m labkit.recipes.handpar")
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    args.parts = [s.strip() for s in args.parts.split(",") if s.strip()]
+    args.micro = [int(s) for s in args.micro.split(",") if s.strip()]
+    import torch
+    import torch.distributed as dist
+
+    from labkit import dist as ldist
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
+    t_start = time.perf_counter()
+    ldist.init_process_group("gloo", timeout_s=args.pg_timeout)
+    rank = dist.get_rank()
+    try:
+        result: dict[str, Any] = {"world_size": dist.get_world_size(), "backend": dist.get_backend(),
+                                  "torch": torch.__version__}
+        parts = {"ddp": part_ddp, "zero1": part_zero1, "tp": part_tp, "pp": part_pp, "fsdp": part_fsdp}
+        timings = {}
+        for name in args.parts:
+            t0 = time.perf_counter()
+            result[name] = parts[name](args)
+            timings[name] = time.perf_counter() - t0
+        result["timings_s"] = timings
+        result["total_s"] = time.perf_counter() - t_start
+        if rank == 0:
+            ldist.emit_result(result)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    from labkit.dist import run_rank_main
+
+    run_rank_main(main)

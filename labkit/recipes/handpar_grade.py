@@ -1,0 +1,200 @@
+"""Grade notebook 11's exercises on the ranks: run a learner's module next to the real thing.
+
+Run under torchrun with 2 ranks; rank 0 prints one ``LABKIT_RESULT {json}`` line with, per file, every rank's
+findings (what matched the reference and what did not)::
+
+    torchrun --nproc_per_node 2 -m labkit.recipes.handpar_grade --file tp=my_tp.py [--file ddp=my_ddp.py ...]
+
+Exercises (``EXERCISE=PATH``), and the names each file must define:
+
+- ``ddp``: ``overlap_gradients(model) -> wait``, against torch ``DistributedDataParallel`` (bitwise gradients for 2
+  steps) and whether all-reduces start during backward;
+- ``zero1``: ``zero1_step(flat_param, flat_grad, shard, optimizer)`` inside :class:`labkit.handpar.ShardedAdamW`,
+  against unsharded AdamW after 3 steps (bitwise), and against AdamW on summed gradients (the typical mistake);
+- ``tp``: ``CopyToTP`` and ``ReduceFromTP`` inside :class:`labkit.handpar.TensorParallelMLP`, against the
+  single-process MLP (output and every gradient, the input's too);
+- ``gpipe``: ``gpipe_step(stage, inputs, targets, loss_fn, act_shape)`` with 4 micro-batches on a small 2-stage
+  model, against the whole model on the whole batch.
+
+The judging (what the findings mean for the learner) is :mod:`labkit.exercises.nb11`'s. The setups are
+:mod:`labkit.recipes.handpar`'s. Introduced in notebook 11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from labkit.recipes import handpar as H
+
+__all__ = ["GRADES", "build_parser", "grade", "main"]
+
+#: The exercises and the names each learner's file must define.
+GRADES = {"ddp": ("overlap_gradients",), "zero1": ("zero1_step",), "tp": ("CopyToTP", "ReduceFromTP"),
+          "gpipe": ("gpipe_step",)}
+PP_SMALL = (64, 256, 2)  # the pipeline the gpipe grader runs: batch, width, linear layers per stage
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the command-line parser (``--help`` documents it). Introduced in notebook 11."""
+    from labkit import _cli
+
+    ap = _cli.ArgumentParser(prog="python -m labkit.recipes.handpar_grade",
+                             description="Grade notebook 11's exercises on 2 ranks (under torchrun).")
+    ap.add_argument("--file", action="append", default=[], required=True,
+                    help=f"EXERCISE=PATH, EXERCISE one of {', '.join(GRADES)} (repeatable)")
+    ap.add_argument("--pg-timeout", type=_cli.pg_timeout, default=30.0, help="collective timeout, s (default: 30)")
+    return ap
+
+
+def _load(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"learner_{uuid.uuid4().hex[:8]}", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot load {path} as a Python module")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _grade_ddp(mod: Any) -> dict[str, Any]:
+    """The learner's overlap_gradients against torch DDP: bitwise gradients, and all-reduces during backward."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank = dist.get_rank()
+    mine, ref = H._mlp(), H._mlp()
+    ddp = DDP(ref)
+    wait = mod.overlap_gradients(mine)
+    if not callable(wait):
+        return {"returned": type(wait).__name__}
+    opt_a = torch.optim.AdamW(mine.parameters(), lr=H.LR, foreach=False)
+    opt_b = torch.optim.AdamW(ref.parameters(), lr=H.LR, foreach=False)
+    bitwise, ratios, issued = True, [], []
+    for step in range(2):
+        x, y = H._batch(step, rank)
+        for o in (opt_a, opt_b):
+            o.zero_grad(set_to_none=True)
+        issued.append(H._ddp_step(mine, wait, x, y))
+        H._mse(ddp(x), y).backward()
+        a, b = H._flat(p.grad for p in mine.parameters()), H._flat(p.grad for p in ref.parameters())
+        bitwise = bitwise and torch.equal(a, b)
+        ratios.append(float((a * b).sum() / (b * b).sum()))
+        opt_a.step()
+        opt_b.step()
+    return {"bitwise": bitwise, "ratio": ratios[0], "in_backward": min(c["issued_in_backward"] for c in issued),
+            "issued": issued[-1]["issued"], "n_tensors": len(list(mine.parameters()))}
+
+
+def _grade_zero1(mod: Any) -> dict[str, Any]:
+    import torch
+
+    steps = 3
+    ref, _ = H._replicated_adamw(steps)
+    summed, _ = H._replicated_adamw(steps, average=False)
+    model, opt, _, events = H._sharded(steps, step_fn=mod.zero1_step)
+    init = H._flat(H._mlp().parameters())
+    mine, theirs = H._flat(model.parameters()), H._flat(ref.parameters())
+    lo, hi = opt.rank * opt.part, min(opt.numel, (opt.rank + 1) * opt.part)
+    outside = torch.ones(opt.numel, dtype=torch.bool)
+    outside[lo:hi] = False
+    return {"bitwise": torch.equal(mine, theirs), "rel": H._rel(mine, theirs),
+            "summed": torch.equal(mine, H._flat(summed.parameters())),
+            "outside_unchanged": bool(torch.equal(mine[outside], init[outside])),
+            "inside_rel": H._rel(mine[lo:hi], theirs[lo:hi]), "digest": H._digest(mine),
+            "state_numel": sum(v.numel() for k, v in opt.optimizer.state[opt.shard].items() if k != "step"),
+            "part": opt.part, "collectives": H._calls(events)}
+
+
+def _grade_gpipe(mod: Any) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    batch, width, layers = PP_SMALL
+    ref_loss, ref_grads = H._pp_reference(batch, width, layers)
+    x, y = H._pp_data(batch, width)
+    stage = H._pp_model(width, layers)[rank]
+    m = 4
+    from labkit import handpar
+
+    with handpar.recorded_collectives() as ev:
+        loss = H._pp_run(m, mod.gpipe_step, stage, x, y)
+    grads = [p.grad for p in stage.parameters()]
+    if any(g is None for g in grads):
+        return {"missing_grads": True}
+    ratio = [float((a * b).sum() / (b * b).sum()) for a, b in zip(grads, ref_grads[rank])]
+    return {"grad_rel": max(H._rel(a, b) for a, b in zip(grads, ref_grads[rank])), "ratio": min(ratio),
+            "ratio_max": max(ratio), "loss": loss, "ref_loss": ref_loss, "m": m,
+            "loss_rel": (abs(loss - ref_loss) / ref_loss) if isinstance(loss, (int, float)) else None,
+            "p2p": H._calls(ev)}
+
+
+def grade(name: str, path: str) -> dict[str, Any]:
+    """Run a learner's file for exercise ``name`` on this rank; every rank returns its findings.
+
+    ``path`` is a ``.py`` file; it runs in this process. Needs the process group (run under torchrun).
+    Introduced in notebook 11.
+    """
+    import torch.distributed as dist
+
+    if name not in GRADES:
+        raise ValueError(f"name must be one of {sorted(GRADES)}, got {name!r}")
+    if not isinstance(path, (str, os.PathLike)) or not str(path).endswith(".py") or not os.path.isfile(path):
+        raise ValueError(f"path must name an existing .py file, got {path!r}")
+    if not dist.is_initialized():
+        raise ValueError("grade runs on a rank: join the process group first (run under torchrun)")
+    mod = _load(str(path))
+    missing = [n for n in GRADES[name] if not hasattr(mod, n)]
+    if missing:
+        return {"missing": missing}
+    if name == "ddp":
+        return _grade_ddp(mod)
+    if name == "zero1":
+        return _grade_zero1(mod)
+    if name == "tp":
+        return H._tp_case(f=mod.CopyToTP, g=mod.ReduceFromTP)
+    return _grade_gpipe(mod)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Grade every ``--file`` on this rank; rank 0 prints every rank's findings.
+
+    Raises ``ValueError`` when not started by torchrun with 2 ranks. Introduced in notebook 11.
+    """
+    if os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ:
+        raise ValueError("run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m "
+                         "labkit.recipes.handpar_grade --file EXERCISE=PATH")
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    jobs = []
+    for item in args.file:
+        name, sep, path = item.partition("=")
+        if not sep or name not in GRADES:
+            ap.error(f"--file {item!r}: expected EXERCISE=PATH with EXERCISE one of {', '.join(GRADES)}")
+        if not path.endswith(".py") or not os.path.isfile(path):
+            ap.error(f"--file {item!r}: {path} is not a .py file")
+        jobs.append((name, path))
+    import torch
+    import torch.distributed as dist
+
+    from labkit import dist as ldist
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
+    ldist.init_process_group("gloo", timeout_s=args.pg_timeout)
+    try:
+        grades = [{"exercise": n, "file": f, "ranks": H._gather(grade(n, f))} for n, f in jobs]
+        if dist.get_rank() == 0:
+            ldist.emit_result({"world_size": dist.get_world_size(), "grades": grades})
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    from labkit.dist import run_rank_main
+
+    run_rank_main(main)

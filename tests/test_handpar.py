@@ -1,0 +1,394 @@
+"""labkit.handpar and labkit.recipes.handpar: parallelism by hand, checked against torch, DeepSpeed and one process.
+
+Three torchrun launches in all: the recipe with every part (2 ranks, shared by a module fixture), the 3-rank
+bitwise experiment (tests/handpar_ranks.py), and the graders on more typical mistakes. The rest runs in this
+process, on a 1-rank gloo group where a group is needed.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from labkit import dist as ldist
+from labkit import handpar, memory, models, zero
+from labkit.check import evaluate
+from labkit.dist import launch
+from labkit.exercises import _nb11_mistakes as mistakes
+from labkit.exercises import nb11
+from labkit.recipes import allreduce
+from labkit.recipes import handpar as recipe
+from labkit.recipes import handpar_grade as grader
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------------
+# in this process: formulas, layouts, validation, a 1-rank group
+# --------------------------------------------------------------------------------------------------
+
+def test_bucket_layout_is_the_one_torch_ddp_rebuilds():
+    """torch's own bucket assignment (what DDP calls when it rebuilds buckets in gradient-ready order)."""
+    numels = [16384, 256, 65536, 256, 65536, 256, 256, 1]
+    tensors = [torch.empty(n) for n in numels]
+    order = list(reversed(range(len(numels))))
+    for cap in (1, 300, 1000, 65536, 70000, 10**6):
+        theirs, _ = dist._compute_bucket_assignment_by_size([tensors[i] for i in order], [4 * cap],
+                                                            [False] * len(order), order)
+        assert handpar.bucket_layout(numels, cap) == [list(b) for b in theirs], cap
+
+
+def test_formulas_against_independent_figures():
+    for n in (1, 2, 3, 8, 64):  # nccl-tests' busbw factor is the ring all-reduce's bytes per payload byte
+        assert math.isclose(handpar.ring_traffic("all_reduce", 1.0, n), allreduce.busbw_factor(n))
+        assert math.isclose(2 * handpar.ring_traffic("all_gather", 1.0, n), allreduce.busbw_factor(n))
+    assert handpar.tp_comm_bytes(256, 128) == {"forward": 131072, "backward": 131072, "total": 262144}
+    assert handpar.pipeline_p2p_bytes(256, 1024)["total"] == 2 * 256 * 1024 * 4
+    assert [handpar.bubble_fraction(2, m) for m in (1, 2, 4, 8)] == [1 / 2, 1 / 3, 1 / 5, 1 / 9]
+    assert handpar.bubble_fraction(1, 4) == 0.0
+
+
+@pytest.mark.parametrize(("call", "exc"), [
+    (lambda: handpar.bucket_layout("1,2", 4), TypeError),
+    (lambda: handpar.bucket_layout([1, 0], 4), ValueError),
+    (lambda: handpar.bucket_layout([1, 2], True), TypeError),
+    (lambda: handpar.ring_traffic("all_to_all", 4, 2), ValueError),
+    (lambda: handpar.ring_traffic("all_reduce", math.nan, 2), ValueError),
+    (lambda: handpar.bubble_fraction(2, 0), ValueError),
+    (lambda: handpar.allreduce_gradients("model"), TypeError),
+    (lambda: handpar.allreduce_gradients(nn.Linear(2, 2)), ValueError),   # no process group
+    (lambda: handpar.overlap_gradients(nn.Linear(2, 2)), ValueError),
+    (lambda: handpar.ShardedAdamW(nn.Linear(2, 2).parameters()), ValueError),
+    (lambda: handpar.TensorParallelMLP(nn.Linear(2, 4), nn.Linear(3, 2)), ValueError),
+    (lambda: handpar.zero1_step(torch.ones(4), torch.ones(4), torch.ones(2), "adam"), TypeError),
+])
+def test_bad_input_and_no_process_group_are_clear_errors(call, exc):
+    assert not dist.is_initialized()
+    with pytest.raises(exc):
+        call()
+
+
+@pytest.fixture
+def one_rank_group(monkeypatch):
+    """A real gloo process group of one rank, in this process, destroyed afterwards."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # init_process_group writes the layout into it
+    ldist.init_process_group("gloo", timeout_s=30)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_on_one_rank_every_strategy_is_the_plain_model(one_rank_group):
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    # ZeRO-1 with one rank: the whole vector is the shard, and the step is AdamW's, bit for bit
+    a, b = nn.Linear(8, 8), nn.Linear(8, 8)
+    b.load_state_dict(a.state_dict())
+    sharded = handpar.ShardedAdamW(a.parameters(), lr=1e-2)
+    plain = torch.optim.AdamW(b.parameters(), lr=1e-2, foreach=False)
+    for _ in range(3):
+        for m, opt in ((a, sharded), (b, plain)):
+            opt.zero_grad()
+            F.mse_loss(m(x), y).backward()
+            opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert sharded.padded == 72 and sharded.state_bytes() == 2 * 4 * 72
+    # Megatron's MLP with one rank is the MLP
+    fc1, fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+    tp = handpar.TensorParallelMLP(fc1, fc2)
+    assert torch.equal(tp(x), fc2(F.gelu(fc1(x))))
+    # GPipe with one stage and 4 micro-batches: the gradient of the mean loss, to rounding
+    stage = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8))
+    loss = handpar.gpipe_step(stage, list(x.chunk(4)), list(y.chunk(4)), F.mse_loss, (4, 8))
+    mine = [p.grad.clone() for p in stage.parameters()]
+    stage.zero_grad()
+    whole = F.mse_loss(stage(x), y)
+    whole.backward()
+    assert math.isclose(loss, whole.item(), rel_tol=1e-6)
+    assert all(torch.allclose(g, p.grad, rtol=1e-5, atol=1e-7) for g, p in zip(mine, stage.parameters()))
+
+
+# --------------------------------------------------------------------------------------------------
+# 2 ranks: every part of the recipe in one launch
+# --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def launched():
+    return launch("labkit.recipes.handpar", 2, ["--reps", "2", "--micro", "1,4", "--steps", "3"], timeout=400,
+                  stream=False)
+
+
+@pytest.mark.slow
+def test_ddp_by_hand_is_bitwise_torch_ddp_with_the_expected_messages(launched):
+    d = launched["ddp"]
+    assert all(all(f.values()) for f in d["bitwise_grads_vs_ddp"] + d["bitwise_params_vs_ddp"])
+    c = d["collectives"]
+    assert {k: c[k]["all_reduce"]["calls"] for k in c} == {"naive": 8, "overlap": 8, "bucketed": 3, "ddp": 1}
+    assert {k: c[k]["issued_in_backward"] for k in c} == {"naive": 0, "overlap": 8, "bucketed": 3, "ddp": 1}
+    assert all(c[k]["all_reduce"]["elements"] == d["n_params"] == 148481 for k in c)
+    assert sorted(c["bucketed"]["all_reduce"]["sizes"]) == sorted([1 + 256 + 256 + 65536, 256 + 65536, 256 + 16384])
+    assert set(d["step_s"]) == {"naive", "overlap", "bucketed", "ddp"} and all(t > 0 for t in d["step_s"].values())
+
+
+@pytest.mark.slow
+def test_zero1_by_hand_is_bitwise_adamw_and_holds_what_memory_and_deepspeed_say(launched):
+    z = launched["zero1"]
+    assert all(z["bitwise_vs_adamw"]) and z["ranks_identical"] and z["losses"] == z["reference_losses"]
+    assert (z["padded"], z["part"]) == (148484, 74242)  # DeepSpeed's padding: a multiple of 2 x world size
+    assert zero.partition_layout([z["n_params"]], 2, 1)[0]["partition"] == z["part"]
+    predicted = memory.model_state_bytes(z["n_params"], "fp32", "adamw", stage=1, world_size=2).device["optimizer"]
+    ds = z["deepspeed"]
+    assert z["state_bytes"] == [predicted] * 2 == [b["optimizer"] for b in ds["bytes"]]
+    assert ds["version"] == "0.19.8" and ds["optimizer"] == "DeepSpeedZeroOptimizer"
+    assert ds["bitwise_vs_hand"] and ds["losses"] == z["losses"]
+    assert z["collectives"]["all_gather"]["sizes"] == [z["part"]]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_mlp_equals_one_process_with_one_all_reduce_each_way(launched):
+    t = launched["tp"]
+    want = handpar.tp_comm_bytes(t["tokens"], t["d_model"])
+    for r in t["ranks"]:
+        assert all(v < 1e-5 for v in r["rel"].values()), r["rel"]
+        assert r["forward"]["all_reduce"]["calls"] == r["backward"]["all_reduce"]["calls"] == 1
+        assert 4 * r["forward"]["all_reduce"]["elements"] == want["forward"]
+        assert r["held"] == {"w1": [256, 128], "w2": [128, 256], "b2": [128]}
+
+
+@pytest.mark.slow
+def test_gpipe_equals_one_process_sends_what_the_formula_says_and_matches_torch_pipelining(launched):
+    p = launched["pp"]
+    want = handpar.pipeline_p2p_bytes(p["batch"], p["width"])
+    assert set(p["runs"]) == {"1", "4"}
+    for m, r in p["runs"].items():
+        assert r["loss_rel"] < 1e-5 and max(r["grad_rel"]) < 1e-5, m
+        sends = [r["p2p"][k]["send"] for k in (0, 1)]
+        assert [s["calls"] for s in sends] == [int(m)] * 2
+        assert [4 * s["elements"] for s in sends] == [want["forward"], want["backward"]]
+        assert 0 <= r["bubble"] < 1 and len(r["timeline"][0]) == 2 * int(m)
+    assert p["runs"]["1"]["bubble"] >= 0.45  # one micro-batch: the stages cannot overlap
+    pl = p["pipelining"]
+    assert pl["works"] and pl["loss_rel"] < 1e-5 and max(pl["grad_rel"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_fsdp2_and_deepspeed_stage3_train_the_same_curve_with_the_predicted_bytes(launched):
+    f = launched["fsdp"]
+    f2, ds = f["fsdp2"], f["deepspeed"]
+    assert f2["works"], f2.get("error")
+    for curve in (f2["losses"], ds["losses"]):
+        assert all(abs(a - b) / b < 1e-5 for a, b in zip(curve, f["reference_losses"]))
+    pred = memory.model_state_bytes(148481, "fp32", "adamw", stage=3, world_size=2).device
+    assert all({k: b[k] for k in ("params", "grads", "optimizer")} == pred for b in ds["bytes"])
+    shapes = [tuple(p.shape) for p in models.MLP(64, 256, 1, depth=3, seed=0).parameters()]
+    dim0 = sum(-(-s[0] // 2) * math.prod(s[1:]) for s in shapes)
+    assert all(b["params"] == b["grads"] == 4 * dim0 for b in f2["bytes"])
+    assert f2["collectives"]["all_gather"]["calls"] == 8 and 2 * f2["collectives"]["all_gather"]["elements"] == 2 * 2 * dim0
+
+
+# --------------------------------------------------------------------------------------------------
+# 3 ranks: bitwise equality needs DDP's own recipe
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_with_three_ranks_only_ddps_scaling_and_bucket_layout_give_its_bits():
+    res = launch(ROOT / "tests" / "handpar_ranks.py", 3, timeout=240, stream=False)
+    assert res["world_size"] == 3
+    # DDP's first step uses its initial buckets; it rebuilds them in gradient-ready order, bucket_layout's order
+    assert res["bucketed"]["bitwise_per_step"] == [False, True, True]
+    # other positions in the ring buffer (tensor by tensor), or DDP's layout but the sum divided by 3 afterwards
+    for kind in ("naive", "divide_after", "overlap", "bucketed_divide_after"):
+        assert not any(res[kind]["bitwise_per_step"]), kind
+    assert all(res[k]["max_rel"] < 1e-6 for k in res if k != "world_size")
+
+
+# --------------------------------------------------------------------------------------------------
+# the graders: more typical mistakes, in one launch
+# --------------------------------------------------------------------------------------------------
+
+MORE_MISTAKES = {
+    "ddp-no-overlap": ("ddp", '''
+def overlap_gradients(model):
+    def wait():
+        for p in model.parameters():
+            p.grad.div_(dist.get_world_size())
+            dist.all_reduce(p.grad)
+    return wait
+''', "no all-reduce started while backward was running"),
+    "ddp-divided-twice": ("ddp", '''
+def overlap_gradients(model):
+    world, pending = dist.get_world_size(), []
+    def hook(p):
+        p.grad.div_(world * world)
+        pending.append(dist.all_reduce(p.grad, async_op=True))
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    return lambda: [w.wait() for w in pending]
+''', "half of DDP's"),
+    "zero1-summed": ("zero1", '''
+def zero1_step(flat_param, flat_grad, shard, optimizer):
+    g = torch.empty_like(shard)
+    dist.reduce_scatter_single(g, flat_grad)
+    shard.grad = g
+    optimizer.step()
+    dist.all_gather_single(flat_param, shard.detach())
+''', "summed"),
+    "tp-g-backward-reduces": ("tp", '''
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+''', "2× too large"),
+    "tp-g-forgets-forward": ("tp", '''
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+''', "g must all-reduce"),
+}
+
+
+@pytest.mark.slow
+def test_graders_name_more_typical_mistakes(tmp_path):
+    files = []
+    for name, (exercise, body, _) in MORE_MISTAKES.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text("import torch\nimport torch.distributed as dist\n" + body)
+        files += ["--file", f"{exercise}={path}"]
+    res = launch("labkit.recipes.handpar_grade", 2, files, timeout=300, stream=False)
+    judges = {"ddp": nb11._judge_ddp, "zero1": nb11._judge_zero1, "tp": nb11._judge_tp}
+    for (name, (exercise, _, said)), graded in zip(MORE_MISTAKES.items(), res["grades"]):
+        assert graded["exercise"] == exercise
+        ok, message = judges[exercise](graded["ranks"])
+        assert not ok and said in message, (name, message)
+
+
+# --------------------------------------------------------------------------------------------------
+# the graders' seam: what goes to the ranks, and what counts as not attempted
+# --------------------------------------------------------------------------------------------------
+
+def test_rank_module_keeps_definitions_and_imports_but_no_calls():
+    text = nb11.rank_module(mistakes.overlap_gradients)
+    assert text.startswith("from __future__ import annotations\n# Written by labkit's grader")
+    assert "import torch.distributed as dist" in text and "def overlap_gradients(model):" in text
+    assert "class CopyToTP(torch.autograd.Function):" in text
+    compile(text, "rank_module", "exec")
+    with pytest.raises(TypeError):
+        nb11.rank_module(42)
+
+
+CELL = """import torch
+import torch.distributed as dist
+
+class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ...
+
+    @staticmethod
+    def backward(ctx, grad):
+        \"\"\"A docstring does not count.\"\"\"
+        ...
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ...
+
+    @staticmethod
+    def backward(ctx, grad):
+        BODY
+
+check("11.tp-conjugates", (CopyToTP, ReduceFromTP))
+"""
+
+
+def _cell(body: str, name: str) -> dict:
+    """Define CELL's classes as a notebook cell does: code in __main__, its text only in linecache."""
+    src = CELL.replace("BODY", body)
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    ns = {"__name__": "__main__", "check": lambda *a: None}
+    exec(compile(src, name, "exec"), ns)
+    return ns
+
+
+def test_a_stub_cell_is_not_attempted_and_launches_nothing(monkeypatch):
+    monkeypatch.setattr(nb11, "_launch", lambda *a: pytest.fail("a stub must not be launched"))
+    ns = _cell("...", "<cell-stub>")
+    pair = (ns["CopyToTP"], ns["ReduceFromTP"])
+    assert all(nb11._is_stub(c) for c in pair)
+    assert evaluate("11.tp-conjugates", pair).status == "not attempted"
+
+    def stub(model):
+        """Not written yet."""
+        ...
+
+    assert evaluate("11.ddp-overlap", stub).status == "not attempted"
+
+
+def test_a_filled_cell_goes_to_the_ranks_without_its_check_call(monkeypatch):
+    sent = []
+    monkeypatch.setattr(nb11, "_launch", lambda grade, text: (sent.append((grade, text)), (None, "stopped here"))[1])
+    ns = _cell("return grad", "<cell-filled>")
+    pair = (ns["CopyToTP"], ns["ReduceFromTP"])
+    assert not nb11._is_stub(pair[1])
+    verdict = evaluate("11.tp-conjugates", pair)
+    assert verdict.status == "wrong" and "stopped here" in verdict.message
+    (grade, text), = sent
+    assert grade == "tp" and "class ReduceFromTP" in text and "check(" not in text and "return grad" in text
+
+
+def test_recipes_refuse_to_start_outside_a_two_rank_torchrun_and_reject_bad_flags(tmp_path):
+    for main in (recipe.main, grader.main):
+        with pytest.raises(ValueError, match="torchrun with 2 ranks"):
+            main([])
+    with pytest.raises(ValueError, match="existing .py file"):
+        grader.grade("tp", str(tmp_path / "missing.py"))
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2"}
+    for cmd in (["labkit.recipes.handpar", "--parts", "ddp,bogus"],
+                ["labkit.recipes.handpar_grade", "--file", f"sgd={tmp_path / 'x.py'}"]):
+        out = subprocess.run([sys.executable, "-m", *cmd], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "error" in out.stderr and "Traceback" not in out.stderr, cmd

@@ -1,0 +1,705 @@
+# %% [markdown]
+# # 11 · Parallelism by hand: DDP, ZeRO-1, tensor and pipeline parallelism
+#
+# **Objectives**
+# - write data parallelism three ways (all-reduce after backward, hooks that overlap communication with backward,
+#   buckets), get gradients **bit-identical** to `torch.nn.parallel.DistributedDataParallel`, and know why they are;
+# - shard AdamW over the ranks (ZeRO-1): the same weights as unsharded AdamW, bit for bit, with per-rank optimizer
+#   bytes equal to `labkit.memory`'s prediction and to DeepSpeed stage 1's;
+# - split an MLP the Megatron way (column-parallel, then row-parallel, with the conjugate operators f and g) and a
+#   model into a 2-stage GPipe pipeline; measure their communication and the pipeline bubble against the formulas;
+# - run PyTorch's FSDP2 next to DeepSpeed ZeRO-3 on one model: same loss curve, different bytes and messages;
+# - choose: what each rank holds, what it sends per step, and when each strategy is worth it.
+#
+# **Prerequisites:** notebooks 06 (the memory model), 09 (DDP, launching ranks) and 10 (ZeRO, DeepSpeed).
+#
+# **Estimated time:** 60 min
+#
+# Everything runs for real on 2 ranks: two processes started by `torchrun`, talking over gloo. They are CPU
+# processes wherever this notebook runs, because the point is the mechanism. On GPUs the same code runs with NCCL,
+# and the messages go over NVLink or InfiniBand instead of loopback TCP.
+
+# %%
+# %matplotlib inline
+import inspect
+
+import matplotlib.pyplot as plt
+import torch
+
+from labkit import handpar, memory, models
+from labkit.check import check, predict, reveal
+from labkit.dist import launch
+from labkit.exercises.nb11 import PREDICT_SETUP, rank_module
+
+# %% [markdown]
+# ## 1. Two processes, one model
+#
+# A rank is another process: it cannot see this notebook's variables. Code that runs on the ranks lives in files.
+# `labkit.recipes.handpar` runs every strategy of this notebook next to the library that does the same thing
+# (torch DDP, AdamW, DeepSpeed, the single-process model, `torch.distributed.pipelining`, FSDP2), in **one** launch
+# (section 2), because starting the processes costs seconds. Your exercises run on the ranks too: `check()` writes
+# the imports, functions and classes of your cell into a module file and runs it on 2 ranks next to the real thing.
+#
+# Data parallelism, ZeRO and FSDP below share one model: an MLP 64 → 256 → 256 → 256 → 1 with GELU, 148,481
+# parameters in 8 tensors. Each rank trains on its own 64 rows per step.
+
+# %%
+mlp = models.MLP(64, 256, 1, depth=3, activation="gelu", seed=0)
+for name, p in mlp.named_parameters():
+    print(f"{name:<14} {str(tuple(p.shape)):<11} {p.numel():>7,} elements")
+n_params = models.count_parameters(mlp)
+print(f"{'total':<26} {n_params:>7,} elements, {4 * n_params:,} bytes in fp32")
+
+# %% [markdown]
+# ## 2. Data parallelism by hand, in three steps
+#
+# Every rank holds the whole model and computes the gradient of *its* rows. Averaged over the ranks (equal row
+# counts), those gradients are the gradient of the mean loss over the global batch, so every rank takes the same
+# step and the replicas stay identical.
+#
+# ### Step 1: all-reduce after backward
+#
+# The simplest version waits until backward is done, then all-reduces each gradient, one tensor at a time:
+
+# %%
+print(inspect.getsource(handpar.allreduce_gradients))
+
+# %% [markdown]
+# Each gradient is scaled by 1/world *before* the sum. That detail is what DDP does too, and it matters for
+# bitwise equality (below).
+#
+# ### Step 2: overlap communication with backward
+#
+# Backward produces gradients from the last layer to the first. The last layer's gradient is ready long before
+# the first layer's, so its all-reduce can already travel while backward goes on. Two tools do it:
+#
+# - `p.register_post_accumulate_grad_hook(hook)` calls `hook(p)` as soon as `p.grad` is complete;
+# - `dist.all_reduce(t, async_op=True)` starts the all-reduce and returns at once with a *work* handle; `work.wait()`
+#   blocks until it is done.
+#
+# **Exercise 11.ddp-overlap.** Write `overlap_gradients(model)`: register a hook on every parameter that scales its
+# gradient by 1/world and starts its all-reduce without waiting; return a function `wait()` that waits for all of
+# them (the training loop calls it after `loss.backward()`, before `optimizer.step()`). The check runs your cell on
+# 2 ranks and compares the gradients with torch DDP's, bit for bit, for 2 steps. Import what you use in the cell.
+
+# %%
+import torch.distributed as dist
+
+
+def overlap_gradients(model):
+    """Start each gradient's all-reduce from a hook as soon as it is ready; return wait()."""
+    ...
+    ### BEGIN SOLUTION
+    world = dist.get_world_size()
+    pending = []
+
+    def hook(p):
+        p.grad.mul_(1.0 / world)
+        pending.append(dist.all_reduce(p.grad, async_op=True))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def wait():
+        for work in pending:
+            work.wait()
+        pending.clear()
+
+    return wait
+    ### END SOLUTION
+
+
+check("11.ddp-overlap", overlap_gradients)
+
+# %% [markdown]
+# This is the file `check()` sent to the ranks, built from your cell (its `check(...)` line left out):
+
+# %%
+print(rank_module(overlap_gradients))
+
+# %% [markdown]
+# ### Step 3: buckets
+#
+# Every all-reduce has a fixed cost α, whatever its size (notebook 09 measured it for gloo on loopback; with NCCL on
+# NVLink it is a few microseconds). Eight small all-reduces pay 8α. DDP therefore copies gradients into
+# **buckets** and all-reduces a bucket as soon as all its gradients are in: fewer, larger messages, still
+# overlapped with backward. The buckets are filled in the order gradients arrive, last layer first, and a bucket
+# closes once it holds its capacity or more (what DDP does when it rebuilds its buckets after the first step):
+
+# %%
+print(inspect.getsource(handpar.bucket_layout))
+print(inspect.getsource(handpar.BucketedGradients))
+
+# %% [markdown]
+# **Predict, then run (11.allreduce-count).** How many all-reduce calls per step does each version make on our
+# model: naive (step 1), bucketed with 0.25 MiB buckets (step 3), and torch DDP with its defaults (it starts with a
+# 1 MiB first bucket and 25 MiB for the others)?
+
+# %%
+print(PREDICT_SETUP)
+prediction = ...   # a dict: {"naive": ..., "bucketed": ..., "ddp": ...}
+### BEGIN SOLUTION
+prediction = {"naive": 8, "bucketed": 3, "ddp": 1}
+### END SOLUTION
+predict("11.allreduce-count", prediction)
+
+# %% [markdown]
+# Now the launch that runs everything in this notebook: the three DDP versions and torch DDP, ZeRO-1 by hand and
+# DeepSpeed stage 1, the tensor-parallel MLP, GPipe with 1 to 8 micro-batches and `torch.distributed.pipelining`,
+# FSDP2 and DeepSpeed stage 3. Each section below reads its part of the result.
+#
+# Collectives are counted by `torch.profiler`, which records every one that torch issues (torch DDP's internal
+# bucket all-reduces included), with its size; "during backward" counts those *started* before `backward()`
+# returned.
+
+# %%
+res = launch("labkit.recipes.handpar", nproc=2, timeout=600, stream=False)
+print(f"{res['world_size']} ranks, backend {res['backend']}; ran {', '.join(res['timings_s'])}")
+ddp = res["ddp"]
+print(f"{'version':<10}{'all-reduces/step':>18}{'during backward':>17}{'bytes/step':>12}")
+for name in ("naive", "overlap", "bucketed", "ddp"):
+    c = ddp["collectives"][name]
+    print(f"{name:<10}{c['all_reduce']['calls']:>18}{c['issued_in_backward']:>17}{4 * c['all_reduce']['elements']:>12,}")
+calls = {k: ddp["collectives"][k]["all_reduce"]["calls"] for k in ("naive", "overlap", "bucketed", "ddp")}
+verdict = reveal("11.allreduce-count", calls)
+
+# %%
+cs = ddp["collectives"]
+assert all(cs[k]["all_reduce"]["elements"] == n_params for k in cs)  # the same data, in fewer messages
+assert cs["naive"]["issued_in_backward"] == 0 and cs["overlap"]["issued_in_backward"] == 8
+assert ddp["bucket_layout"] == [[7, 6, 5, 4], [3, 2], [1, 0]] and calls["bucketed"] == 3 and calls["ddp"] == 1
+
+# %% [markdown]
+# ### Bit for bit equal to torch DDP, and why
+#
+# For 3 training steps (AdamW in between) every version's gradients were compared with torch DDP's on both ranks,
+# with `torch.equal`:
+
+# %%
+for rank, flags in enumerate(ddp["bitwise_grads_vs_ddp"]):
+    print(f"rank {rank}: gradients bitwise equal to torch DDP at every step: {flags}")
+print("weights after 3 steps bitwise equal:", ddp["bitwise_params_vs_ddp"][0])
+assert all(all(f.values()) for f in ddp["bitwise_grads_vs_ddp"] + ddp["bitwise_params_vs_ddp"])
+
+# %% [markdown]
+# Same bits, not just close. DDP (without a communication hook) multiplies each gradient by 1/world while it copies
+# it into its bucket, then sums the buckets with all-reduce; our three versions do the same. With **2 ranks** that
+# would not even matter, for three reasons that the next cell checks on 100,000 random numbers: multiplying by 0.5
+# is exact (a power of two only changes the exponent), so dividing before or after the sum gives the same bits; x·0.5
+# is x/2; and a sum of two numbers does not depend on the order. With **3 ranks** none of that holds: 1/3 is
+# rounded in fp32, so x·fl(1/3) and x/3 differ in the last bit for some x, and (a + b) + c is not a + (b + c). A
+# ring all-reduce sums each element in an order set by its *position* in the flat buffer, so the bucket layout
+# decides the rounding. Bitwise equality with DDP at 3 ranks needs DDP's exact recipe: scale by fl(1/3) before the
+# sum, and the same bucket layout (DDP rebuilds its buckets after the first step in the order gradients arrive,
+# which is what `bucket_layout` does). `tests/test_handpar.py` checks all of this on 3 ranks.
+
+# %%
+g = torch.Generator().manual_seed(0)
+a, b, c = torch.randn(3, 100_000, generator=g).unbind()
+print("x * 0.5 == x / 2 everywhere:          ", torch.equal(a * 0.5, a / 2))
+print("x * fl(1/3) == x / 3 everywhere:      ", torch.equal(a * (1 / 3), a / 3))
+print("a + b == b + a everywhere:            ", torch.equal(a + b, b + a))
+print("(a + b) + c == a + (b + c) everywhere:", torch.equal((a + b) + c, a + (b + c)))
+assert torch.equal(a * 0.5, a / 2) and not torch.equal(a * (1 / 3), a / 3) and not torch.equal((a + b) + c, a + (b + c))
+
+# %% [markdown]
+# ### What overlap and buckets buy
+#
+# One step (forward, backward, gradient sync) of each version, timed in turn, interleaved, after a barrier; the
+# median of each rank, then the slower rank:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+t = ddp["step_s"]
+for name in ("naive", "overlap", "bucketed", "ddp"):
+    print(f"{name:<9} {1e3 * t[name]:6.2f} ms/step   {t['naive'] / t[name]:4.2f}x the speed of naive")
+print(f"here, overlapping made a step {t['naive'] / t['overlap']:.2f}x as fast as all-reducing after backward; "
+      f"torch DDP ran at {t['naive'] / t['ddp']:.2f}x")
+
+# %% [markdown]
+# Read the line above with the machine in mind. With gloo, an asynchronous all-reduce runs on gloo's own threads,
+# so it can proceed while the main thread computes the earlier layers' gradients, if there is a free core for it.
+# On a GPU, NCCL runs on its own CUDA stream, and overlap hides communication behind the backward kernels. Buckets
+# matter most where α is large compared with the time a bucket takes to send.
+#
+# ## 3. ZeRO-1: a sharded optimizer, by hand
+#
+# In DDP every rank keeps AdamW's two moments for every parameter (8 bytes per parameter in fp32) and updates all
+# of them, identically: wasted replication. ZeRO stage 1 keeps them once, spread over the ranks:
+#
+# 1. flatten the parameters into one vector and pad it with zeros to a multiple of 2 × world size (as DeepSpeed
+#    does), so it splits into equal slices; rank r **owns** slice r;
+# 2. after backward, **reduce-scatter** the gradients: each rank receives the sum of everyone's gradients *for its
+#    slice* (scaled by 1/world, as in DDP);
+# 3. step AdamW on the slice;
+# 4. **all-gather** the updated slices, so every rank has the whole new model for the next forward.
+#
+# AdamW works element by element, so stepping it on slices gives exactly the arithmetic of stepping it on the
+# whole model: the weights must come out bit for bit the same.
+#
+# **Exercise 11.zero1-step.** Write `zero1_step(flat_param, flat_grad, shard, optimizer)`: `flat_param` holds every
+# parameter (flattened and padded, the same on every rank) and must be overwritten with the updated parameters;
+# `flat_grad` is this rank's gradient in the same layout; `shard` is this rank's slice of the parameters (a leaf
+# tensor), the only tensor `optimizer` updates. `dist.reduce_scatter_single(out, inp)` and
+# `dist.all_gather_single(out, inp)` are the two collectives. The check trains 3 steps and compares the
+# weights with AdamW on the whole model.
+
+# %%
+import torch
+import torch.distributed as dist
+
+
+def zero1_step(flat_param, flat_grad, shard, optimizer):
+    """Reduce-scatter the averaged gradients, step this rank's slice, all-gather the new parameters."""
+    ...
+    ### BEGIN SOLUTION
+    world = dist.get_world_size()
+    grad_shard = torch.empty_like(shard)
+    dist.reduce_scatter_single(grad_shard, flat_grad.mul(1.0 / world))
+    shard.grad = grad_shard
+    optimizer.step()
+    dist.all_gather_single(flat_param, shard.detach())
+    ### END SOLUTION
+
+
+check("11.zero1-step", zero1_step)
+
+# %% [markdown]
+# labkit's sharded AdamW, which calls such a step function (its own `handpar.zero1_step` by default):
+
+# %%
+print(inspect.getsource(handpar.ShardedAdamW))
+
+# %% [markdown]
+# The launch trained it for 5 steps next to AdamW on the whole model (each rank all-reducing its gradients as in
+# step 1) and next to DeepSpeed ZeRO stage 1 (fp32, torch's AdamW, same data):
+
+# %%
+z, zds = res["zero1"], res["zero1"]["deepspeed"]
+print("weights after", z["steps"], "steps bitwise equal to unsharded AdamW, per rank:", z["bitwise_vs_adamw"])
+print("DeepSpeed ZeRO-1's weights bitwise equal to ours:", zds["bitwise_vs_hand"], "| its losses equal ours:",
+      zds["losses"] == z["losses"])
+print(f"{z['n_params']:,} parameters padded to {z['padded']:,}: each rank owns {z['part']:,}; "
+      f"AdamW state shapes on each rank: {z['state_shapes'][0]}")
+assert all(z["bitwise_vs_adamw"]) and z["ranks_identical"] and z["losses"] == z["reference_losses"]
+assert zds["bitwise_vs_hand"] and zds["losses"] == z["losses"]
+
+# %% [markdown]
+# Now the bytes. Three independent numbers per rank: what our sharded AdamW holds (the storages of `exp_avg` and
+# `exp_avg_sq`), what `labkit.memory` predicts for ZeRO stage 1 (notebook 06's model, with DeepSpeed's padding),
+# and what DeepSpeed stage 1 really holds (counted from its optimizer's tensors by `labkit.zero.count_model_states`,
+# notebook 10):
+
+# %%
+pred1 = memory.model_state_bytes(z["n_params"], "fp32", "adamw", stage=1, world_size=2).device["optimizer"]
+pred0 = memory.model_state_bytes(z["n_params"], "fp32", "adamw", stage=0, world_size=2).device["optimizer"]
+ds1 = [b["optimizer"] for b in zds["bytes"]]
+print(f"{'':14}{'rank 0':>10}{'rank 1':>10}")
+print(f"{'by hand':<14}{z['state_bytes'][0]:>10,}{z['state_bytes'][1]:>10,}")
+print(f"{'labkit.memory':<14}{pred1:>10,}{pred1:>10,}")
+print(f"{'DeepSpeed':<14}{ds1[0]:>10,}{ds1[1]:>10,}")
+print(f"unsharded AdamW would hold {pred0:,} bytes per rank")
+assert z["state_bytes"] == [pred1, pred1] == ds1 and pred1 == 8 * z["part"] and 2 * pred1 == pred0 + 8 * (z["padded"] - z["n_params"])
+
+# %% [markdown]
+# The communication of one step, as the profiler saw it on rank 0 (elements per call):
+
+# %%
+for name, c in z["collectives"].items():
+    print(f"by hand    {name:<11} {c['calls']} call(s), sizes {c['sizes']}")
+for name, c in zds["collectives"].items():
+    print(f"DeepSpeed  {name:<11} {c['calls']} call(s), sizes {c['sizes']}")
+assert z["collectives"]["all_gather"]["sizes"] == [z["part"]] and z["collectives"]["all_reduce"]["sizes"] == [z["padded"]]
+
+# %% [markdown]
+# Two things to read here. Our `reduce_scatter_single` shows up as an **all-reduce of the whole padded vector**:
+# gloo has no reduce-scatter, and torch emulates it with an all-reduce, then keeps the slice. On NCCL it is a real
+# reduce-scatter, which sends half the bytes of an all-reduce: ZeRO-1 then costs reduce-scatter (Ψ) + all-gather
+# (Ψ) = 2Ψ per step, the same as DDP's all-reduce (2Ψ as reduce-scatter + all-gather inside the ring). The
+# all-gather's input is this rank's slice; the whole gathered vector is world × that. DeepSpeed stage 1 on gloo does
+# the same its own way: it all-reduces the gradients bucket by bucket as backward produces them (`reduce_bucket_size`,
+# 65,536 elements here; the sizes add up to the 148,481 unpadded gradients, plus one all-reduce of a single
+# element), then one all-gather of the slices.
+#
+# ## 4. Tensor parallelism: a Megatron MLP on 2 ranks
+#
+# A transformer's MLP is Y = GELU(X A) B, with A of d × 4d and B of 4d × d. Megatron splits it so that a
+# whole block needs one all-reduce forward and one backward:
+#
+# - **column-parallel A** = [A₁ A₂]: rank r computes H_r = GELU(X A_r), its half of the hidden units. GELU acts
+#   element by element, so no communication is needed between the two layers;
+# - **row-parallel B** = [B₁; B₂]: rank r computes H_r B_r, a *partial* sum of Y. Y = H₁B₁ + H₂B₂ takes one
+#   all-reduce (the operator **g**), and the bias of B is added once, after it;
+# - backward mirrors it: the gradient of X is the sum of both ranks' contributions (each used its own A_r), so
+#   the operator **f** in front of the block is the identity forward and an all-reduce backward, and g is the
+#   identity backward.
+#
+# **Exercise 11.tp-conjugates.** Write f and g as `torch.autograd.Function` classes, `CopyToTP` and `ReduceFromTP`
+# (each with `@staticmethod forward(ctx, x)` and `backward(ctx, grad)`). `dist.all_reduce` works in place: clone
+# first. The check builds the 2-way MLP with them and compares its output and *every* gradient, the input's too,
+# with the single-process MLP.
+
+# %%
+import torch
+import torch.distributed as dist
+
+
+class CopyToTP(torch.autograd.Function):
+    """f: the identity forward; all-reduce the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ...
+        ### BEGIN SOLUTION
+        return x
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad):
+        ...
+        ### BEGIN SOLUTION
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+        ### END SOLUTION
+
+
+class ReduceFromTP(torch.autograd.Function):
+    """g: all-reduce forward (sum the partial outputs); the identity backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ...
+        ### BEGIN SOLUTION
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+        ### END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad):
+        ...
+        ### BEGIN SOLUTION
+        return grad
+        ### END SOLUTION
+
+
+check("11.tp-conjugates", (CopyToTP, ReduceFromTP))
+
+# %% [markdown]
+# labkit's version of the block (its `CopyToTP` and `ReduceFromTP` are the ones above):
+
+# %%
+print(inspect.getsource(handpar.TensorParallelMLP))
+
+# %% [markdown]
+# The launch ran it with d = 128 (hidden 512) on 256 tokens, next to the single-process MLP on every rank:
+
+# %%
+tp = res["tp"]
+for rank, r in enumerate(tp["ranks"]):
+    close = {k: v < 1e-5 for k, v in r["rel"].items()}
+    print(f"rank {rank} holds w1 {r['held']['w1']}, w2 {r['held']['w2']}, b2 {r['held']['b2']}; "
+          f"equal to one process within 1e-5 (relative): {close}")
+assert all(v < 1e-5 for r in tp["ranks"] for v in r["rel"].values())
+
+# %% [markdown]
+# Not bitwise this time: Y is now summed in two halves and then added, a different order than one matmul.
+# Communication per step, measured and from the formula (tokens × d elements each way, fp32):
+
+# %%
+want = handpar.tp_comm_bytes(tp["tokens"], tp["d_model"])
+for rank, r in enumerate(tp["ranks"]):
+    fwd, bwd = (4 * r[k]["all_reduce"]["elements"] for k in ("forward", "backward"))
+    calls = (r["forward"]["all_reduce"]["calls"], r["backward"]["all_reduce"]["calls"])
+    print(f"rank {rank}: all-reduces forward/backward {calls}, bytes {fwd:,} + {bwd:,}; formula "
+          f"{want['forward']:,} + {want['backward']:,}")
+    assert calls == (1, 1) and (fwd, bwd) == (want["forward"], want["backward"])
+
+# %% [markdown]
+# Tensor parallelism sends **activations**, inside every layer, in the critical path: nothing can overlap with the
+# all-reduce of g, the next layer needs its result. Its volume grows with tokens × d, not with the parameter
+# count. That is why it stays inside a node, on NVLink: 2-8 GPUs.
+#
+# ## 5. Pipeline parallelism: GPipe on 2 stages
+#
+# Split the model's layers into stages, one per rank: here 6 linear layers of width 1024, 3 per stage. Stage 0 sends
+# its output activations to stage 1; stage 1 sends the gradient of those activations back. With the whole batch at
+# once, stage 1 waits through stage 0's forward, then stage 0 waits through stage 1's forward and backward. GPipe
+# cuts the batch into m **micro-batches**: stage 0 runs all m forwards, handing each micro-batch on as soon as it is
+# done, so both stages work at once; then all m backwards run, last micro-batch first. Gradients accumulate over
+# the micro-batches, and each micro-batch loss is divided by m, so they add up to the gradient of the mean loss
+# over the whole batch.
+#
+# What remains idle is the **bubble**: with p stages of equal cost, each idles for p − 1 of the m + p − 1 slots of a
+# step (a slot is one micro-batch's forward plus backward):
+#
+# $$\text{bubble} = \frac{p-1}{m+p-1}$$
+#
+# **Exercise 11.gpipe.** Write `gpipe_step(stage, inputs, targets, loss_fn, act_shape)` for 2 ranks: rank 0 gets its
+# micro-batches in `inputs` (a list), the last rank its `targets`; `act_shape` is the shape of one micro-batch's
+# activations between the stages. Use `dist.send(t, dst)` / `dist.recv(t, src)` (or `dist.isend`, which does not
+# wait). Return the mean loss on the last rank, `None` elsewhere. The check compares loss and gradients with the
+# whole model on the whole batch, with 4 micro-batches.
+
+# %%
+import torch
+import torch.distributed as dist
+
+
+def gpipe_step(stage, inputs, targets, loss_fn, act_shape):
+    """One GPipe step: every micro-batch forward, then every backward; return the mean loss on the last rank."""
+    ...
+    ### BEGIN SOLUTION
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == world - 1
+    m = len(inputs if first else targets)
+    ins, outs = [], []
+    for i in range(m):
+        if first:
+            x = inputs[i]
+        else:
+            x = torch.empty(act_shape)
+            dist.recv(x, rank - 1)
+            x.requires_grad_(True)
+        y = stage(x)
+        if last:
+            y = loss_fn(y, targets[i]) / m
+        else:
+            dist.send(y.detach(), rank + 1)
+        ins.append(x)
+        outs.append(y)
+    for i in reversed(range(m)):
+        if last:
+            outs[i].backward()
+        else:
+            grad = torch.empty_like(outs[i])
+            dist.recv(grad, rank + 1)
+            outs[i].backward(grad)
+        if not first:
+            dist.send(ins[i].grad, rank - 1)
+    return float(sum(float(y) for y in outs)) if last else None
+    ### END SOLUTION
+
+
+check("11.gpipe", gpipe_step)
+
+# %% [markdown]
+# labkit's version sends with `isend`: a stage does not wait for its message to arrive before it starts on the next
+# micro-batch (with gloo, a blocking `send` of a large tensor can wait for the receiver, and then the stages take
+# turns instead of working at once):
+
+# %%
+print(inspect.getsource(handpar.gpipe_step))
+
+# %% [markdown]
+# The launch ran it with 1, 2, 4 and 8 micro-batches (batch 256), next to the whole model on the whole batch. Loss
+# and gradients agree to fp32 rounding for every m, and the bytes between the stages do not depend on m: m
+# micro-batches of 256/m rows each way.
+
+# %%
+pp = res["pp"]
+want = handpar.pipeline_p2p_bytes(pp["batch"], pp["width"])
+for m, r in pp["runs"].items():
+    sent = [4 * sum(c["elements"] for k, c in p2p.items() if k == "send") for p2p in r["p2p"]]
+    same = r["loss_rel"] < 1e-5 and max(r["grad_rel"]) < 1e-5
+    print(f"m = {m}: loss and gradients equal one process (1e-5): {same}; bytes sent by stage 0 / stage 1: "
+          f"{sent[0]:,} / {sent[1]:,} (formula {want['forward']:,} / {want['backward']:,})")
+    assert same and sent == [want["forward"], want["backward"]]
+
+# %% [markdown]
+# The bubble, measured: hooks around each stage module record when its forward and backward run (instrumentation
+# outside the schedule); the bubble is the share of the step, over both ranks, in which neither computed. The
+# formula assumes free communication and stages of equal cost; the measurement includes everything else (sending,
+# waiting for a core).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"{'m':>3}{'measured':>10}{'(p-1)/(m+p-1)':>15}{'step (ms)':>11}")
+for m, r in pp["runs"].items():
+    print(f"{m:>3}{r['bubble']:>10.2f}{handpar.bubble_fraction(2, int(m)):>15.2f}{1e3 * r['span_s']:>11.1f}")
+first, best = pp["runs"]["1"]["bubble"], min(r["bubble"] for r in pp["runs"].values())
+print(f"here the measured bubble went from {first:.2f} with one micro-batch down to {best:.2f} at best")
+
+# %% [markdown]
+# With one micro-batch the two stages cannot overlap at all, so at least half of each step is idle whatever the
+# machine; the cell asserts that much. How close the others come to the formula depends on the machine: each extra
+# micro-batch adds messages and smaller matrix products, and two ranks sharing cores with other work wait for a core
+# as well as for each other. On GPUs, where a micro-batch's compute dwarfs its transfer, the measured points sit on
+# the curve, and interleaved schedules (1F1B, zero-bubble) shrink the bubble further.
+
+# %%
+m4 = pp["runs"]["4"]["timeline"]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.2))
+ms = [int(m) for m in pp["runs"]]
+ax1.plot(ms, [handpar.bubble_fraction(2, m) for m in ms], "o-", label="(p-1)/(m+p-1)")
+ax1.plot(ms, [pp["runs"][str(m)]["bubble"] for m in ms], "s--", label="measured")
+ax1.set(xscale="log", xticks=ms, xticklabels=ms, xlabel="micro-batches m", ylabel="bubble fraction", ylim=(0, 1))
+ax1.legend()
+for rank, spans in enumerate(m4):
+    for kind, t0, t1 in spans:
+        ax2.barh(rank, 1e3 * (t1 - t0), left=1e3 * t0, color="tab:blue" if kind == "F" else "tab:orange", edgecolor="k")
+ax2.set(yticks=[0, 1], yticklabels=["stage 0", "stage 1"], xlabel="ms (blue: forward, orange: backward)",
+        title="GPipe, m = 4, as measured")
+ax2.invert_yaxis()
+plt.show()
+assert first >= 0.45 and all(0 <= r["bubble"] < 1 for r in pp["runs"].values())
+
+# %% [markdown]
+# PyTorch has this built in: `torch.distributed.pipelining` (a `PipelineStage` per rank and a `ScheduleGPipe`).
+# The launch ran the same 2 stages with it, 4 micro-batches, on gloo:
+
+# %%
+pl = pp["pipelining"]
+if pl["works"]:
+    print(f"{pl['schedule']} with {pl['micro_batches']} micro-batches works on gloo; loss and gradients equal one "
+          f"process (1e-5): {pl['loss_rel'] < 1e-5 and max(pl['grad_rel']) < 1e-5}")
+else:
+    print("torch.distributed.pipelining failed here:", pl["error"])
+assert pl["works"] and pl["loss_rel"] < 1e-5 and max(pl["grad_rel"]) < 1e-5
+
+# %% [markdown]
+# ## 6. FSDP2 beside DeepSpeed ZeRO-3
+#
+# ZeRO stage 3 and PyTorch's FSDP shard the parameters too: between uses, a rank holds only its slice of every
+# weight. Before a layer runs, its slices are all-gathered into the whole weight, used, and freed again; gradients
+# are reduce-scattered so that each rank keeps its slice's sum. FSDP2 (`torch.distributed.fsdp.fully_shard`, applied
+# here to each linear layer and then to the whole model) is PyTorch's own implementation. The launch trained our MLP
+# for 5 steps with FSDP2, with DeepSpeed stage 3 (fp32, torch's AdamW), and with plain AdamW in one process on the
+# global batch (both ranks' rows):
+
+# %%
+fs = res["fsdp"]
+f2, ds3 = fs["fsdp2"], fs["deepspeed"]
+print("FSDP2 works on gloo (CPU):", f2["works"])
+rel = max(abs(a - b) / b for curve in (f2["losses"], ds3["losses"]) for a, b in zip(curve, fs["reference_losses"]))
+print(f"FSDP2 and DeepSpeed ZeRO-3 losses equal one process within 1e-5 (relative), every step: {rel < 1e-5}")
+print("FSDP2 and DeepSpeed ZeRO-3 losses bitwise equal to each other:", f2["losses"] == ds3["losses"])
+assert f2["works"] and rel < 1e-5
+
+# %%
+fig, ax = plt.subplots(figsize=(6, 3.2))
+steps = range(1, fs["steps"] + 1)
+ax.plot(steps, fs["reference_losses"], "k-", lw=4, alpha=0.3, label="one process, global batch")
+ax.plot(steps, f2["losses"], "o-", label="FSDP2 (fully_shard)")
+ax.plot(steps, ds3["losses"], "x--", label="DeepSpeed ZeRO-3")
+ax.set(xlabel="step", ylabel="loss", title="Same model, same data, 2 ranks", xticks=list(steps))
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The bytes each rank holds (after the last backward, so the gradients exist too), against `labkit.memory`'s
+# prediction for stage 3 (the whole model as one flat vector, split in two):
+
+# %%
+pred3 = memory.model_state_bytes(n_params, "fp32", "adamw", stage=3, world_size=2).device
+print(f"{'':22}{'params':>9}{'grads':>9}{'master':>9}{'optimizer':>11}")
+print(f"{'labkit.memory':<22}{pred3['params']:>9,}{pred3['grads']:>9,}{'-':>9}{pred3['optimizer']:>11,}")
+for rank in (0, 1):
+    b = ds3["bytes"][rank]
+    print(f"{f'DeepSpeed-3 rank {rank}':<22}{b['params']:>9,}{b['grads']:>9,}{b['master']:>9,}{b['optimizer']:>11,}")
+for rank in (0, 1):
+    b = f2["bytes"][rank]
+    print(f"{f'FSDP2 rank {rank}':<22}{b['params']:>9,}{b['grads']:>9,}{'-':>9}{b['optimizer']:>11,}")
+print("FSDP2 local shards on rank 1:", f2["bytes"][1]["shards"])
+assert all({k: b[k] for k in ("params", "grads", "optimizer")} == {k: pred3[k] for k in ("params", "grads", "optimizer")}
+           for b in ds3["bytes"])
+
+# %% [markdown]
+# DeepSpeed pads each parameter to a multiple of the world size and splits it flat: 74,241 elements per rank, as
+# predicted. Even in fp32 it also keeps a separate fp32 copy of its slice (`master`), which the optimizer updates.
+# FSDP2 splits every tensor along its **first dimension** and pads that dimension: the last layer's 1 × 256 weight
+# and its one-element bias cannot be split, so rank 0 holds them whole and rank 1 a padded, empty row. Its
+# parameters and gradients take 74,369 elements' storage on both ranks (the rule, checked below), its AdamW states
+# only the real elements. FSDP2 in fp32 keeps no master copy: AdamW steps the shards in place.
+
+# %%
+shapes = [tuple(p.shape) for p in mlp.parameters()]
+dim0_rule = sum(-(-s[0] // 2) * (s[1] if len(s) > 1 else 1) for s in shapes)  # ceil(rows / 2) x columns
+print(f"FSDP2 storage per rank by the dim-0 rule: {dim0_rule:,} elements = {4 * dim0_rule:,} bytes")
+assert all(b["params"] == b["grads"] == 4 * dim0_rule for b in f2["bytes"])
+assert f2["bytes"][0]["optimizer"] - f2["bytes"][1]["optimizer"] == 8 * (256 + 1)  # rank 1: no states for the empty row
+
+# %% [markdown]
+# And what they send per step (profiler, rank 0; an all-gather's size is this rank's piece, the gathered tensor is
+# twice that; on gloo a reduce-scatter appears as an all-reduce of the whole tensor):
+
+# %%
+for who, c in (("FSDP2", f2["collectives"]), ("DeepSpeed-3", ds3["collectives"])):
+    ag, ar = c["all_gather"], c["all_reduce"]
+    print(f"{who:<12} all-gather: {ag['calls']} calls, {2 * ag['elements']:,} elements gathered | "
+          f"reduce: {ar['calls']} calls, {ar['elements']:,} elements")
+gathered = {who: 2 * c["all_gather"]["elements"] / n_params for who, c in (("fsdp2", f2["collectives"]),
+                                                                             ("ds3", ds3["collectives"]))}
+print(f"parameters gathered per step, in units of the model size Ψ: FSDP2 {gathered['fsdp2']:.3f}, "
+      f"DeepSpeed-3 {gathered['ds3']:.3f}")
+assert round(gathered["fsdp2"], 2) == 2.0 and round(gathered["ds3"], 2) == 1.0
+
+# %% [markdown]
+# FSDP2 gathers every layer twice, for forward and again for backward (`reshard_after_forward=True`, its
+# default, frees the gathered weights after forward): 2Ψ gathered + Ψ reduce-scattered = **3Ψ** per step, the ZeRO-3
+# figure of notebook 10. DeepSpeed gathered only once: by default it keeps gathered parameters that will be used
+# again soon (`stage3_max_reuse_distance`, 10⁹ parameters, far more than this model), so backward reuses forward's
+# copies: 2Ψ, at the price of holding the whole model during the step. Both knobs trade memory for messages; FSDP2's
+# is `reshard_after_forward=False`.
+#
+# **What works on CPU/gloo with this torch**, as run above: FSDP2 (`fully_shard`), `torch.distributed.pipelining`
+# (`ScheduleGPipe`), DeepSpeed stages 1 and 3, and every collective used here. What gloo lacks is a native
+# reduce-scatter: torch emulates it with an all-reduce, which sends twice the bytes a ring reduce-scatter would. That
+# changes the speed, not the results.
+#
+# ## 7. Which strategy, when
+#
+# Ψ is the parameter count, n the number of ranks, b·s·d the activations at a layer boundary (tokens × width). The
+# volumes are the collectives' payloads per step; a ring all-reduce moves 2(n−1)/n of its payload through every
+# rank, an all-gather or a reduce-scatter (n−1)/n.
+#
+# | strategy | each rank holds | communicates per step: payload (ring traffic per rank) | use it when |
+# |---|---|---|---|
+# | DDP | the whole model, gradients and optimizer states | all-reduce of the gradients: Ψ (≈ 2Ψ), overlapped with backward | the model states fit on one GPU |
+# | ZeRO-1 | the whole model and gradients; 1/n of the optimizer states | reduce-scatter Ψ + all-gather Ψ (≈ 2Ψ, as DDP) | the optimizer states do not fit (ZeRO-2: also shard the gradients, same traffic) |
+# | FSDP / ZeRO-3 | 1/n of everything; one layer whole while it runs | all-gather 2Ψ (forward and backward) + reduce-scatter Ψ (≈ 3Ψ) | even the weights do not fit; any number of nodes |
+# | tensor (Megatron) | 1/n of every weight matrix | per MLP block: all-reduce of b·s·d forward and of b·s·d backward (≈ 4 b·s·d), in the critical path | one layer is too big or too slow; inside a node (NVLink) |
+# | pipeline (GPipe) | 1/n of the layers | per stage boundary: b·s·d forward + b·s·d backward, point to point; plus a bubble | the model is too deep for a node; across nodes |
+#
+# The same formulas against what the profiler counted in this notebook's launch (elements per step, rank 0; Ψ
+# padded where the sharding pads it):
+
+# %%
+f2c, psi_pad, fsdp_pad = f2["collectives"], z["padded"], 2 * dim0_rule  # DeepSpeed's flat padding; FSDP2's dim-0 one
+sent = {k: sum(c["elements"] for op, c in p.items() if op == "send") for k, p in enumerate(pp["runs"]["4"]["p2p"])}
+table = [  # strategy, measured, formula
+    ("DDP", ddp["collectives"]["ddp"]["all_reduce"]["elements"], n_params),
+    ("ZeRO-1", z["collectives"]["all_reduce"]["elements"] + 2 * z["collectives"]["all_gather"]["elements"], 2 * psi_pad),
+    ("FSDP2", 2 * f2c["all_gather"]["elements"] + f2c["all_reduce"]["elements"], 3 * fsdp_pad),
+    ("tensor", sum(tp["ranks"][0][k]["all_reduce"]["elements"] for k in ("forward", "backward")), 2 * tp["tokens"] * tp["d_model"]),
+    ("pipeline", sent[0] + sent[1], 2 * pp["batch"] * pp["width"]),
+]
+for name, got, formula in table:
+    print(f"{name:<9} measured {got:>9,}   formula {formula:>9,}")
+assert all(got == formula for _, got, formula in table)
+
+# %% [markdown]
+# How they combine in practice ("3D parallelism"): tensor parallel inside a node, where NVLink makes its per-layer
+# all-reduces affordable; pipeline parallel across groups of nodes, where only activations at a few boundaries
+# cross the slower network; data parallel, usually with ZeRO-1 or FSDP, over everything else. Sequence (context)
+# parallelism splits long sequences and exchanges keys and values between ranks; it needs attention, which our
+# MLPs do not have, and is not run here.
+#
+# ## Summary
+#
+# - DDP by hand is an all-reduce of scaled gradients. Hooks start each one as soon as its gradient exists, so
+#   communication overlaps backward; buckets send fewer, larger messages. All three equal torch DDP bit for bit,
+#   because they scale by 1/world before summing as DDP does and, with 2 ranks, halving and a two-term sum are
+#   exact; with 3 ranks bitwise equality also needs DDP's bucket layout.
+# - ZeRO-1 is reduce-scatter, a local AdamW step on 1/n of the parameters, and all-gather: bit for bit the same
+#   weights as AdamW, with 1/n of the states (here 593,936 bytes per rank: by hand, `labkit.memory` and DeepSpeed
+#   agree).
+# - Megatron's MLP needs one all-reduce forward (g) and one backward (f) per block, of activations, in the critical
+#   path; forgetting f's backward all-reduce leaves the input with half a gradient and no error message.
+# - GPipe trades a bubble of (p − 1)/(m + p − 1) for splitting the layers; more micro-batches shrink it, while the
+#   bytes between stages stay the same.
+# - FSDP2 and DeepSpeed ZeRO-3 train the same curve; they differ in how they split tensors (first dimension vs flat)
+#   and in whether backward gathers the weights again.
+#
+# Next, notebook 12 takes the multi-rank recipes to a cluster with Slurm.
