@@ -5,7 +5,8 @@
     python tools/readme.py OTHER.md     # another file with the same markers
 
 The notebook map comes from :data:`labkit.catalog.NOTEBOOKS`, the seed-coverage map from
-``docs/seed_coverage.toml`` (each topic the workbook should teach and the notebook sections that do).
+``docs/seed_coverage.toml`` (one row per section of the three source articles: how deeply the workbook teaches it,
+where, whether it needs a GPU, and where the workbook corrects the article).
 Both live between ``<!-- notebook-map:start/end -->`` and ``<!-- seed-coverage:start/end -->`` markers.
 tests/test_repo.py and tests/test_coverage.py check that the README is current. This is repository tooling:
 it reads docs/ next to this file, so it is not part of the installed labkit package. It imports labkit
@@ -23,12 +24,12 @@ from pathlib import Path
 
 from labkit.catalog import NOTEBOOKS, markdown_table
 
-__all__ = ["COVERAGE_FILE", "README", "ROOT", "Topic", "coverage_table", "load_coverage", "main", "render",
-           "update_readme"]
+__all__ = ["COVERAGE_FILE", "DEPTHS", "EVIDENCE", "GPU_NEEDED", "README", "ROOT", "Correction", "Row", "Where",
+           "coverage_summary", "coverage_table", "load_coverage", "load_seeds", "main", "render", "update_readme"]
 
 #: The repository root (this file is tools/readme.py).
 ROOT = Path(__file__).resolve().parents[1]
-#: The seed-coverage data file: each topic the workbook should teach, and the notebook sections that do.
+#: The seed-coverage data file: one row per section of the source articles, and where and how deeply it is taught.
 COVERAGE_FILE = ROOT / "docs" / "seed_coverage.toml"
 #: The README whose blocks are generated.
 README = ROOT / "README.md"
@@ -37,34 +38,86 @@ _START, _END = "<!-- notebook-map:start -->", "<!-- notebook-map:end -->"
 _COV_START, _COV_END = "<!-- seed-coverage:start -->", "<!-- seed-coverage:end -->"
 
 
+#: The depths a row can have, shallowest first.
+DEPTHS = ("missing", "mentioned", "explained", "run", "exercised")
+#: Whether seeing a row's content for real needs a GPU (or a site's hardware).
+GPU_NEEDED = ("no", "partly", "yes")
+#: What backs a correction: a code cell that asserts the truth ("run") or the documentation the box names ("docs").
+EVIDENCE = ("run", "docs")
+
+
 @dataclass(frozen=True)
-class Topic:
-    """One seed topic: its name, the (notebook, heading) sections that teach it, and a note on any gap.
+class Where:
+    """One place a seed section is taught: notebook number, exact heading text, and how deeply it is taught there.
 
-    ``status`` is "covered", "partial" (taught in part; the note says what is missing) or "open" (no
-    section teaches it). Introduced in notebook 00.
-    """
-
-    name: str
-    sections: tuple[tuple[str, str], ...]
-    partial: bool = False
-    note: str = ""
-
-    @property
-    def status(self) -> str:
-        """ "covered", "partial" or "open"."""
-        if not self.sections:
-            return "open"
-        return "partial" if self.partial else "covered"
-
-
-def load_coverage(path: str | Path | None = None) -> list[Topic]:
-    """Read the seed-coverage file (default ``docs/seed_coverage.toml``) into a list of :class:`Topic`.
-
-    Needs Python >= 3.11 (``tomllib``; on 3.10 the ``tomli`` package). Raises ``FileNotFoundError`` if
-    the file is missing and ``ValueError`` (or ``TypeError``) for a malformed entry.
     Introduced in notebook 00.
     """
+
+    notebook: str
+    heading: str
+    depth: str
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Where the workbook corrects an article: the claim, what is true, the section holding the misconception box
+    (``box`` = (notebook, heading)) and what backs it (``evidence``: "run" or "docs"). Introduced in notebook 00.
+    """
+
+    claim: str
+    truth: str
+    box: tuple[str, str]
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """One section of one source article: its seed and section number, a title, the depth it is taught to, where,
+    whether it needs a GPU, a note (what the depth leaves out, or why it is missing) and its corrections.
+
+    ``depth`` is the deepest of its ``where`` entries; "missing" rows have none. Introduced in notebook 00.
+    """
+
+    seed: str
+    section: str
+    title: str
+    depth: str
+    gpu: str
+    where: tuple[Where, ...]
+    note: str = ""
+    corrections: tuple[Correction, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """``"000 §1.1"``: the seed and section, as the tables and the misconception boxes write them."""
+        return f"{self.seed} §{self.section}"
+
+
+def _need(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise ValueError(f"{where}: {what}")
+
+
+def _text(value: object, where: str, name: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise TypeError(f"{where}: {name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def load_seeds(path: str | Path | None = None) -> dict[str, str]:
+    """Return ``{seed number: English title}`` from the coverage file's ``[seeds.NNN]`` tables.
+
+    Introduced in notebook 00.
+    """
+    data = _read_toml(path)
+    seeds = data.get("seeds")
+    if not isinstance(seeds, dict) or not seeds:
+        raise ValueError("the seed-coverage file has no [seeds.NNN] tables")
+    return {str(k): _text(v.get("title") if isinstance(v, dict) else None, f"seeds.{k}", "title")
+            for k, v in seeds.items()}
+
+
+def _read_toml(path: str | Path | None) -> dict:
     try:
         import tomllib
     except ModuleNotFoundError:  # pragma: no cover - Python 3.10: the same parser as the tomli package
@@ -76,24 +129,65 @@ def load_coverage(path: str | Path | None = None) -> list[Topic]:
     p = Path(path) if path is not None else COVERAGE_FILE
     if not p.is_file():
         raise FileNotFoundError(f"no seed-coverage file at {p} (it lives in the repository's docs/)")
-    data = tomllib.loads(p.read_text())
-    topics = []
-    for i, t in enumerate(data.get("topic", [])):
-        if not isinstance(t.get("name"), str) or not isinstance(t.get("sections"), list):
-            raise TypeError(f"{p}: topic #{i + 1} needs a name (str) and sections (a list)")
-        secs = []
-        for sec in t["sections"]:
-            if set(sec) != {"notebook", "heading"}:
-                raise ValueError(f"{p}: {t['name']!r}: each section is {{notebook = 'NN', heading = '...'}}")
-            secs.append((str(sec["notebook"]), str(sec["heading"])))
-        if not secs and t.get("partial"):
-            raise ValueError(f"{p}: {t['name']!r} is partial but lists no section")
-        if (t.get("partial") or not secs) and not t.get("note"):
-            raise ValueError(f"{p}: {t['name']!r}: a partial or open topic needs a note saying what is missing")
-        topics.append(Topic(t["name"], tuple(secs), bool(t.get("partial", False)), str(t.get("note", ""))))
-    if not topics:
-        raise ValueError(f"{p} lists no [[topic]]")
-    return topics
+    return tomllib.loads(p.read_text())
+
+
+def load_coverage(path: str | Path | None = None) -> list[Row]:
+    """Read the seed-coverage file (default ``docs/seed_coverage.toml``) into a list of :class:`Row`, in file order.
+
+    Checks what a file alone can tell: known depths, GPU and evidence values; a row's depth is the deepest of its
+    ``where`` entries; a "missing" row has no ``where`` and says why in its ``note``; every correction names its
+    box; no section appears twice. (tests/test_coverage.py checks the headings against the notebooks.) Raises
+    ``FileNotFoundError`` for a missing file, ``ValueError``/``TypeError`` for a malformed one. Needs Python >= 3.11
+    (``tomllib``; on 3.10 the ``tomli`` package). Introduced in notebook 00.
+    """
+    data = _read_toml(path)
+    seeds = load_seeds(path)
+    rows: list[Row] = []
+    for i, r in enumerate(data.get("section", [])):
+        at = f"section #{i + 1}"
+        seed, section = _text(r.get("seed"), at, "seed"), _text(r.get("section"), at, "section")
+        at = f"{seed} §{section}"
+        _need(seed in seeds, at, f"seed {seed!r} has no [seeds.{seed}] table")
+        depth, gpu = r.get("depth"), r.get("gpu")
+        _need(depth in DEPTHS, at, f"depth must be one of {DEPTHS}, got {depth!r}")
+        _need(gpu in GPU_NEEDED, at, f"gpu must be one of {GPU_NEEDED}, got {gpu!r}")
+        where_raw = r.get("where")
+        if not isinstance(where_raw, list):
+            raise TypeError(f"{at}: where must be a list of {{notebook, heading, depth}}")
+        where = []
+        for w in where_raw:
+            _need(isinstance(w, dict) and set(w) == {"notebook", "heading", "depth"}, at,
+                  "each where entry is {notebook = 'NN', heading = '...', depth = '...'}")
+            _need(w["depth"] in DEPTHS[1:], at,
+                  f"a where entry's depth must be one of {DEPTHS[1:]}, got {w['depth']!r}")
+            where.append(Where(str(w["notebook"]), _text(w["heading"], at, "heading"), w["depth"]))
+        note = str(r.get("note", ""))
+        if depth == "missing":
+            _need(not where, at, "a missing row lists no where")
+            _need(bool(note.strip()), at, "a missing row needs a note saying why")
+        else:
+            _need(bool(where), at, f"a {depth!r} row needs where entries")
+            deepest = max(where, key=lambda w: DEPTHS.index(w.depth)).depth
+            _need(depth == deepest, at, f"depth {depth!r} is not the deepest of its where entries ({deepest!r})")
+        corrections = []
+        for c in r.get("correction", []):
+            _need(isinstance(c, dict) and set(c) == {"claim", "truth", "box", "evidence"}, at,
+                  "each [[section.correction]] has claim, truth, box and evidence")
+            box = c["box"]
+            _need(isinstance(box, dict) and set(box) == {"notebook", "heading"}, at,
+                  "a correction's box is {notebook = 'NN', heading = '...'}")
+            _need(c["evidence"] in EVIDENCE, at, f"evidence must be one of {EVIDENCE}, got {c['evidence']!r}")
+            corrections.append(Correction(_text(c["claim"], at, "claim"), _text(c["truth"], at, "truth"),
+                                          (str(box["notebook"]), _text(box["heading"], at, "box heading")),
+                                          c["evidence"]))
+        row = Row(seed, section, _text(r.get("title"), at, "title"), depth, gpu, tuple(where), note,
+                  tuple(corrections))
+        _need(row.key not in {x.key for x in rows}, at, "listed twice")
+        rows.append(row)
+    if not rows:
+        raise ValueError("the seed-coverage file lists no [[section]]")
+    return rows
 
 
 def _anchor(heading: str) -> str:
@@ -101,22 +195,44 @@ def _anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def coverage_table(topics: list[Topic] | None = None) -> str:
-    """Return the seed-coverage map as a Markdown table: topic, status, the sections that teach it, the gap.
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
+
+def _link(notebook: str, heading: str) -> str:
+    stems = {n.number: n for n in NOTEBOOKS}
+    text = _cell(heading)
+    if notebook not in stems:
+        return f"{notebook} {text}"
+    return f"{notebook} [{text}](notebooks/{stems[notebook].filename}#{_anchor(heading)})"
+
+
+def coverage_summary(rows: list[Row] | None = None) -> str:
+    """One line: how many sections at each depth, and how many corrections. Introduced in notebook 00."""
+    rows = load_coverage() if rows is None else rows
+    counts = ", ".join(f"{sum(r.depth == d for r in rows)} {d}" for d in reversed(DEPTHS))
+    n_corr = sum(len(r.corrections) for r in rows)
+    return f"{len(rows)} sections: {counts}; {n_corr} corrections of the articles."
+
+
+def coverage_table(rows: list[Row] | None = None) -> str:
+    """Return the seed-coverage map as Markdown: a summary line, then one table row per seed section.
+
+    Columns: seed and section, title, depth, where it is taught (each place with its own depth), whether it needs a
+    GPU, where the workbook corrects the article (the claim, what is true, a link to the box), and notes.
     Introduced in notebook 00.
     """
-    stems = {n.number: n for n in NOTEBOOKS}
-    rows = ["| Topic | Status | Where it is taught | Not yet taught |", "|---|---|---|---|"]
-    for t in topics if topics is not None else load_coverage():
-        where = []
-        for nb, heading in t.sections:
-            text = heading.replace("|", "\\|")
-            link = f"notebooks/{stems[nb].filename}#{_anchor(heading)}" if nb in stems else ""
-            where.append(f"{nb} [{text}]({link})" if link else f"{nb} {text}")
-        gap = t.note.replace("|", "\\|")
-        rows.append(f"| {t.name} | {t.status} | {'<br>'.join(where) or '—'} | {gap} |")
-    return "\n".join(rows)
+    rows = load_coverage() if rows is None else rows
+    out = [coverage_summary(rows), "",
+           "| Seed § | Section | Depth | Where it is taught | GPU needed | Where the workbook corrects the article "
+           "| Notes |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        where = "<br>".join(f"{_link(w.notebook, w.heading)} ({w.depth})" for w in r.where) or "—"
+        corr = "<br>".join(f"“{_cell(c.claim)}” {_cell(c.truth)} ({_link(*c.box)})" for c in r.corrections)
+        out.append(f"| {r.key} | {_cell(r.title)} | {r.depth} | {where} | {r.gpu} | {corr or '—'} "
+                   f"| {_cell(r.note)} |")
+    return "\n".join(out)
 
 
 def render(text: str) -> str:

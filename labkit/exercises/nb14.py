@@ -1,0 +1,168 @@
+"""Exercises of notebook 14 (platform, toolchain and inference).
+
+The graders compute their answers with :mod:`labkit.toolchain`, :mod:`labkit.lifecycle` and
+:mod:`labkit.inference`, the same functions the notebook uses; the percentile exercise runs the learner's
+function on fresh lists. Introduced in notebook 14.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from labkit.exercises._core import Exercise
+from labkit.exercises._graders import NOT_A_PAIR, number, pair
+from labkit.inference import percentile
+from labkit.lifecycle import young_interval
+from labkit.toolchain import amdahl, ib_timeout_seconds
+
+__all__ = ["AMDAHL", "EXERCISES", "FORMATS", "YOUNG"]
+
+# ---- 14.solve-precision: predict, then run ----------------------------------------------------------
+#: The formats the notebook solves the Hilbert system in.
+FORMATS = ("fp64", "fp32", "bf16")
+_SOLVE_WHY = ("The residual of the fp32 solve is tiny, yet its answer is wrong in every digit. An ill-conditioned "
+              "system amplifies rounding errors by its condition number: about 1.5e10 for Hilbert(8). FP32 keeps "
+              "about 7 significant digits, so 7 - 10 < 0 are left; FP64's 16 leave about 6. BF16 (3 digits) has "
+              "no chance.")
+
+
+def _as_formats(value: Any) -> set[str] | None:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple, set, frozenset)) or not all(isinstance(v, str) for v in value):
+        return None
+    out = {v.strip().lower() for v in value}
+    return out if out <= set(FORMATS) else None
+
+
+def _grade_solve(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = _as_formats(got[0]), _as_formats(got[1])
+    if pred is None:
+        return False, f"Predict a set of format names from {list(FORMATS)}, e.g. {{'fp64'}}."
+    if result is None:
+        raise ValueError(f"the measured result must be a set of names from {FORMATS}, got {got[1]!r}")
+    if pred == result:
+        return True, ("Digits left ≈ digits of the format - log10(condition number): about 16 - 10 = 6 for fp64, "
+                      "none for fp32 or bf16. A small residual does not mean a right answer.")
+    if "fp32" in pred and "fp32" not in result:
+        return False, _SOLVE_WHY
+    missed = sorted(result - pred)
+    extra = sorted(pred - result)
+    parts = []
+    if missed:
+        parts.append(f"{', '.join(missed)} did reach 1e-3")
+    if extra:
+        parts.append(f"{', '.join(extra)} did not")
+    return False, "Measured: " + "; ".join(parts) + ". Compare each format's digits with log10 of the condition number."
+
+
+# ---- 14.amdahl -----------------------------------------------------------------------------------------
+#: The step of the exercise: the matmuls' share of the step time, and how much faster they get.
+AMDAHL = {"matmul_share": 0.6, "matmul_speedup": 4.0}
+_AMDAHL_WHY = ("4x is what the matmuls get, not the step: the other 40 % of the step runs exactly as before and now "
+               "dominates. Amdahl: 1 / (0.4 + 0.6 / 4).")
+
+# ---- 14.young ------------------------------------------------------------------------------------------
+#: The run of the exercise: seconds one checkpoint write stalls training, and the job's mean time between failures.
+YOUNG = {"checkpoint_s": 90.0, "mtbf_s": 12 * 3600.0}
+_YOUNG_MIN = young_interval(YOUNG["checkpoint_s"], YOUNG["mtbf_s"]) / 60
+_YOUNG_WHY = ("sqrt(C × MTBF) forgets the 2: the interval balances the writing time against the work lost at a "
+              "failure, which is half an interval on average, and that half puts a 2 under the root.")
+
+# ---- 14.ib-timeout -------------------------------------------------------------------------------------
+_IB_WHY = ("NCCL_IB_TIMEOUT is not in seconds: it is the exponent of InfiniBand's ACK timeout, 4.096 µs × 2^value. "
+           "22 means about 17 s per attempt (and NCCL retries 7 times by default).")
+
+
+# ---- 14.p99 --------------------------------------------------------------------------------------------
+def _off_by_one_p99(values: list[float]) -> float:
+    """The typical mistake: index int(0.99 n) of the sorted list, which is the maximum for n = 100."""
+    s = sorted(values)
+    return s[min(int(0.99 * len(s)), len(s) - 1)]
+
+
+def _reference_p99(values: list[float]) -> float:
+    s = sorted(values)
+    return s[math.ceil(0.99 * len(s)) - 1]
+
+
+_P99_WHY = ("sorted(x)[int(0.99 * n)] is one place too far: with 100 latencies it returns the largest, which is "
+            "the 100th percentile. The nearest rank of P99 is ceil(0.99 × n), counted from 1: index ceil(0.99 n) - 1.")
+
+
+def _grade_p99(fn: Any) -> tuple[bool, str] | None:
+    if not callable(fn):
+        return False, "Define a function p99(latencies) and pass the function itself."
+    rng = random.Random(14)
+    cases = [[float(i) for i in range(1, 101)], [rng.expovariate(1.0) for _ in range(1000)],
+             [rng.uniform(1, 2) for _ in range(37)], [5.0], [3.0, 1.0, 2.0]]
+    for vals in cases:
+        got = fn(list(vals))
+        if got is None or got is Ellipsis:
+            return None
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            return False, "Return one number: the latency that 99 % of the requests do not exceed."
+        want = percentile(vals, 99)
+        if got != want:
+            if len(vals) == 100 and got == max(vals):
+                return False, _P99_WHY
+            if got not in vals:
+                return False, (f"For {len(vals)} latencies you return {got!r}, which is not one of them: the "
+                               "nearest-rank percentile never interpolates, it returns an observed latency.")
+            return False, f"For {len(vals)} latencies you return {got!r}; P99 (nearest rank) is {want!r}."
+    return True, "Nearest rank: sorted(x)[ceil(0.99 n) - 1], an observed latency, never an interpolation."
+
+
+EXERCISES = [
+    Exercise("14.solve-precision",
+             "Predict, then run: which of fp64, fp32 and bf16 solve the 8x8 Hilbert system to a relative error "
+             "below 1e-3?",
+             _grade_solve,
+             "Look up how ill-conditioned a Hilbert matrix is, and how many digits each format keeps.",
+             method="Rounding errors in a solve are amplified by about the condition number: the digits left are "
+                    "roughly the format's significant digits (fp64 ~16, fp32 ~7, bf16 ~3) minus log10(cond).",
+             solution="prediction = {'fp64'}: cond(Hilbert(8)) ≈ 1.5e10, so fp64 keeps ~6 digits, fp32 and bf16 "
+                      "none (their residuals can still look small).",
+             kind="predict", wrong_why=_SOLVE_WHY,
+             reference=({"fp64"}, {"fp64"}), wrong=({"fp64", "fp32"}, {"fp64"})),
+    Exercise("14.amdahl",
+             "The whole step's speed-up when the matmuls (60 % of the step) get 4 times faster.",
+             number(amdahl(AMDAHL["matmul_share"], AMDAHL["matmul_speedup"]), "the speed-up",
+                    {4.0: _AMDAHL_WHY, 0.6 * 4.0: _AMDAHL_WHY}, rel=1e-3),
+             "Split the step into the part that gets faster and the part that does not.",
+             method="New step time = (1 - share) + share / speedup, in units of the old step; the speed-up is its "
+                    "inverse (Amdahl's law).",
+             solution="answer = 1 / (0.4 + 0.6 / 4) = 1 / 0.55 ≈ 1.82: the untouched 40 % now takes most of the "
+                      "step.",
+             kind="compute", wrong_why=_AMDAHL_WHY,
+             reference=1 / 0.55, wrong=4.0),
+    Exercise("14.young",
+             "Young's checkpoint interval, in minutes, for a 90 s checkpoint write and a 12-hour MTBF.",
+             number(_YOUNG_MIN, "the interval in minutes", {math.sqrt(90 * 43200) / 60: _YOUNG_WHY}, rel=1e-2),
+             "Writing too often wastes time writing; too rarely wastes the work lost at a failure. Balance the two.",
+             method="Young's rule: interval = sqrt(2 × write time × MTBF), everything in seconds; divide by 60.",
+             solution="answer = (2 * 90 * 43200) ** 0.5 / 60 ≈ 46.5 minutes.",
+             kind="compute", wrong_why=_YOUNG_WHY,
+             reference=_YOUNG_MIN, wrong=math.sqrt(90 * 43200) / 60),
+    Exercise("14.ib-timeout",
+             "The seconds one InfiniBand retry waits with the article's NCCL_IB_TIMEOUT=22.",
+             number(ib_timeout_seconds(22), "the timeout in seconds", {22.0: _IB_WHY}, rel=1e-3),
+             "The value is not a number of seconds.",
+             method="It is an exponent: the InfiniBand local ACK timeout is 4.096 µs × 2^value.",
+             solution="answer = 4.096e-6 * 2**22 ≈ 17.2 s per attempt (NCCL's default, 20, gives ~4.3 s).",
+             kind="compute", wrong_why=_IB_WHY,
+             reference=ib_timeout_seconds(22), wrong=22.0),
+    Exercise("14.p99",
+             "Write p99(latencies): the 99th percentile by nearest rank (an observed latency, not interpolated).",
+             _grade_p99,
+             "Sort the latencies first; P99 is one of them.",
+             method="The nearest rank of the q-th percentile of n values is ceil(q/100 × n), counted from 1.",
+             solution="def p99(latencies):\n    s = sorted(latencies)\n    return s[math.ceil(0.99 * len(s)) - 1]",
+             kind="implement", wrong_why=_P99_WHY,
+             reference=_reference_p99, wrong=_off_by_one_p99),
+]
