@@ -1,0 +1,79 @@
+"""What every clinic case script shares: its settings from ``--config``, and the one result line it prints.
+
+A case script is an ordinary training script with a dict of settings at the top (``CONFIG``), the way many real
+scripts keep theirs. The clinic's runner passes the learner's change as JSON (``--config '{"lr": 0.1}'``);
+:func:`merge_config` applies it with the same checks on both sides (an unknown setting or a value of the wrong
+type is refused before anything runs). :func:`finish` prints the evidence on rank 0 as the one
+``LABKIT_RESULT {json}`` line that :func:`labkit.dist.launch` (and the runner) read back.
+
+Not in ``labkit.clinic.__all__``: the scripts' own plumbing. Introduced in notebook 13.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["finish", "merge_config", "read_config"]
+
+
+def _same_kind(default: Any, value: Any) -> bool:
+    """Whether ``value`` may replace ``default``: same JSON kind (a bool is not a number, an int may be a float)."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    if isinstance(default, int):
+        return isinstance(value, int)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    if default is None:
+        return value is None or isinstance(value, (int, float, str))
+    return False
+
+
+def merge_config(defaults: Mapping[str, Any], changes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return ``defaults`` with ``changes`` applied; ``ValueError``/``TypeError`` for an unknown key or a wrong type.
+
+    A setting whose default is a bool takes a bool, an int an int, a float any finite number, a str a str;
+    one whose default is ``None`` takes ``None``, a number or a str. Introduced in notebook 13.
+    """
+    if not isinstance(defaults, Mapping):
+        raise TypeError(f"defaults must be a dict of settings, got {type(defaults).__name__}")
+    if changes is None:
+        return dict(defaults)
+    if not isinstance(changes, Mapping):
+        raise TypeError(f"a fix is a dict of settings such as {{'lr': 0.1}}, got {type(changes).__name__}")
+    out = dict(defaults)
+    for key, value in changes.items():
+        if not isinstance(key, str) or key not in defaults:
+            raise ValueError(f"unknown setting {key!r}; this script's settings are: {', '.join(defaults)}.")
+        if not _same_kind(defaults[key], value):
+            want = "None, a number or a str" if defaults[key] is None else type(defaults[key]).__name__
+            raise TypeError(f"setting {key!r} takes a {want} (its default is {defaults[key]!r}), got {value!r}.")
+        out[key] = float(value) if isinstance(defaults[key], float) else value
+    return out
+
+
+def read_config(defaults: Mapping[str, Any], argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parse ``--config JSON`` from the command line and return the merged settings. Introduced in notebook 13."""
+    ap = argparse.ArgumentParser(description="a troubleshooting-clinic case (labkit.clinic)")
+    ap.add_argument("--config", default="{}", help="JSON object of settings to change, e.g. '{\"lr\": 0.1}'")
+    args = ap.parse_args(argv)
+    try:
+        changes = json.loads(args.config)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config is not valid JSON: {exc}") from None
+    return merge_config(defaults, changes)
+
+
+def finish(evidence: dict[str, Any]) -> None:
+    """Print ``evidence`` as the run's one result line, on rank 0 only. Introduced in notebook 13."""
+    from labkit.dist import emit_result
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        emit_result(evidence)

@@ -1,0 +1,414 @@
+"""Run a clinic case as its own process (or 2 gloo ranks), with the learner's fix, and read back its evidence.
+
+:func:`run_case` starts the case's script with the settings changed by ``fix`` and returns a :class:`CaseRun`:
+the script's log as it printed it, its result (the evidence it measured), the error when it failed, and the
+case's verdict (``run.finding``). Two-rank cases go through :func:`labkit.dist.launch` (torchrun, a free port,
+a timeout, every process killed at the end). One-process cases need no rendezvous: they run as
+``python -m labkit.clinic.cases.<name>`` in a session of their own, with the same guarantees (a timeout, the
+log kept, and every process of that session, DataLoader workers included, killed at the end), which saves
+torchrun's own start-up. Runs are remembered by (case, settings, environment) for the life of the process, so
+that a cell run twice, or a grader, does not pay twice; ``fresh=True`` runs again.
+
+:func:`grade_cause` and :func:`grade_fix` are what notebook 13's exercises call: the second runs the case with the
+learner's one-setting fix and asks the case's detector whether the symptom is gone.
+
+Introduced in notebook 13.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from labkit.clinic import _batch
+from labkit.clinic._script import merge_config
+from labkit.clinic.table import CASES, Case, Finding
+from labkit.dist import LaunchError, LaunchTimeout, launch, parse_result
+
+__all__ = ["CaseRun", "causes", "clear_cache", "grade_cause", "grade_fix", "run_case", "run_cases", "settings",
+           "source"]
+
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+#: Variables of an outer launch that a case's own processes must not inherit.
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "TORCHELASTIC_RUN_ID", "GROUP_RANK")
+_GRACE_S = 2.0
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """One run of a case: its settings, how it ended, what it printed and measured, and the case's verdict.
+
+    ``result`` is the evidence the script printed (``None`` when it failed or was stopped), ``log`` everything it
+    printed (ranks' lines prefixed ``[defaultN]:``), ``error`` the failing rank's error (headline and traceback;
+    "" when the run succeeded), ``timed_out`` whether the runner stopped it at ``timeout_s``, ``seconds`` the
+    wall time. Introduced in notebook 13.
+    """
+
+    key: str
+    config: dict[str, Any]
+    env: dict[str, str]
+    nproc: int
+    result: dict[str, Any] | None
+    log: str
+    error: str
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+
+    @property
+    def case(self) -> Case:
+        """The case's row in :data:`labkit.clinic.CASES`."""
+        return CASES[self.key]
+
+    @property
+    def finding(self) -> Finding:
+        """The case's detector's verdict on this run."""
+        return self.case.detect(self)
+
+    @property
+    def symptom(self) -> bool:
+        """Whether the run shows the case's symptom."""
+        return self.finding.present
+
+    def lines(self, pattern: str = "", last: int = 0) -> list[str]:
+        """The log's lines that contain ``pattern`` (all when ""), the last ``last`` of them (all when 0).
+
+        The result line (``LABKIT_RESULT {...}``) is left out. Introduced in notebook 13.
+        """
+        if not isinstance(pattern, str):
+            raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
+        if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+            raise ValueError(f"last must be an int >= 0, got {last!r}")
+        out = [ln for ln in self.log.splitlines() if pattern in ln and "LABKIT_RESULT " not in ln]
+        return out[-last:] if last else out
+
+    def error_line(self) -> str:
+        """The last line of the error (the exception and its message), or "" when the run succeeded."""
+        lines = [ln for ln in self.error.splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else ""
+
+
+_CACHE: dict[tuple[str, str, tuple[tuple[str, str], ...]], CaseRun] = {}
+
+
+def clear_cache() -> None:
+    """Forget every remembered run, so that the next :func:`run_case` runs again. Introduced in notebook 13."""
+    _CACHE.clear()
+
+
+def _case(key: Any) -> Case:
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a case name such as 'clip', got {type(key).__name__}")
+    if key not in CASES:
+        raise ValueError(f"unknown case {key!r}; the cases are: {', '.join(CASES)}")
+    return CASES[key]
+
+
+def settings(key: str) -> dict[str, Any]:
+    """Return the case script's ``CONFIG``: its settings as they were in the broken run. Introduced in notebook 13."""
+    case = _case(key)
+    return dict(importlib.import_module(case.module).CONFIG)
+
+
+def source(key: str) -> str:
+    """Return the case's settings and the source of the script functions the notebook shows (whole functions).
+
+    Introduced in notebook 13.
+    """
+    case = _case(key)
+    mod = importlib.import_module(case.module)
+    head = f"# {case.module}: CONFIG = {mod.CONFIG!r}\n\n"
+    return head + "\n\n".join(inspect.getsource(getattr(mod, name)).rstrip() for name in case.show)
+
+
+def causes(key: str) -> str:
+    """Return the case's candidate causes as a lettered list, one per line. Introduced in notebook 13."""
+    case = _case(key)
+    return "\n".join(f"({'abcdefgh'[i]}) {c.text}" for i, c in enumerate(case.causes))
+
+
+def _check_env(env: Any) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise TypeError("env must be a dict of str to str, e.g. {'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}")
+    bad = [k for k in env if not _ENV_NAME.match(k) or k in _RANK_VARS]
+    if bad:
+        raise ValueError(f"env names must be upper-case variable names other than the launcher's own ({bad[0]!r})")
+    return dict(env)
+
+
+@contextlib.contextmanager
+def _stale_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that is bound but not listening, held for the block: a connection to it is refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
+
+
+def _traceback(log: str) -> str:
+    """The last Python traceback in a plain process's log (from 'Traceback' to the end), else the last lines."""
+    i = log.rfind("Traceback (most recent call last):")
+    if i >= 0:
+        return log[i:].strip()
+    return "\n".join(log.strip().splitlines()[-5:])
+
+
+def _leader_exited(pid: int) -> bool:
+    """Whether the process has exited, without reaping it (its pid, and so its group id, stay reserved)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _run_single(module: str, args: list[str], env: dict[str, str], timeout: float,
+                echo: Callable[[str], None] | None) -> tuple[int | None, str, bool]:
+    """Run ``python -m module args`` in its own session; return (exit status or None, log, timed out).
+
+    Whatever happens (success, failure, timeout, KeyboardInterrupt), every process of the session is killed
+    before this returns. The leader is reaped only after its group has been killed, so the group id cannot have
+    been reused by then.
+    """
+    child_env = dict(os.environ)
+    for k in _RANK_VARS:
+        child_env.pop(k, None)
+    child_env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env})
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            bufsize=1, start_new_session=True, env=child_env)
+    lines: list[str] = []
+    q: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            q.put(line.rstrip("\n"))
+        q.put(None)
+
+    reader = threading.Thread(target=pump, name="labkit-clinic-reader", daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    timed_out, exited_at = False, None
+    try:
+        while True:
+            try:
+                item = q.get(timeout=0.1)
+            except queue.Empty:
+                item = ""
+            if item is None:
+                break  # every process that held the log pipe has closed it
+            if item:
+                lines.append(item)
+                if echo is not None:
+                    echo(item)
+            now = time.monotonic()
+            if exited_at is None and _leader_exited(proc.pid):
+                exited_at = now
+            if exited_at is not None and now - exited_at > _GRACE_S:
+                break  # the script is done; a straggler (a worker) still holds the pipe: killed below
+            if now > deadline:
+                timed_out = True
+                break
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the whole session had already ended
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    while True:
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            break
+        if item:
+            lines.append(item)
+            if echo is not None:
+                echo(item)
+    return (None if timed_out else proc.returncode), "\n".join(lines), timed_out
+
+
+def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str] | None = None,
+             stream: bool = False, timeout: float | None = None, fresh: bool = False) -> CaseRun:
+    """Run case ``key`` with the settings in ``fix`` changed (``None``: the broken run) and return its :class:`CaseRun`.
+
+    ``env`` adds environment variables (e.g. ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}``); ``stream=True`` prints
+    the log as it comes; ``timeout`` (seconds) defaults to the case's ``timeout_s``. A run that fails is not an
+    exception here: its error is in the returned run. Bad arguments (an unknown case or setting, a value of the
+    wrong type) raise ``TypeError``/``ValueError`` before anything starts.
+
+    Introduced in notebook 13.
+    """
+    case = _case(key)
+    cfg = merge_config(settings(key), fix)
+    extra = _check_env(env)
+    if not isinstance(stream, bool) or not isinstance(fresh, bool):
+        raise TypeError("stream and fresh must be True or False")
+    limit = case.timeout_s if timeout is None else timeout
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit <= 3600:
+        raise ValueError(f"timeout must be a number of seconds in (0, 3600], got {timeout!r}")
+    cache_key = (key, json.dumps(cfg, sort_keys=True), tuple(sorted(extra.items())))
+    if not fresh and cache_key in _CACHE:
+        return _CACHE[cache_key]
+    # every process gets its own random hash seed, as a fresh `python` does, even where the caller pinned one
+    run_env = {"PYTHONHASHSEED": "random", **extra}
+    echo = print if stream else None
+    with contextlib.ExitStack() as stack:
+        if cfg.get("master_port") == "stale":
+            cfg = {**cfg, "master_port": str(stack.enter_context(_stale_port()))}
+        args = ["--config", json.dumps(cfg)]
+        t0 = time.perf_counter()
+        if case.nproc == 1:
+            rc, log, timed_out = _run_single(case.module, args, run_env, float(limit), echo)
+            error = "" if rc == 0 else ("stopped at the runner's timeout" if timed_out else _traceback(log))
+        else:
+            lines: list[str] = []
+
+            def collect(line: str) -> None:
+                lines.append(line)
+                if echo is not None:
+                    echo(line)
+
+            try:
+                launch(case.module, nproc=case.nproc, args=args, timeout=float(limit), stream=collect, env=run_env)
+                rc, error, timed_out = 0, "", False
+            except LaunchTimeout as exc:
+                rc, error, timed_out = None, str(exc), True
+            except LaunchError as exc:
+                rc, error, timed_out = exc.returncode, str(exc), False
+            log = "\n".join(lines)
+        seconds = time.perf_counter() - t0
+    result = parse_result(log) if rc == 0 else None
+    run = CaseRun(key, cfg, extra, case.nproc, result, log, error, rc, timed_out, seconds)
+    _CACHE[cache_key] = run
+    return run
+
+
+def run_cases(requests: list[Any], *, stream: bool = False) -> list[CaseRun]:
+    """Run several one-process cases in one Python process, one after the other; return their runs in order.
+
+    ``requests`` holds case keys (the broken run) or ``(key, fix)`` pairs. Runs already made are taken from the
+    memory of :func:`run_case`, and the new ones are remembered there too, so a later ``run_case`` with the same
+    settings returns at once. Each case is its script's ``main``, as in its own process; one start-up of Python and
+    torch is shared. Two-rank cases raise ``ValueError`` (they need torchrun: use :func:`run_case`).
+
+    Introduced in notebook 13.
+    """
+    if isinstance(requests, (str, bytes)) or not isinstance(requests, (list, tuple)):
+        raise TypeError("requests must be a list of case keys or (key, fix) pairs")
+    plan: list[tuple[Case, dict[str, Any], tuple[str, str, tuple[tuple[str, str], ...]]]] = []
+    for req in requests:
+        if isinstance(req, str):
+            key, fix = req, None
+        elif isinstance(req, (tuple, list)) and len(req) == 2:
+            key, fix = req
+        else:
+            raise TypeError(f"each request is a case key or a (key, fix) pair, got {req!r}")
+        case = _case(key)
+        if case.nproc != 1:
+            raise ValueError(f"case {key!r} runs on {case.nproc} ranks: run it with run_case")
+        cfg = merge_config(settings(key), fix)
+        plan.append((case, cfg, (key, json.dumps(cfg, sort_keys=True), ())))
+    if not isinstance(stream, bool):
+        raise TypeError("stream must be True or False")
+    todo, seen = [], set()
+    for case, cfg, ck in plan:
+        if ck not in _CACHE and ck not in seen:
+            seen.add(ck)
+            todo.append((case, cfg, ck))
+    if todo:
+        arg = json.dumps([[case.module, cfg] for case, cfg, _ in todo])
+        t0 = time.perf_counter()
+        rc, log, timed_out = _run_single("labkit.clinic._batch", ["--plan", arg], {"PYTHONHASHSEED": "random"},
+                                         sum(case.timeout_s for case, _, _ in todo), print if stream else None)
+        seconds = time.perf_counter() - t0
+        parts: dict[int, list[str]] = {}
+        status: dict[int, int] = {}
+        current = None
+        for line in log.splitlines():
+            if line.startswith(_batch.BEGIN):
+                current = int(line[len(_batch.BEGIN):])
+                parts[current] = []
+            elif line.startswith(_batch.END):
+                i, code = line[len(_batch.END):].split()
+                status[int(i)] = int(code)
+                current = None
+            elif current is not None:
+                parts[current].append(line)
+        for i, (case, cfg, ck) in enumerate(todo):
+            text = "\n".join(parts.get(i, []))
+            code = status.get(i)
+            error = "" if code == 0 else (_traceback(text) if code is not None else
+                                          "the batch process ended before this case finished"
+                                          + (" (stopped at the runner's timeout)" if timed_out else ""))
+            _CACHE[ck] = CaseRun(case.key, cfg, {}, 1, parse_result(text) if code == 0 else None, text, error, code,
+                                 timed_out and code is None, seconds / len(todo))
+    return [_CACHE[ck] for _, _, ck in plan]
+
+
+def _letter(answer: Any) -> str | None:
+    if not isinstance(answer, str):
+        return None
+    a = answer.strip().strip("()").strip().lower()
+    return a if len(a) == 1 and a.isalpha() else None
+
+
+def grade_cause(key: str, answer: Any) -> tuple[bool, str]:
+    """Grade a cause given as the letter of one of :func:`causes` ("c"); the message explains the choice.
+
+    Introduced in notebook 13.
+    """
+    case = _case(key)
+    letter = _letter(answer)
+    n = len(case.causes)
+    if letter is None or ord(letter) - ord("a") >= n:
+        return False, f"Answer with the letter of one cause, one of {', '.join(repr(c) for c in 'abcdefgh'[:n])}."
+    i = ord(letter) - ord("a")
+    if i == case.answer:
+        return True, case.causes[i].why
+    return False, f"({letter}) does not fit the evidence: {case.causes[i].why}"
+
+
+def grade_fix(key: str, fix: Any) -> tuple[bool, str]:
+    """Run case ``key`` with the learner's one-setting ``fix`` and grade it: is the symptom gone?
+
+    The fix is a dict of exactly one setting of the script's ``CONFIG`` with a new value. Introduced in notebook 13.
+    """
+    case = _case(key)
+    if not isinstance(fix, dict):
+        return False, "Give the fix as a dict of one setting of the script's CONFIG, e.g. {'lr': 0.1}."
+    if len(fix) != 1:
+        return False, "Change exactly one setting: the clinic's fixes are one line, or one value."
+    defaults = settings(key)
+    (name, value), = fix.items()
+    try:
+        merge_config(defaults, fix)
+    except (TypeError, ValueError) as exc:
+        return False, str(exc)
+    if value == defaults[name] and type(value) is type(defaults[name]):
+        return False, f"{name} = {value!r} is what the broken run already had."
+    run = run_case(key, fix)
+    found = run.finding
+    if found.present:
+        msg = f"With {fix!r}: {found.summary}."
+        if fix == case.wrong_fix:
+            msg += " " + case.wrong_fix_why
+        return False, msg
+    why = case.fix_why if fix == case.fix else f"(The reference fix is {case.fix!r}: {case.fix_why})"
+    return True, f"With {fix!r}: {found.summary}. {why}"

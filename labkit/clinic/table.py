@@ -1,0 +1,671 @@
+"""The clinic's one table: every case with its script, symptom, candidate causes, fix, typical wrong fix and grader.
+
+Adding a case means adding a :class:`Case` row here and a script in :mod:`labkit.clinic.cases` (a ``CONFIG`` dict,
+the training code, a ``main`` that prints its evidence with :func:`labkit.clinic._script.finish`). The row's
+``detect`` reads a :class:`~labkit.clinic.runner.CaseRun` and says whether the symptom is there; the exercises of
+notebook 13 (``labkit.exercises.nb13``) are generated from the rows, and ``tests/test_clinic.py`` runs every row's
+broken run, reference fix and typical wrong fix.
+
+Introduced in notebook 13.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CASES", "LOADER_WAIT_LIMIT", "LR_RATIO_LIMIT", "Case", "Cause", "Finding", "lr_ratio"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a case's detector concluded from one run: is the symptom there, and a one-line reason.
+
+    ``summary`` holds no measured number that depends on the machine (it is printed by graders, in stored
+    notebook outputs). Introduced in notebook 13.
+    """
+
+    present: bool
+    summary: str
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One candidate cause: its text, and why the evidence supports it (the right one) or rules it out.
+
+    Introduced in notebook 13.
+    """
+
+    text: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the clinic: a broken run, what it shows, why, and the one-setting fix.
+
+    ``script`` is the case module's name under ``labkit.clinic.cases``; ``show`` the names of its functions the
+    notebook prints; ``nproc`` 1 (a plain process) or 2 (gloo ranks under torchrun); ``timeout_s`` the runner's
+    limit for one run. ``causes`` are the candidates the learner picks from (``answer`` is the index of the right
+    one, ``trap`` the index of the most tempting wrong one); ``fix`` the reference fix and ``wrong_fix`` a typical wrong one, each a dict of one setting of the
+    script's ``CONFIG``. ``detect`` grades a run. ``seed`` names what the case teaches from the source articles.
+
+    Introduced in notebook 13.
+    """
+
+    key: str
+    number: int
+    title: str
+    script: str
+    show: tuple[str, ...]
+    nproc: int
+    timeout_s: float
+    symptom: str
+    causes: tuple[Cause, ...]
+    answer: int
+    trap: int
+    cause_hint: str
+    cause_method: str
+    fix: dict[str, Any]
+    fix_why: str
+    fix_hint: str
+    fix_method: str
+    wrong_fix: dict[str, Any]
+    wrong_fix_why: str
+    detect: Callable[[Any], Finding]
+    seed: str
+
+    @property
+    def letter(self) -> str:
+        """The letter of the right cause ("a", "b", ...)."""
+        return "abcdefgh"[self.answer]
+
+    @property
+    def module(self) -> str:
+        """The script's full module name."""
+        return f"labkit.clinic.cases.{self.script}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Detectors: a run (labkit.clinic.runner.CaseRun) in, a Finding out
+# --------------------------------------------------------------------------------------------------
+
+def _no_result(run: Any, what: str) -> Finding | None:
+    if run.result is None:
+        how = "was stopped at the runner's timeout" if run.timed_out else "failed"
+        return Finding(True, f"the run {how} before {what}")
+    return None
+
+
+def _clip(run: Any) -> Finding:
+    bad = _no_result(run, "it finished")
+    if bad:
+        return bad
+    loss, saw = run.result["loss"], run.result["clip_saw"]
+    stuck = loss[-1] > 0.9 * loss[0]
+    scaled = statistics.median(saw) > 1000.0  # the true gradient norm here is about 1; scaled, tens of thousands
+    if scaled:
+        return Finding(True, "clip_grad_norm_ still measures the scaled gradients (tens of thousands, for a true "
+                             "norm near 1)" + (", and the loss is stuck" if stuck else ""))
+    if stuck:
+        return Finding(True, "the loss is still stuck")
+    return Finding(False, "clip_grad_norm_ measures the true gradients and the loss falls")
+
+
+def _noscale(run: Any) -> Finding:
+    bad = _no_result(run, "it finished")
+    if bad:
+        return bad
+    loss = run.result["loss"]
+    if not loss[-1] < 0.9 * loss[0]:
+        return Finding(True, "the loss is stuck" + (": every gradient is exactly 0" if
+                                                    run.result["zero_grads"][-1] == 1.0 else ""))
+    return Finding(False, "the gradients survive and the loss falls")
+
+
+def _softmax(run: Any) -> Finding:
+    bad = _no_result(run, "it finished")
+    if bad:
+        return bad
+    if any(v != v or v in (float("inf"), float("-inf")) for v in run.result["loss"]):
+        return Finding(True, "the loss is still NaN")
+    return Finding(False, "the loss is finite at every step")
+
+
+def _scaler_ckpt(run: Any) -> Finding:
+    bad = _no_result(run, "it finished")
+    if bad:
+        return bad
+    r = run.result
+    at = r["config"]["resume_at"]
+    extra = sum(r["resumed"]["skipped"][at:]) - sum(r["reference"]["skipped"][at:])
+    if extra > 0:
+        return Finding(True, "after the resume the run skips steps that the uninterrupted run took")
+    if r["resumed_digest"] != r["reference_digest"]:
+        return Finding(True, "the resumed run ends with other weights than the uninterrupted one")
+    return Finding(False, "the resumed run goes on exactly as the uninterrupted one: the same weights, bit for bit")
+
+
+def _bf16_scaler(run: Any) -> Finding:
+    bad = _no_result(run, "it finished")
+    if bad:
+        return bad
+    cfg = run.result["config"]
+    if cfg["grad_scaler"] and cfg["precision"] == "bf16":
+        return Finding(True, "a GradScaler still runs under bf16, where nothing can overflow: its scale only ever "
+                             "stays or grows, and it never skips a step")
+    return Finding(False, "no loss scaler under bf16" if cfg["precision"] == "bf16" else
+                   "the scaler now serves fp16, which needs it")
+
+
+def _graph(run: Any) -> Finding:
+    bad = _no_result(run, "it finished")
+    if bad:
+        return bad
+    if run.result["graph_mb"][-1] > 0:
+        return Finding(True, "val_total still holds the autograd graphs of every validation step, so memory grows "
+                             "with every step")
+    return Finding(False, "val_total holds no graph: memory stays flat")
+
+
+#: A step starves when it waits in ``next(loader)`` longer than this fraction of what reading its batch took (medians).
+LOADER_WAIT_LIMIT = 0.5
+
+
+def _loader(run: Any) -> Finding:
+    bad = _no_result(run, "it finished")
+    if bad:
+        return bad
+    r = run.result
+    if statistics.median(r["wait_s"]) > LOADER_WAIT_LIMIT * statistics.median(r["read_s"]):
+        return Finding(True, "every step still waits in next(loader) for a good part of the time it takes to read a "
+                             "whole batch")
+    return Finding(False, "the steps wait for data less than half of what reading a batch takes: the batches are "
+                          "read ahead")
+
+
+def _repro(run: Any) -> Finding:
+    bad = _no_result(run, "the runs could compare notes")
+    if bad:
+        return bad
+    runs = run.result["runs"]
+    if len({r["final_digest"] for r in runs}) > 1:
+        same_order = len({tuple(r["order"]) for r in runs}) == 1
+        return Finding(True, "the two runs still end with different weights" +
+                       ("" if same_order else ", after seeing the shards in different orders"))
+    return Finding(False, "both runs end with the same weights, bit for bit")
+
+
+def _rdzv(run: Any) -> Finding:
+    if run.result is None:
+        said = run.error + "\n" + run.log  # every rank's error, not only the first one's
+        if "connect" in said and "timed out" in said:
+            return Finding(True, "the ranks still cannot reach the rendezvous store: they time out connecting")
+        return _no_result(run, "the ranks met") or Finding(True, "")
+    return Finding(False, "both ranks joined the group and all-reduced")
+
+
+def _hang(run: Any) -> Finding:
+    if run.result is None:
+        if run.timed_out:
+            return Finding(True, "the ranks still wait for each other: the runner stopped the run at its timeout")
+        said = run.error + "\n" + run.log  # every rank's error: the one that failed first may be a consequence
+        if "mismatch between collectives" in said:
+            return Finding(True, "the ranks call different collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL caught it)")
+        if "Timed out" in said or "timed out" in said:
+            return Finding(True, "the ranks still wait for each other until the process-group timeout")
+        return _no_result(run, "it finished") or Finding(True, "")
+    if run.result["checkpoints"] < 1:
+        return Finding(True, "the run finished without writing a checkpoint: the hang was avoided, not fixed")
+    return Finding(False, "every rank finished, checkpoints included")
+
+
+def _ds_batch(run: Any) -> Finding:
+    if run.result is None:
+        if "train_batch_size is not equal to" in run.error:
+            return Finding(True, "DeepSpeed still refuses the batch settings: they do not multiply out")
+        return _no_result(run, "it trained") or Finding(True, "")
+    return Finding(False, "DeepSpeed accepted the batch settings and trained")
+
+
+#: The 2-rank run may end this much above the 1-GPU run (same number of examples) and count as "the same curve".
+LR_RATIO_LIMIT = 1.3
+
+
+def lr_ratio(run: Any) -> float:
+    """The 2-rank run's final loss over the 1-GPU run's, at the same number of examples (a finished "lr" run).
+
+    Introduced in notebook 13.
+    """
+    result = getattr(run, "result", None)
+    if getattr(run, "key", None) != "lr" or not isinstance(result, dict):
+        raise TypeError("run must be a finished run of the 'lr' case (labkit.clinic.run_case('lr'))")
+    curve, one = result.get("curve"), result.get("one_gpu")
+    if not (isinstance(curve, list) and isinstance(one, list) and curve and one and one[-1] > 0):
+        raise ValueError("the run's result holds no loss curves to compare")
+    return float(curve[-1] / one[-1])
+
+
+def _lr(run: Any) -> Finding:
+    bad = _no_result(run, "it finished")
+    if bad:
+        return bad
+    if lr_ratio(run) > LR_RATIO_LIMIT:
+        return Finding(True, "after as many examples as the 1-GPU run, the 2-rank run's loss is still clearly higher")
+    return Finding(False, "after as many examples, the 2-rank run's loss is as low as the 1-GPU run's")
+
+
+# --------------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------------
+
+_ROWS = (
+    Case(
+        key="clip", number=1, title="Gradient clipping before unscale_", script="clip_before_unscale",
+        show=("train",), nproc=1, timeout_s=60,
+        symptom="fp16 with a GradScaler and clipping at 1.0: the loss does not move; the clip saw norms of tens of "
+                "thousands",
+        causes=(
+            Cause("The learning rate is too small for SGD.",
+                  "The learning rate is the recipe's. Look at the norm the clip saw: tens of thousands for a model "
+                  "whose loss is below 1. Those are scaled gradients, and the clip shrinks them."),
+            Cause("clip_grad_norm_ runs on the scaled gradients, before scaler.unscale_: it sees the norm times the "
+                  "loss scale, clips that to 1.0, and the true gradients end up about 65536 times too small.",
+                  "The clip saw about 65536 x the true norm; after scaler.step unscales, the update is tiny."),
+            Cause("fp16 gradients underflow to zero.",
+                  "Then the clip would have seen a small or zero norm, not tens of thousands, and the scaler "
+                  "would have nothing to do with it."),
+            Cause("max_norm = 1.0 is too tight.",
+                  "The true gradient norm is below 1: clipping the true gradients at 1.0 would change nothing. "
+                  "What is wrong is what the clip measures."),
+        ),
+        answer=1, trap=3,
+        cause_hint="Compare the norm the clip saw with the loss scale printed on the same line.",
+        cause_method="After scaler.scale(loss).backward(), every .grad is multiplied by the scale. Which line of the "
+                     "loop divides it back, and does it run before or after clip_grad_norm_?",
+        fix={"unscale_first": True},
+        fix_why="scaler.unscale_(opt) before clip_grad_norm_ makes the clip measure the true gradients; scaler.step "
+                "then knows they are unscaled and does not divide again.",
+        fix_hint="One line has to run before clip_grad_norm_.",
+        fix_method="Read the loop's if-statement before the clip: which CONFIG setting turns it on?",
+        wrong_fix={"max_norm": 10.0},
+        wrong_fix_why="A looser max_norm still clips the scaled norm (tens of thousands) down to 10: the true "
+                      "gradients still shrink by thousands. The clip must see unscaled gradients.",
+        detect=_clip,
+        seed="000 §4.1 and §5.3: the AMP recipe's order, clipping after unscale_ (scale, backward, unscale_, clip, "
+             "step, update)",
+    ),
+    Case(
+        key="noscale", number=2, title="fp16 without a loss scaler", script="fp16_no_scaler",
+        show=("train",), nproc=1, timeout_s=60,
+        symptom="fp16 autocast, no scaler: the loss is the same at every step and every gradient is exactly 0",
+        causes=(
+            Cause("The learning rate is too low.",
+                  "A low learning rate still moves the weights a little. Here every gradient is exactly 0, so no "
+                  "learning rate can move them."),
+            Cause("The zero-initialised last layer blocks every gradient.",
+                  "A zero last layer only blocks the gradient to the layers below it. Its own gradient, the output "
+                  "gradient times the hidden activations, is not zero, yet it is 0 here too."),
+            Cause("The gradients are below fp16's smallest subnormal (about 6e-8) and flush to zero: the loss is "
+                  "about 1e-9, averaged over 128 x 256 outputs, and nothing scales it up before backward.",
+                  "Exactly 0 everywhere, from the first step: the gradient of the output, 2(pred - y)/N, is a few "
+                  "times 1e-9 and becomes 0 when it is cast to fp16."),
+            Cause("The data loader returns the same batch every step.",
+                  "Training on one batch over and over still gives non-zero gradients and a falling loss; these "
+                  "gradients are exactly 0."),
+        ),
+        answer=2, trap=0,
+        cause_hint="'Exactly 0' is a strong word. Which formats have a smallest representable magnitude, and what is "
+                   "fp16's?",
+        cause_method="Estimate the gradient of the output: a loss of about 1e-9 is a mean over 128 x 256 values; "
+                     "dL/dpred = 2(pred - y)/N. Compare it with 2^-24.",
+        fix={"loss_scaling": True},
+        fix_why="A GradScaler multiplies the loss by 65536 before backward, which lifts every gradient into fp16's "
+                "range, and divides the fp32 gradients back before the step. (bf16, with fp32's range, also works.)",
+        fix_hint="The gradients need to be bigger while they are fp16, and the right size when the optimizer uses them.",
+        fix_method="That is what notebook 03's loss scaling does. Which CONFIG setting turns it on?",
+        wrong_fix={"lr": 5.0},
+        wrong_fix_why="Ten times zero is zero: every gradient is still exactly 0, so the weights never move. Scale "
+                      "the loss before backward (a GradScaler), or train in bf16.",
+        detect=_noscale,
+        seed="000 §3.1 and §3.3, 002 §2.1: fp16's narrow range, underflow of small gradients, loss scaling",
+    ),
+    Case(
+        key="softmax", number=3, title="A softmax that overflows in fp16", script="softmax_overflow",
+        show=("train",), nproc=1, timeout_s=60,
+        symptom="fp16 fine-tuning of a tiny GPT: the loss is NaN from the first step and the loss scale halves every "
+                "step",
+        causes=(
+            Cause("The GradScaler's initial scale (65536) overflows the gradients.",
+                  "The loss is already NaN in the forward pass, before any scaling or backward; the scale only "
+                  "halves because every step is then skipped."),
+            Cause("The learning rate makes the weights diverge.",
+                  "The loss is NaN at step 0, before the first update."),
+            Cause("The token embedding produces inf.",
+                  "first_nonfinite would then name the embedding, which runs first. It names blocks.0.attn.proj, "
+                  "whose inputs were already non-finite: the bad values come from blocks.0.attn's own code."),
+            Cause("The hand-written softmax in blocks.0.attn's forward: exp of attention logits of about 26 overflows "
+                  "fp16 (whose largest value, 65504, is e^11.09), and inf / inf is NaN.",
+                  "blocks.0.attn.proj is the first module with a NaN output and its input was already NaN: the code "
+                  "before it in blocks.0.attn's forward (scores, softmax, @ v) made it, and the logits there exceed "
+                  "11.09."),
+        ),
+        answer=3, trap=0,
+        cause_hint="Start from the first_nonfinite line: which module, and were its inputs finite?",
+        cause_method="Inputs already non-finite means the code *between* modules made the NaN: the parent's forward "
+                     "(CausalSelfAttention). Compare the largest attention logit with log(65504).",
+        fix={"softmax": "fp32"},
+        fix_why="An fp32 island for the softmax (autocast off, upcast, subtract the max, cast back) cannot overflow: "
+                "the seed article's fix. 'stable' (subtract the row maximum first) works too.",
+        fix_hint="The softmax needs either more range or smaller arguments to exp.",
+        fix_method="The script's CONFIG names the softmax implementation; labkit.models.SOFTMAX_IMPLS lists the "
+                   "choices (notebook 04).",
+        wrong_fix={"init_scale": 1024.0},
+        wrong_fix_why="The NaN is made in the forward pass, by exp(26) in fp16; the loss scale only acts in the "
+                      "backward pass. A smaller scale changes nothing but the numbers it halves from.",
+        detect=_softmax,
+        seed="000 §5.3 (the custom attention whose fp16 softmax blew up; softmax in fp32), 002 §6.1 (NaN loss, "
+             "reduce ops in fp32, locating the layer)",
+    ),
+    Case(
+        key="scaler-ckpt", number=4, title="Scaler state missing from the checkpoint", script="scaler_checkpoint",
+        show=("save", "resume"), nproc=1, timeout_s=60,
+        symptom="a resumed fp16 run skips steps right after the resume that the uninterrupted run took, and ends "
+                "elsewhere",
+        causes=(
+            Cause("The optimizer state (AdamW's moments) was not saved.",
+                  "It was: the checkpoint holds opt.state_dict(). And missing moments would not make steps be "
+                  "skipped."),
+            Cause("The batches after the resume differ from the uninterrupted run's.",
+                  "The batch of a step is a pure function of the step number (labkit.data.Batches), and a "
+                  "different batch would not skip a step either."),
+            Cause("The GradScaler's state is not in the checkpoint: the new job starts again at 65536, overflows, and "
+                  "skips steps until it has backed off to where the old run was.",
+                  "The log says it: resumed with loss scale 65536, while the run had reached 2048; the skipped "
+                  "steps are the scaler backing off again."),
+            Cause("The RNG state was not saved.",
+                  "Nothing random happens after the model is built: no dropout, and the batches come from the step "
+                  "number."),
+        ),
+        answer=2, trap=0,
+        cause_hint="Read the line the script prints when it resumes.",
+        cause_method="Skipped steps are the scaler's doing: it skips when the scaled gradients overflow. What was "
+                     "the scale before the stop, and after the resume?",
+        fix={"save_scaler": True},
+        fix_why="scaler.state_dict() (scale and growth tracker) in the checkpoint, loaded on resume: the resumed run "
+                "is then the uninterrupted run, bit for bit.",
+        fix_hint="What does the job that resumes not know?",
+        fix_method="Look at what save() writes and resume() reads; one object of the training loop is missing.",
+        wrong_fix={"save_rng_state": True},
+        wrong_fix_why="Nothing after the resume draws random numbers; the skipped steps come from the loss scale "
+                      "starting again at 65536.",
+        detect=_scaler_ckpt,
+        seed="000 §3.3 (GradScaler's dynamic scale), 004 §7 (checkpoints and resume), notebook 04's checkpoints",
+    ),
+    Case(
+        key="bf16-scaler", number=5, title="A GradScaler with bf16 (why is my scale stuck at 65536?)",
+        script="bf16_scaler", show=("train",), nproc=1, timeout_s=60,
+        symptom="bf16 autocast with a GradScaler: the scale stays at 65536, no step is ever skipped",
+        causes=(
+            Cause("growth_interval (2000) is longer than the run, so the scale has had no chance to grow.",
+                  "That explains why it has not grown, not why it never backs off; and growing it would change "
+                  "nothing: bf16 does not overflow here."),
+            Cause("bf16 has fp32's exponent range: scaled gradients of about 1e4 are nowhere near its largest value, "
+                  "3.4e38, so nothing overflows, the scale never backs off, and the scaler does nothing but cost "
+                  "time. bf16 needs no loss scaler.",
+                  "The log compares the largest scaled gradient with bf16's largest value; the scaler's only job is "
+                  "to react to overflows, and there are none."),
+            Cause("GradScaler does not work on the CPU.",
+                  "It does: notebook 03 showed GradScaler('cpu') backing off under fp16."),
+            Cause("The gradients underflow in bf16.",
+                  "bf16 has fp32's range: scaled or not, these gradients are far above its smallest normal, 1e-38."),
+        ),
+        answer=1, trap=0,
+        cause_hint="What does a GradScaler react to, and how often does that happen in bf16?",
+        cause_method="Compare the largest scaled gradient in the log with the largest bf16 value printed next to it.",
+        fix={"grad_scaler": False},
+        fix_why="Without the scaler, bf16 training computes the same losses (a power-of-two scale is exact) and skips "
+                "the unscale pass and the inf check every step.",
+        fix_hint="The best scaler for bf16 is the simplest one.",
+        fix_method="One CONFIG setting turns the scaler off.",
+        wrong_fix={"growth_interval": 4},
+        wrong_fix_why="Now the scale grows every 4 steps and still never backs off: it still does nothing for bf16, "
+                      "it only costs an unscale and an inf check per step. Remove it.",
+        detect=_bf16_scaler,
+        seed="000 §3.1 and §4.2, 002 §2.1: bf16 keeps fp32's exponent range and needs no GradScaler",
+    ),
+    Case(
+        key="graph", number=6, title="A loss kept with its graph", script="loss_graph",
+        show=("train",), nproc=1, timeout_s=60,
+        symptom="memory grows by a few MiB with every step, and never comes back",
+        causes=(
+            Cause("AdamW's moments grow every step.",
+                  "Optimizer state is allocated once, at the first step, and keeps its size."),
+            Cause("The allocator keeps freed memory for reuse.",
+                  "Memory kept for reuse is reused, so it would level off. And the script measures, exactly, the "
+                  "bytes that the graph behind val_total holds: they grow with every step."),
+            Cause("val_total += val_loss keeps every step's validation graph, with its activations, alive: val_loss "
+                  "was computed with autograd on, and the sum chains the graphs together.",
+                  "The bytes held by the graph behind val_total grow by the activations of one validation batch "
+                  "per step."),
+            Cause("The training batches get larger.",
+                  "The training batch is fixed at 128 examples."),
+        ),
+        answer=2, trap=1,
+        cause_hint="Which object lives from the first step to the last?",
+        cause_method="A tensor computed with autograd on keeps its graph as long as it lives; what does "
+                     "val_total + val_loss hold on to?",
+        fix={"log_with_item": True},
+        fix_why="val_loss.item() is a Python float: it holds no graph. (Evaluating under torch.no_grad() builds no "
+                "graph at all, and is the better habit for validation.)",
+        fix_hint="Log a number, not a tensor.",
+        fix_method="Which CONFIG setting makes the running total a Python float?",
+        wrong_fix={"gc_every_step": True},
+        wrong_fix_why="gc.collect() frees only unreachable objects; every graph is still reachable from val_total. "
+                      "Keep a Python number (.item()), or evaluate under torch.no_grad().",
+        detect=_graph,
+        seed="000 §5.1 (memory that does not drop; measure before guessing), 004 §9.2 (memory)",
+    ),
+    Case(
+        key="loader", number=7, title="Data loading starves compute", script="loader_starvation",
+        show=("make_loader",), nproc=1, timeout_s=60,
+        symptom="the profiler's top row is the DataLoader's __next__: every step waits as long as reading a batch takes",
+        causes=(
+            Cause("The model is too slow: compute dominates.",
+                  "'compute: forward, backward, step' is about a quarter of the time; the DataLoader's __next__ is "
+                  "the top row."),
+            Cause("The training process reads and collates every batch itself, record after record, while the model "
+                  "waits (num_workers=0: no background workers, no prefetching).",
+                  "_SingleProcessDataLoaderIter.__next__ holds most of the self CPU time: the reads happen in the "
+                  "training process, between steps."),
+            Cause("The host-to-device copy needs pinned memory.",
+                  "There is no device copy here at all; the time goes into __next__, reading records."),
+            Cause("The batch size is too small.",
+                  "A larger batch takes proportionally longer to read: the share of time spent waiting stays."),
+        ),
+        answer=1, trap=2,
+        cause_hint="Read the profiler table's first column and its Self CPU % column.",
+        cause_method="'_SingleProcessDataLoaderIter' says where the reads happen. Who else could read while the "
+                     "model computes?",
+        fix={"num_workers": 4},
+        fix_why="Four worker processes read records in parallel and keep prefetch_factor batches ready per worker, "
+                "so the next batch is waiting when the step asks for it.",
+        fix_hint="Reads that wait on storage can overlap with compute, and with each other.",
+        fix_method="DataLoader's worker processes read batches in the background; enough of them must keep up with "
+                   "a step.",
+        wrong_fix={"pin_memory": True},
+        wrong_fix_why="Pinned memory speeds up host-to-GPU copies (and does nothing without an accelerator, as the "
+                      "warning in the log says); the wait is in reading the records. Read them in worker "
+                      "processes (num_workers) that prefetch.",
+        detect=_loader,
+        seed="004 §9.1 (low utilisation: data loading, prefetching), 000 §5.4 (DataLoader num_workers and "
+             "prefetching instead of extra barriers), 000 §2.4 (profile first)",
+    ),
+    Case(
+        key="repro", number=8, title="Two runs that should match differ", script="runs_differ",
+        show=("train",), nproc=2, timeout_s=90,
+        symptom="the same script, the same seed, the same initial weights: different final weights",
+        causes=(
+            Cause("The seed is not set.",
+                  "It is, and both runs start from the same weights: their initial checksums are equal."),
+            Cause("Non-deterministic kernels make the sums differ.",
+                  "Then the shards would come in the same order in both runs, and they do not. "
+                  "(torch.use_deterministic_algorithms changes nothing here.)"),
+            Cause("list(set(shards)): the order of a set of strings depends on Python's hash seed, which is random in "
+                  "every process (PYTHONHASHSEED), so each run sees the shards in another order.",
+                  "The logs show the same seed and initial weights, and different first shards."),
+            Cause("The two processes ran on different CPU cores, whose arithmetic differs.",
+                  "The cores of one CPU compute identically: with the same inputs in the same order the results are "
+                  "the same bits."),
+        ),
+        answer=2, trap=1,
+        cause_hint="Find the first line where the two runs' logs differ.",
+        cause_method="The seed and the initial weights agree; the next thing each run logs is the order of its data. "
+                     "Where does that order come from?",
+        fix={"sort_shards": True},
+        fix_why="sorted(set(...)) gives the same order in every process; reproducibility needs the seed, the code, "
+                "the data *and its order*, and the environment recorded (004 §9.4).",
+        fix_hint="The data order must not depend on the process.",
+        fix_method="Which CONFIG setting makes the shard list's order fixed?",
+        wrong_fix={"deterministic": True},
+        wrong_fix_why="Deterministic kernels make the same inputs give the same bits; here the inputs differ: each "
+                      "process sees the shards in another order. Sort them.",
+        detect=_repro,
+        seed="004 §7 and §9.4 (reproducible runs: record seeds, data versions, code and environment)",
+    ),
+    Case(
+        key="rdzv", number=9, title="A rendezvous that never happens", script="rendezvous",
+        show=("join",), nproc=2, timeout_s=90,
+        symptom="DistNetworkError: the client socket timed out while trying to connect to (127.0.0.1, port)",
+        causes=(
+            Cause("Another job holds the port.",
+                  "A port in use fails the process that *binds* it, at once ('address already in use'). Here the "
+                  "ranks are clients that cannot connect: nothing listens at the port they asked for."),
+            Cause("The script overwrites torchrun's MASTER_ADDR/MASTER_PORT with a stale port, so the ranks look for "
+                  "the rendezvous store where none listens, and time out.",
+                  "Each rank's first line shows both: the address torchrun set, and the one the rank joins."),
+            Cause("Loopback traffic is blocked.",
+                  "torchrun's own store on 127.0.0.1 works (the launcher started); the ranks asked for another "
+                  "port."),
+            Cause("The gloo backend is not available here.",
+                  "The error comes from connecting to the store (TCPStore), before gloo is involved."),
+        ),
+        answer=1, trap=0,
+        cause_hint="Compare the two addresses on each rank's first line.",
+        cause_method="torchrun runs the rendezvous store and tells the ranks where it is with MASTER_ADDR and "
+                     "MASTER_PORT; who changes them afterwards?",
+        fix={"set_master_env": False},
+        fix_why="Let the launcher's MASTER_ADDR/MASTER_PORT stand (under Slurm: export them once, from the job's "
+                "first node, for every task).",
+        fix_hint="Who should say where the rendezvous is: the launcher or the script?",
+        fix_method="One CONFIG setting controls the two lines copied from the tutorial.",
+        wrong_fix={"master_addr": "localhost"},
+        wrong_fix_why="localhost is the same machine as 127.0.0.1; the port is still the stale one. Let the "
+                      "launcher's MASTER_ADDR/MASTER_PORT stand.",
+        detect=_rdzv,
+        seed="002 §8.2 (multi-node configuration), 004 §6.4 and §8 (one node first, then more; jobs on a "
+             "cluster), notebook 12's rendezvous variables",
+    ),
+    Case(
+        key="hang", number=10, title="A collective called by only some ranks", script="partial_collective",
+        show=("train",), nproc=2, timeout_s=90,
+        symptom="after the first checkpoint both ranks wait, then fail: 'Timed out waiting 5000ms for recv'",
+        causes=(
+            Cause("The network between the ranks is too slow.",
+                  "The ranks all-reduced every step before the checkpoint without trouble; they stop exactly at the "
+                  "checkpoint, and DETAIL shows them in different collectives."),
+            Cause("Writing the checkpoint takes longer than the timeout.",
+                  "Rank 0 wrote it and said so before it waited; it then waits at a barrier that rank 1 never "
+                  "calls."),
+            Cause("dist.barrier() is called by rank 0 only. Collectives must be called by every rank, in the same "
+                  "order: rank 0's barrier waits for rank 1, and rank 1's next all_reduce waits for rank 0.",
+                  "With TORCH_DISTRIBUTED_DEBUG=DETAIL, the ranks compare each collective before running it: rank 1 "
+                  "is in ALLREDUCE while rank 0 is in BARRIER."),
+            Cause("The process-group timeout (5 s) is too short.",
+                  "A longer timeout only makes the ranks wait longer: rank 1 never calls the barrier."),
+        ),
+        answer=2, trap=3,
+        cause_hint="Rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL and read the first error.",
+        cause_method="Each rank's traceback ends in a different collective. Which line is inside `if rank == 0:`?",
+        fix={"barrier_on_all_ranks": True},
+        fix_why="Rank 0 writes, then every rank calls barrier(): the same collectives, in the same order, on all "
+                "ranks.",
+        fix_hint="A collective is a meeting: who has to come?",
+        fix_method="Move the barrier out of `if rank == 0:`; one CONFIG setting does that.",
+        wrong_fix={"pg_timeout_s": 10.0},
+        wrong_fix_why="The ranks still wait for each other in different collectives: a longer timeout only makes the "
+                      "hang longer (10 s instead of 5 here; with the default 30 minutes a job burns half an hour of "
+                      "its allocation). Call the barrier on every rank.",
+        detect=_hang,
+        seed="000 §5.4 (NCCL timeouts; barrier misuse), 002 §6.3 (barrier as a debugging sync point)",
+    ),
+    Case(
+        key="ds-batch", number=11, title="A DeepSpeed batch config that does not multiply out",
+        script="deepspeed_batch", show=("ds_config",), nproc=2, timeout_s=120,
+        symptom="AssertionError from DeepSpeed: train_batch_size is not equal to micro_batch_per_gpu * "
+                "gradient_acc_step * world_size",
+        causes=(
+            Cause("DeepSpeed does not support 2 ranks on the CPU.",
+                  "It does: notebook 10 trains ZeRO stages 0-3 on 2 CPU ranks. This is a config check."),
+            Cause("The micro-batch does not fit in memory.",
+                  "The run stops in DeepSpeedConfig, before any batch exists."),
+            Cause("train_batch_size was set for one GPU: it must equal micro-batch x accumulation steps x world size "
+                  "= 8 x 4 x 2 = 64.",
+                  "DeepSpeed's own message says it: 32 != 8 * 4 * 2."),
+            Cause("gradient_accumulation_steps must be 1 with ZeRO.",
+                  "ZeRO stages accumulate gradients fine; the assertion names the product."),
+        ),
+        answer=2, trap=0,
+        cause_hint="DeepSpeed's message is a sum you can check: read its last line.",
+        cause_method="Which of the three factors changed when the run moved from one GPU to two?",
+        fix={"train_batch_size": 64},
+        fix_why="64 = 8 x 4 x 2. (Halving the accumulation to 2 keeps the global batch of 32 instead; DeepSpeed can "
+                "also derive one of the three from the other two.)",
+        fix_hint="The three numbers must multiply out with the world size.",
+        fix_method="Change one of the three batch settings so that train = micro x accumulation x 2.",
+        wrong_fix={"gradient_accumulation_steps": 8},
+        wrong_fix_why="8 x 8 x 2 = 128, still not 32: doubling a factor makes the product larger. Halve the "
+                      "accumulation (2), or set train_batch_size to 64.",
+        detect=_ds_batch,
+        seed="000 §4.4 and §6 (DeepSpeed config: train_batch_size, gradient_accumulation_steps), 004 §6.1 (global "
+             "batch)",
+    ),
+    Case(
+        key="lr", number=12, title="The learning rate not scaled from 1 to N ranks", script="lr_scaling",
+        show=("train",), nproc=2, timeout_s=90,
+        symptom="on 2 ranks the loss curve lags the 1-GPU curve at the same number of examples",
+        causes=(
+            Cause("DDP averages the gradients wrongly.",
+                  "DDP's average of two halves is the gradient of the whole batch (notebook 09): each step is "
+                  "right; there are just half as many."),
+            Cause("Each rank sees only half the data.",
+                  "Together the ranks see the global batch of 64 per step, and 960 examples over the run, as the "
+                  "1-GPU run does."),
+            Cause("The global batch doubled but the learning rate did not: half as many steps of the same size move "
+                  "the weights half as far. The linear scaling rule gives lr x (64 / 32) = 0.2.",
+                  "Same examples, half the steps, the same step size: the curve lags by about a factor of two in "
+                  "examples."),
+            Cause("gloo is slower than NCCL.",
+                  "Speed is not compared here: the loss is compared at the same number of examples."),
+        ),
+        answer=2, trap=1,
+        cause_hint="Count the optimizer steps each run takes for the same 960 examples.",
+        cause_method="Each step averages over its global batch, so the gradient keeps its size; what must grow so "
+                     "that half as many steps go as far? Notebook 09's rule.",
+        fix={"lr": 0.2},
+        fix_why="The linear scaling rule: the global batch doubled (32 to 64), so the learning rate doubles. "
+                "(Keeping the global batch at 32, 16 per rank, is the other way.)",
+        fix_hint="Notebook 09's rule, applied to this recipe.",
+        fix_method="Multiply the tuned learning rate by global batch now / global batch tuned.",
+        wrong_fix={"lr": 0.05},
+        wrong_fix_why="Dividing by the number of ranks goes the wrong way: every step now averages over 64 examples "
+                      "and can take a step twice as large, not half.",
+        detect=_lr,
+        seed="004 §6.1 (global batch size and convergence with more devices), notebook 09's linear scaling rule",
+    ),
+)
+
+#: Every case, by key, in the notebook's order.
+CASES: dict[str, Case] = {c.key: c for c in _ROWS}
