@@ -1,4 +1,4 @@
-"""Command line: ``python -m labkit doctor [--json]`` and ``python -m labkit student-build [--tree]``."""
+"""Command line: ``python -m labkit doctor [--json]``, ``student-build [--tree]``, ``workspace`` and ``progress``."""
 
 from __future__ import annotations
 
@@ -27,7 +27,20 @@ def main(argv: list[str] | None = None) -> int:
     stu.add_argument("--force", action="store_true",
                      help="move a folder that is not an earlier build aside to OUT.replaced-<time> "
                           "(nothing is deleted)")
+    wsp = sub.add_parser("workspace",
+                         help="create or update your workspace (work/): the notebooks without solutions; never "
+                              "overwrites your edits (make lab runs it)")
+    wsp.add_argument("--root", default=".", help="the workbook checkout (default: .)")
+    wsp.add_argument("--dir", default=None, help="the workspace folder (default: ROOT/work)")
+    prg = sub.add_parser("progress", help="show which exercises you have solved (your local progress record)")
+    prg.add_argument("--file", default=None,
+                     help="the progress record (default: the workspace's, or ./work's, else your per-user file)")
+    prg.add_argument("--json", action="store_true", help="print the record as JSON")
     args = ap.parse_args(argv)
+    if args.cmd == "workspace":
+        return _workspace(args)
+    if args.cmd == "progress":
+        return _progress(args)
     if args.cmd == "student-build":
         if args.tree and args.src is not None:
             stu.error("--src is for the notebooks-only build; with --tree give the checkout as --root")
@@ -64,6 +77,59 @@ def _student_build(args: argparse.Namespace) -> int:
         print(f"moved what was in {rep.out_dir} before to {rep.moved_aside} (nothing deleted)")
     what = f"a student tree ({len(rep.files)} files)" if args.tree else f"{len(rep.removed)} notebooks"
     print(f"wrote {what} to {rep.out_dir}")
+    return 0
+
+
+def _workspace(args: argparse.Namespace) -> int:
+    """Run ``workspace``: one line per change, or one line saying why not (exit status 2).
+
+    Introduced in notebook 00.
+    """
+    from labkit.workspace import update_workspace
+
+    try:
+        rep = update_workspace(args.root, args.dir)
+    except (ValueError, OSError) as e:
+        print(f"python -m labkit workspace: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    for line in rep.lines:
+        print(f"workspace: {line}")
+    return 0
+
+
+def _progress(args: argparse.Namespace) -> int:
+    """Run ``progress``: the per-notebook view of the progress record (``--json``: the record itself).
+
+    Without ``--file`` and ``LABKIT_PROGRESS``, run from the checkout it reads the workspace ``./work``'s record.
+    Introduced in notebook 00.
+    """
+    import os
+    from pathlib import Path
+
+    from labkit import check
+    from labkit.workspace import DEFAULT_DIR, MARKER, PROGRESS_FILE, find_workspace
+
+    path: Path | None
+    if args.file is not None:
+        path = Path(args.file).expanduser()
+    elif (not os.environ.get(check.PROGRESS_ENV, "").strip() and find_workspace() is None
+          and (Path(DEFAULT_DIR) / MARKER).is_file()):
+        path = (Path(DEFAULT_DIR) / PROGRESS_FILE).absolute()
+    else:
+        path = check.progress_path()
+    try:
+        record = check.load_progress(path) if path is not None else {}
+    except ValueError as e:
+        print(f"python -m labkit progress: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"file": None if path is None else str(path), "exercises": record}, indent=1))
+        return 0
+    if path is None:
+        print("No progress record here (the reference notebooks, or LABKIT_PROGRESS=off).")
+    else:
+        print(f"Your progress (recorded in {path}):" if record else f"No exercise checked yet (record: {path}).")
+    print(check.format_progress(record))
     return 0
 
 

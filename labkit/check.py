@@ -4,33 +4,63 @@ Exercises live in :mod:`labkit.exercises` (one module per notebook). A learner's
 ``...`` (Ellipsis) is reported as "not attempted yet", so a student copy of a notebook, with the
 solutions stripped, still runs top to bottom. :class:`~labkit.exercises.Exercise`, ``NOT_GIVEN`` and
 :func:`~labkit.exercises.number_grader` are defined in :mod:`labkit.exercises` and re-exported here.
+
+**Hints escalate.** In one kernel, the first wrong answer to an exercise gets its ``hint`` (a nudge), the
+second its ``method``, the third its worked ``solution`` (a missing one is skipped; where there is no
+solution, the hint points at the reference notebook). :func:`solution` shows the worked solution at once. An
+answer that is the exercise's typical mistake (``Exercise.wrong``) is answered with ``wrong_why``, which names
+the mistake. The count starts at zero in every kernel: what a kernel prints never depends on earlier runs.
+
+**Progress.** Every graded answer is also written to a local record (JSON, on this machine only, never a
+network): in the learner's workspace (``work/.labkit-progress.json``, see :mod:`labkit.workspace`) when the
+notebook runs there, else in a per-user file (``$XDG_STATE_HOME/labkit/progress.json``, by default
+``~/.local/state/labkit/progress.json``); ``LABKIT_PROGRESS`` names another file (``off``: no record). The
+reference notebooks (a checkout's ``notebooks/``, which hold the solutions) record nothing. :func:`progress`
+and ``python -m labkit progress`` show the record; :func:`export_results` still collects results for a class.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
+import numbers
+import os
 import re
+import time
 import traceback
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from labkit.exercises import NOT_GIVEN, Exercise, get_exercise, number_grader
+from labkit.exercises import NOT_GIVEN, Exercise, all_exercises, get_exercise, number_grader
 
 __all__ = [
     "NOT_GIVEN",
+    "PROGRESS_ENV",
     "Exercise",
     "Verdict",
     "check",
     "contains_ellipsis",
     "evaluate",
     "export_results",
+    "format_progress",
+    "load_progress",
     "load_results",
     "number_grader",
     "predict",
+    "progress",
+    "progress_path",
     "reset_results",
     "results",
     "reveal",
+    "solution",
 ]
+
+#: The environment variable that names the progress record's file (``off``: record nothing).
+PROGRESS_ENV = "LABKIT_PROGRESS"
 
 
 @dataclass(frozen=True)
@@ -46,6 +76,8 @@ class Verdict:
 
 _RESULTS: dict[str, str] = {}
 _PREDICTIONS: dict[str, Any] = {}
+#: Wrong answers per exercise in this kernel: how far the hints have escalated.
+_WRONG: dict[str, int] = {}
 
 
 # What contains_ellipsis looks into, and how deep; deeper levels count as filled in.
@@ -88,48 +120,224 @@ def _outcome(out: Any) -> tuple[bool, str]:
     return bool(out), ""
 
 
+# How deep and how wide _same_answer compares an answer with the typical mistake; beyond, no match.
+_SAME_DEPTH = 16
+_SAME_WIDTH = 1000
+
+
+def _text_form(x: Any) -> str:
+    return str(x).strip().casefold().removeprefix("torch.")
+
+
+def _same_answer(answer: Any, wrong: Any, depth: int = 0) -> bool:
+    """Whether ``answer`` is the typical mistake ``wrong``: numbers within 1e-9, text ignoring case and spaces,
+    tensors and arrays equal, containers element by element. Never raises; functions never match (their
+    grader calls them and names the mistake itself)."""
+    if wrong is NOT_GIVEN or depth > _SAME_DEPTH or callable(wrong) and not isinstance(wrong, type):
+        return False
+    try:
+        if isinstance(answer, bool) or isinstance(wrong, bool):
+            return isinstance(answer, bool) and isinstance(wrong, bool) and answer is wrong
+        if isinstance(answer, numbers.Real) and isinstance(wrong, numbers.Real):
+            a, b = float(answer), float(wrong)
+            return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+        if isinstance(answer, str) or isinstance(wrong, str):
+            other = wrong if isinstance(answer, str) else answer
+            if isinstance(other, (numbers.Number, list, tuple, dict, set, frozenset)):
+                return False
+            return _text_form(answer) == _text_form(wrong)  # also a dtype, or a value computed when graded
+        if isinstance(wrong, dict):
+            if not isinstance(answer, dict) or len(answer) != len(wrong) or len(wrong) > _SAME_WIDTH:
+                return False
+            return all(k in answer and _same_answer(answer[k], v, depth + 1) for k, v in wrong.items())
+        if isinstance(wrong, (list, tuple)):
+            if not isinstance(answer, (list, tuple)) or len(answer) != len(wrong) or len(wrong) > _SAME_WIDTH:
+                return False
+            return all(_same_answer(a, b, depth + 1) for a, b in zip(answer, wrong))
+        if isinstance(wrong, (set, frozenset)):
+            if not isinstance(answer, (set, frozenset, list, tuple)) or len(wrong) > _SAME_WIDTH:
+                return False
+            items = list(answer)
+            return len(set(map(_text_form, items))) == len(wrong) and all(
+                any(_same_answer(a, b, depth + 1) for a in items) for b in wrong)
+        if type(wrong).__module__.startswith(("torch", "numpy")):
+            import numpy as np
+
+            if type(answer).__module__.startswith("torch") and hasattr(answer, "shape"):
+                import torch
+
+                return (isinstance(wrong, torch.Tensor) and answer.shape == wrong.shape
+                        and answer.dtype == wrong.dtype and bool(torch.equal(answer, wrong)))
+            if isinstance(wrong, np.ndarray) or isinstance(answer, np.ndarray):
+                return (isinstance(answer, np.ndarray) and isinstance(wrong, np.ndarray)
+                        and answer.shape == wrong.shape and bool(np.array_equal(answer, wrong)))
+        same = answer == wrong
+        return same if isinstance(same, bool) else False
+    except (Exception, RecursionError):  # an answer's own __eq__/__iter__ may raise anything
+        return False
+
+
+def _typical(ex: Exercise, answer: Any) -> bool:
+    """Whether ``answer`` is ``ex``'s typical mistake (for a predict exercise: the prediction part)."""
+    wrong = ex.wrong
+    if ex.kind == "predict":
+        if not (isinstance(answer, tuple) and isinstance(wrong, tuple) and len(answer) == len(wrong) == 2):
+            return False
+        answer, wrong = answer[0], wrong[0]
+    return _same_answer(answer, wrong)
+
+
+# _judge's details that are not a grader's message: a stub function, an answer that raised
+_STUB, _RAISED = "\x00stub", "\x00raised:"
+
+
+def _judge(ex: Exercise, answer: Any) -> tuple[str, str, bool]:
+    """Grade: ``(status, detail, typical)``; ``detail`` is the grader's message (or what the answer raised)."""
+    try:
+        if contains_ellipsis(answer):
+            return "not attempted", "", False
+        out = ex.grade(answer)
+        if out is None:
+            return "not attempted", _STUB, False
+        ok, detail = _outcome(out)
+    except (Exception, SystemExit) as exc:  # whatever the answer does, the cell goes on (Ctrl-C still stops it)
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return "wrong", _RAISED + last, False
+    if ok:
+        return "correct", detail, False
+    return "wrong", detail, _typical(ex, answer)
+
+
+def _reference_notebook(ex: Exercise) -> str:
+    """The reference notebook of an exercise, for a message: ``notebooks/03_loss_scaling.ipynb``."""
+    from labkit.catalog import NOTEBOOKS
+
+    number = ex.id.split(".")[0]
+    stem = next((n.stem for n in NOTEBOOKS if n.number == number), None)
+    return f"notebooks/{stem}.ipynb" if stem else f"notebook {number}"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line if line.strip() else "" for line in text.strip("\n").splitlines())
+
+
+_SOLUTION_LABEL = "The worked solution"
+
+
+def _ladder(ex: Exercise) -> list[tuple[str, str]]:
+    """The help a wrong answer climbs, with its labels: the hint, the method, the worked solution (the empty
+    ones left out)."""
+    return [(label, text.strip()) for label, text in (("Hint", ex.hint), ("Hint 2, the method", ex.method),
+                                                      (_SOLUTION_LABEL, ex.solution)) if text.strip()]
+
+
+def _shows_solution(ex: Exercise, level: int) -> bool:
+    ladder = _ladder(ex)
+    return bool(ladder) and ladder[min(level, len(ladder)) - 1][0] == _SOLUTION_LABEL
+
+
+def _hint(ex: Exercise, level: int) -> str:
+    """The help for the ``level``-th wrong answer (1, 2, 3...): the hint, the method, the worked solution.
+
+    A field left empty is skipped; after the last one, the last one again.
+    """
+    ladder = _ladder(ex)
+    if not ladder:
+        return f" See the reference notebook, {_reference_notebook(ex)}."
+    label, text = ladder[min(level, len(ladder)) - 1]
+    if label == _SOLUTION_LABEL:
+        return f" {label}:\n{_indent(text)}"
+    more = ""
+    if level > 1 and label == ladder[-1][0] and not ex.solution.strip():
+        more = f" (The reference notebook, {_reference_notebook(ex)}, shows the answer.)"
+    return f" {label}: {text}{more}"
+
+
+def _message(ex: Exercise, status: str, detail: str, typical: bool, level: int) -> str:
+    if status == "not attempted":
+        if detail == _STUB:
+            return (f"{ex.id}: not attempted yet. Your function still returns nothing; "
+                    "fill in its body and run the cell again.")
+        return f"{ex.id}: not attempted yet. Replace the `...` and run the cell again."
+    if status == "correct":
+        msg = f"{ex.id}: correct."
+        if ex.success or detail:
+            msg += " " + (ex.success or detail)
+        return msg
+    if detail.startswith(_RAISED):
+        return f"{ex.id}: your answer raised {detail.removeprefix(_RAISED)}.{_hint(ex, level)}"
+    msg = f"{ex.id}: not quite."
+    why = ex.wrong_why.strip() if typical else ""
+    if why:
+        msg += " " + why
+    if detail and not (why and (detail in why or why in detail)):
+        msg += " " + detail
+    return msg + _hint(ex, level)
+
+
 def evaluate(exercise_id: str, answer: Any) -> Verdict:
     """Grade ``answer`` for ``exercise_id`` and return a :class:`Verdict` without printing.
 
+    A wrong answer's message carries the first hint (``check`` escalates; this function keeps no state).
     Raises ``ValueError`` for an unknown exercise id (a bug in the notebook, not a wrong answer).
     Introduced in notebook 01.
     """
     ex = get_exercise(exercise_id)
-    try:
-        if contains_ellipsis(answer):
-            return Verdict("not attempted", f"{ex.id}: not attempted yet. Replace the `...` and run the cell again.")
-        out = ex.grade(answer)
-        if out is None:
-            return Verdict("not attempted", f"{ex.id}: not attempted yet. Your function still returns nothing; "
-                                            "fill in its body and run the cell again.")
-        ok, detail = _outcome(out)
-    except (Exception, SystemExit) as exc:  # whatever the answer does, the cell goes on (Ctrl-C still stops it)
-        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        return Verdict("wrong", f"{ex.id}: your answer raised {last}. Hint: {ex.hint}")
-    if ok:
-        msg = f"{ex.id}: correct."
-        if ex.success or detail:
-            msg += " " + (ex.success or detail)
-        return Verdict("correct", msg)
-    msg = f"{ex.id}: not quite."
-    if detail:
-        msg += " " + detail
-    return Verdict("wrong", msg + f" Hint: {ex.hint}")
+    status, detail, typical = _judge(ex, answer)
+    return Verdict(status, _message(ex, status, detail, typical, 1))
+
+
+def _escalated(ex: Exercise, answer: Any) -> tuple[Verdict, bool]:
+    """Grade like :func:`evaluate`, counting this kernel's wrong answers: the hints escalate.
+
+    Returns the verdict and whether its message showed the worked solution.
+    """
+    status, detail, typical = _judge(ex, answer)
+    level = 1
+    if status == "wrong":
+        level = _WRONG[ex.id] = _WRONG.get(ex.id, 0) + 1
+    shown = status == "wrong" and _shows_solution(ex, level)
+    return Verdict(status, _message(ex, status, detail, typical, level)), shown
+
+
+def _say(text: str) -> None:
+    # lone surrogates (from an answer's text) cannot be encoded for printing: show them escaped
+    print(text.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def check(exercise_id: str, answer: Any) -> None:
     """Print ✓ and a short confirmation, ✗ and a hint, or "not attempted yet"; never raise on an answer.
 
-    Whatever ``answer`` is (a container that holds itself, a list nested thousands deep, an object whose
-    methods raise), the outcome is printed, not raised; only an unknown ``exercise_id`` (a bug in the
-    notebook, not in the answer) raises ``ValueError``/``TypeError``.
+    Hints escalate in this kernel: the first wrong answer gets the hint, the next the method, the next the
+    worked solution; the exercise's typical mistake is named as such. A graded answer is added to the
+    progress record (see :func:`progress`). Whatever ``answer`` is (a container that holds itself, a list
+    nested thousands deep, an object whose methods raise), the outcome is printed, not raised; only an
+    unknown ``exercise_id`` (a bug in the notebook, not in the answer) raises ``ValueError``/``TypeError``.
     Introduced in notebook 01.
     """
-    verdict = evaluate(exercise_id, answer)
+    ex = get_exercise(exercise_id)
+    verdict, shown = _escalated(ex, answer)
     mark = {"correct": "✓", "wrong": "✗", "not attempted": "…"}[verdict.status]
     _RESULTS[exercise_id] = verdict.status
-    # lone surrogates (from an answer's text) cannot be encoded for printing: show them escaped
-    print(f"{mark} {verdict.message}".encode("utf-8", "backslashreplace").decode("utf-8"))
+    _say(f"{mark} {verdict.message}")
+    if verdict.status != "not attempted":
+        _record(ex.id, verdict.status, solution_seen=shown)
+
+
+def solution(exercise_id: str) -> None:
+    """Print the worked solution of an exercise (and note in the progress record that it was shown).
+
+    Where the exercise has no worked solution written out, print its hints and the reference notebook that
+    holds the answer. Raises ``ValueError`` for an unknown id. Introduced in notebook 00.
+    """
+    ex = get_exercise(exercise_id)
+    if ex.solution.strip():
+        _say(f"{ex.id} ({ex.prompt}) The worked solution:\n{_indent(ex.solution)}")
+    else:
+        parts = [f"Hint: {ex.hint.strip()}"] + ([f"The method: {ex.method.strip()}"] if ex.method.strip() else [])
+        _say(f"{ex.id} ({ex.prompt}) No worked solution is written out for this exercise. {' '.join(parts)} "
+             f"The reference notebook, {_reference_notebook(ex)}, shows the answer.")
+    _record(ex.id, None, solution_seen=True)
 
 
 def _predict_exercise(exercise_id: str) -> Exercise:
@@ -166,15 +374,18 @@ def reveal(exercise_id: str, result: Any) -> Verdict:
     prediction recorded the verdict is "not attempted". Introduced in notebook 01.
     """
     ex = _predict_exercise(exercise_id)
+    shown = False
     if ex.id not in _PREDICTIONS:
         verdict = Verdict("not attempted", f"{ex.id}: not attempted yet. Record a prediction in the cell above "
                                            "(replace its `...`), run it, then run this cell again.")
     else:
-        verdict = evaluate(ex.id, (_PREDICTIONS[ex.id], result))
+        verdict, shown = _escalated(ex, (_PREDICTIONS[ex.id], result))
     mark = {"correct": "✓", "wrong": "✗", "not attempted": "…"}[verdict.status]
     if verdict.status != "not attempted" or ex.id not in _RESULTS:
         _RESULTS[ex.id] = verdict.status
-    print(f"{mark} {verdict.message}".encode("utf-8", "backslashreplace").decode("utf-8"))
+    _say(f"{mark} {verdict.message}")
+    if verdict.status != "not attempted":
+        _record(ex.id, verdict.status, solution_seen=shown)
     return verdict
 
 
@@ -187,9 +398,13 @@ def results() -> dict[str, str]:
 
 
 def reset_results() -> None:
-    """Forget all recorded results and predictions. Introduced in notebook 01."""
+    """Forget this kernel's results, predictions and hint levels (the progress record keeps its entries).
+
+    Introduced in notebook 01.
+    """
     _RESULTS.clear()
     _PREDICTIONS.clear()
+    _WRONG.clear()
 
 
 _RANK = {"not attempted": 0, "wrong": 1, "correct": 2}
@@ -261,3 +476,234 @@ def load_results(folder: str | Path) -> dict[str, dict[str, str]]:
         if isinstance(doc, dict) and isinstance(doc.get("results"), dict):
             out[str(doc.get("name", f.stem))] = {k: v for k, v in doc["results"].items() if v in _RANK}
     return out
+
+
+# ------------------------------------------------------------------------------------------- progress record
+_PROGRESS_KIND = "labkit-progress"
+_PROGRESS_FORMAT = 1
+_PROGRESS_ABOUT = ("The exercises you have checked, written by labkit.check on this machine (never sent anywhere). "
+                   "`python -m labkit progress` shows it.")
+#: Why the progress record could not be written in this kernel (said once), or "" while it works.
+_PROGRESS_FAILED: list[str] = []
+_LOCK_TIMEOUT_S = 5.0
+
+
+def _reference_folder(folder: Path) -> bool:
+    """Whether ``folder`` is a checkout's ``notebooks/``: the reference notebooks, which hold the solutions."""
+    root = folder.parent
+    return folder.name == "notebooks" and (root / "labkit" / "exercises").is_dir() and (root / "tools" / "nbsrc").is_dir()
+
+
+def _user_record() -> Path:
+    state = os.environ.get("XDG_STATE_HOME", "").strip()
+    base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local" / "state"
+    return base / "labkit" / "progress.json"
+
+
+def progress_path(start: str | Path | None = None) -> Path | None:
+    """Return the progress record's file for notebooks running in folder ``start`` (default: the current folder).
+
+    In this order: None in the reference notebooks (a checkout's ``notebooks/``: they hold the solutions, so
+    running them is no progress); the file ``$LABKIT_PROGRESS`` names (``off``: None, no record); the
+    workspace's ``.labkit-progress.json`` when ``start`` lies in a workspace (:mod:`labkit.workspace`); else the
+    per-user file ``$XDG_STATE_HOME/labkit/progress.json`` (``~/.local/state/labkit/progress.json``).
+    Introduced in notebook 00.
+    """
+    from labkit.workspace import PROGRESS_FILE, find_workspace
+
+    if start is not None and not isinstance(start, (str, os.PathLike)):
+        raise TypeError(f"start must be a folder's path (str or Path) or None, got {type(start).__name__}")
+    try:
+        folder = Path.cwd() if start is None else Path(start).expanduser().resolve()
+    except OSError:
+        folder = None
+    if folder is not None and _reference_folder(folder):
+        return None
+    named = os.environ.get(PROGRESS_ENV, "").strip()
+    if named:
+        return None if named.lower() == "off" else Path(named).expanduser().absolute()
+    ws = find_workspace(folder) if folder is not None else None
+    if ws is not None:
+        return ws / PROGRESS_FILE
+    try:
+        return _user_record()
+    except RuntimeError:  # no home folder to be found: nowhere to record
+        return None
+
+
+def _read_record(path: Path) -> dict[str, dict[str, Any]]:
+    """The ``exercises`` of a progress record ({} if there is no file); ValueError if it is not one."""
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} cannot be read as a labkit progress record ({e})") from None
+    ex = doc.get("exercises") if isinstance(doc, dict) and doc.get("kind") == _PROGRESS_KIND else None
+    if not isinstance(ex, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in ex.items()):
+        raise ValueError(f"{path} is not a labkit progress record; not touching it")
+    return ex
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold ``<record>.lock`` (kernels of several notebooks may write at once); give up after a few seconds."""
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks (Windows): last writer wins, the file is still never half written
+        yield
+        return
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + _LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OSError(f"{path}.lock stayed locked for {_LOCK_TIMEOUT_S:g} s") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _record(exercise_id: str, status: str | None, solution_seen: bool = False) -> None:
+    """Add one event to the progress record: a graded answer (``status``) or a solution shown. Never raises:
+    a record that cannot be written is said once per kernel, and the check goes on."""
+    try:
+        path = progress_path()
+        if path is None:
+            return
+        private = path.name == "progress.json" and path.parent.name == "labkit"  # the per-user folder: 0700
+        path.parent.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
+        with _locked(path):
+            record = _read_record(path)
+            now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            entry = dict(record.get(exercise_id, {}))
+            old = entry.get("status") if entry.get("status") in _RANK else "not attempted"
+            if status is not None:
+                entry["attempts"] = int(entry.get("attempts", 0) or 0) + 1
+                entry["last"] = now
+                if status == "correct" and not entry.get("solved"):
+                    entry["solved"] = now
+                    if entry.get("solution_seen"):
+                        entry["solved_after_solution"] = True
+                if _RANK[status] >= _RANK[old]:
+                    old = status
+            entry["status"] = old
+            if solution_seen:
+                entry["solution_seen"] = True
+            record[exercise_id] = entry
+            doc = {"about": _PROGRESS_ABOUT, "format": _PROGRESS_FORMAT, "kind": _PROGRESS_KIND,
+                   "updated": now, "exercises": dict(sorted(record.items()))}
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(doc, fh, indent=1)
+                    fh.write("\n")
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+    except (OSError, ValueError, TypeError, RuntimeError) as e:
+        if not _PROGRESS_FAILED:
+            _PROGRESS_FAILED.append(str(e))
+            _say(f"(labkit: your progress was not saved: {' '.join(str(e).split())}. Set {PROGRESS_ENV} to a "
+                 "file you can write, or to off.)")
+
+
+def _record_arg(path: str | Path | None) -> Path | None:
+    if path is None:
+        return progress_path()
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a progress record's file (str or Path) or None, got {type(path).__name__}")
+    return Path(path).expanduser()
+
+
+def load_progress(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """Return the progress record, ``{exercise id: {"status", "attempts", "solved", "last", ...}}``.
+
+    ``path`` defaults to :func:`progress_path`; a missing file (or no record here) gives ``{}``. Raises
+    ``ValueError`` for a file that is not a labkit progress record. Introduced in notebook 00.
+    """
+    file = _record_arg(path)
+    if file is None:
+        return {}
+    if file.exists() and not file.is_file():
+        raise ValueError(f"{file} is not a file")
+    return _read_record(file)
+
+
+def format_progress(record: dict[str, dict[str, Any]]) -> str:
+    """Return the progress view: per notebook, how many exercises are solved, and the exercises tried.
+
+    ``record`` is what :func:`load_progress` returns. ✓ solved, ✗ tried but not solved yet; "(after the
+    solution)" marks an exercise solved after its worked solution was shown. Introduced in notebook 00.
+    """
+    if not isinstance(record, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in record.items()):
+        raise TypeError("record must be the dict that load_progress() returns: {exercise id: {...}}")
+    from labkit.catalog import NOTEBOOKS
+
+    titles = {n.number: n.title for n in NOTEBOOKS}
+    known = all_exercises()
+    by_nb: dict[str, list[str]] = {}
+    for ex_id in known:
+        by_nb.setdefault(ex_id.split(".")[0], []).append(ex_id)
+    lines, solved_all = [], 0
+    width = max(len(f"{nb} {titles.get(nb, '')}".strip()) for nb in by_nb) if by_nb else 0
+    for nb in sorted(by_nb):
+        ids = by_nb[nb]
+        marks = []
+        for ex_id in ids:
+            entry = record.get(ex_id, {})
+            status = entry.get("status") if isinstance(entry.get("status"), str) else None
+            if status == "correct":
+                marks.append(f"✓ {ex_id}" + (" (after the solution)" if entry.get("solved_after_solution") is True
+                                             else ""))
+            elif status == "wrong":
+                marks.append(f"✗ {ex_id}")
+        solved = sum(1 for m in marks if m.startswith("✓"))
+        solved_all += solved
+        head = f"{nb} {titles.get(nb, '')}".strip()
+        lines.append(f"{head:<{width}}  {solved} of {len(ids)} solved" + (f"   {'  '.join(marks)}" if marks else ""))
+    other = sorted(k for k, v in record.items() if k not in known and isinstance(v.get("status"), str)
+                   and v["status"] in ("correct", "wrong"))
+    if other:
+        lines.append("no longer in the workbook: " + ", ".join(other))
+    total = sum(len(v) for v in by_nb.values())
+    lines.append(f"Solved {solved_all} of {total} exercises.")
+    return "\n".join(lines)
+
+
+def progress(path: str | Path | None = None) -> None:
+    """Print which exercises you have solved, per notebook, from the progress record (see :func:`progress_path`).
+
+    In the reference notebooks, which record nothing, it says where your record is kept instead.
+    Introduced in notebook 00.
+    """
+    file = _record_arg(path)
+    if file is None and _here_is_reference():
+        _say("The reference notebooks (notebooks/, with the solutions) record no progress. Work in your workspace, "
+             "work/ (make lab opens it): your checks are recorded there, and this cell, run there, lists them "
+             "(so does `python -m labkit progress`).")
+        return
+    if file is None:
+        _say(f"No progress is recorded here: {PROGRESS_ENV}=off.")
+        return
+    try:
+        record = load_progress(file)
+    except ValueError as e:
+        _say(f"Your progress record cannot be shown: {e}")
+        return
+    _say(f"Your progress (recorded in {file}):" if record else
+         f"No exercise checked yet (your progress will be recorded in {file}).")
+    _say(format_progress(record))
+
+
+def _here_is_reference() -> bool:
+    try:
+        return _reference_folder(Path.cwd())
+    except OSError:
+        return False

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BuildReport", "MARKER", "TREE_PATHS", "build_student", "build_student_tree", "solution_blocks",
-           "strip_solutions"]
+__all__ = ["CLEAR_TAG", "BuildReport", "MARKER", "TREE_PATHS", "build_student", "build_student_tree",
+           "shows_a_verdict", "solution_blocks", "strip_solutions"]
 
 _CODE = (re.compile(r"^\s*### BEGIN SOLUTION\s*$"), re.compile(r"^\s*### END SOLUTION\s*$"))
 _MD = (re.compile(r"^\s*<!-- BEGIN SOLUTION -->\s*$"), re.compile(r"^\s*<!-- END SOLUTION -->\s*$"))
@@ -46,7 +46,9 @@ _ABOUT = ("Written by `python -m labkit student-build`. A later build replaces t
 
 #: What a student tree holds besides ``notebooks/``: paths relative to the workbook root, files or folders.
 #: Not ``labkit/``, ``tools/`` or ``tests/`` (solutions and reference answers), not the instructor's docs.
-TREE_PATHS = ("README.md", "docs/img", "slurm")
+TREE_PATHS = ("README.md", "docs/img", "docs/glossary.md", "slurm")
+#: Paths under :data:`TREE_PATHS` a student does not get: the cluster admin's JupyterHub setup.
+TREE_EXCLUDE = ("slurm/jupyterhub",)
 # the checkout's own folders: a student tree is never written inside one (pytest, ruff and nbbuild read them)
 _WORKBOOK_DIRS = ("docs", "labkit", "notebooks", "slurm", "tests", "tools")
 _SKIP = {"__pycache__", ".ipynb_checkpoints"}
@@ -115,11 +117,32 @@ def strip_solutions(source: str, cell_type: str = "code") -> tuple[str, int]:
     return "\n".join(out), n
 
 
+#: Cells with this tag lose their stored outputs in a student copy (e.g. a result that would answer a prediction).
+CLEAR_TAG = "workspace-clear"
+# a line that labkit.check prints for an answer: "✓ 03.x: correct...", "✗ 03.x: ...", "✎ 03.x: prediction ..."
+_VERDICT = re.compile(r"^[✓✗✎] \d\d\.[\w.-]+:", re.M)
+
+
+def shows_a_verdict(cell: dict) -> bool:
+    """Say whether a code cell's stored output holds a check's verdict (the reference answer's ✓ would tell it).
+
+    Introduced in notebook 00.
+    """
+    if not isinstance(cell, dict):
+        raise TypeError(f"cell must be a notebook cell (dict), got {type(cell).__name__}")
+    for out in cell.get("outputs", []):
+        text = out.get("text", "") if isinstance(out, dict) else ""
+        if _VERDICT.search("".join(text) if isinstance(text, list) else str(text)):
+            return True
+    return False
+
+
 def _student_notebook(path: Path) -> tuple[bytes, int]:
     """Return the student copy of one notebook (JSON bytes) and how many solution blocks it lost.
 
-    Cells that held a solution lose their outputs and execution count; every other cell and output is
-    kept. Introduced in notebook 00.
+    Cells that held a solution lose their outputs and execution count, and so do cells tagged
+    ``workspace-clear`` and cells whose stored output shows a check's verdict (a ``reveal(...)`` after a
+    measurement: its ✓ would tell the answer); every other cell and output is kept. Introduced in notebook 00.
     """
     nb = json.loads(path.read_text())
     total = 0
@@ -132,8 +155,9 @@ def _student_notebook(path: Path) -> tuple[bytes, int]:
         if n:
             total += n
             cell["source"] = new
-            if cell["cell_type"] == "code":
-                cell["outputs"], cell["execution_count"] = [], None
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] == "code" and (n or CLEAR_TAG in tags or shows_a_verdict(cell)):
+            cell["outputs"], cell["execution_count"] = [], None
     if total:
         nb.get("metadata", {}).pop("widgets", None)
     nb.get("metadata", {}).pop("jupytext", None)  # the pairing with tools/nbsrc is for authors only
@@ -424,7 +448,8 @@ def _tree_sources(root: Path) -> list[tuple[Path, str]]:
             pairs.append((path, rel))
         elif path.is_dir():
             for dirpath, dirnames, filenames in os.walk(path):
-                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP and not d.startswith("."))
+                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP and not d.startswith(".")
+                                     and (Path(dirpath) / d).relative_to(root).as_posix() not in TREE_EXCLUDE)
                 for name in sorted(filenames):
                     f = Path(dirpath) / name
                     if not name.startswith(".") and f.is_file():

@@ -101,6 +101,19 @@ class ProcessWatcher:
             time.sleep(0.1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _progress_record_in_tmp(tmp_path_factory):
+    """labkit.check records every graded answer (see labkit.check.progress_path): in the tests, in a temporary
+    file (LABKIT_PROGRESS, inherited by the kernels the tests start), never in the home folder or the checkout."""
+    before = os.environ.get("LABKIT_PROGRESS")
+    os.environ["LABKIT_PROGRESS"] = str(tmp_path_factory.mktemp("progress") / "progress.json")
+    yield
+    if before is None:
+        os.environ.pop("LABKIT_PROGRESS", None)
+    else:
+        os.environ["LABKIT_PROGRESS"] = before
+
+
 @pytest.fixture
 def one_torch_thread():
     """Run a test with one torch thread (tiny tensors: one thread is fastest, and two threads on a shared 2-core
@@ -114,9 +127,11 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def watch_processes() -> type[ProcessWatcher]:
-    """The :class:`ProcessWatcher` class: ``with watch_processes() as w: ...; assert not w.leftovers()``."""
+    """The :class:`ProcessWatcher` class: ``with watch_processes() as w: ...; assert not w.leftovers()``.
+
+    Session-scoped (it is a class, no state), so module-scoped fixtures can use it too."""
     return ProcessWatcher
 
 

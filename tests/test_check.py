@@ -13,6 +13,17 @@ from labkit import check as C
 from labkit.exercises import all_exercises, get_exercise
 
 
+@pytest.fixture(autouse=True)
+def _fresh_kernel(tmp_path, monkeypatch):
+    """Each test starts like a fresh kernel (no results, hint levels at zero), with its own progress record."""
+    monkeypatch.setenv(C.PROGRESS_ENV, str(tmp_path / "progress.json"))
+    C.reset_results()
+    C._PROGRESS_FAILED.clear()
+    yield
+    C.reset_results()
+    C._PROGRESS_FAILED.clear()
+
+
 def test_correct_wrong_and_not_attempted(capsys):
     C.check("01.fp16-max", 65504)
     C.check("01.fp16-max", 65000)
@@ -29,7 +40,9 @@ def test_never_raises_on_bad_answers(capsys):
         for ex in all_exercises():
             C.check(ex, bad)
     lines = capsys.readouterr().out.splitlines()
-    assert lines and all(line[0] in "✓✗…" for line in lines)
+    # the third wrong answer to an exercise prints its worked solution, indented, below the ✗ line
+    assert lines and all(line[:1] in ("✓", "✗", "…") or line.startswith("    ") or not line for line in lines)
+    assert sum(line[:1] in ("✓", "✗", "…") for line in lines) == 8 * len(all_exercises())
 
 
 def test_ellipsis_inside_containers_is_not_attempted():
@@ -38,8 +51,10 @@ def test_ellipsis_inside_containers_is_not_attempted():
     assert C.contains_ellipsis([[...]]) and not C.contains_ellipsis([1, (2, 3)])
 
 
-def test_grader_exception_is_reported_not_raised():
-    v = C.evaluate("01.fp16-fields", ("x", "y", "z"))
+def test_grader_exception_is_reported_not_raised(monkeypatch):
+    # a grader that converts the answer, int("x"), raises on it (01.fp16-fields' grader did, before it said so)
+    _exercise(monkeypatch, grade=lambda a: tuple(int(x) for x in a) == (1, 16, 256))
+    v = C.evaluate("99.x", ("x", "y", "z"))
     assert v.status == "wrong" and "raised ValueError" in v.message
 
 
@@ -151,6 +166,7 @@ def _has_ellipsis(x) -> bool:  # the plain recursive definition, fine for hypoth
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(answer=_answers, ex_id=st.sampled_from(sorted(all_exercises())))
 def test_check_never_raises_on_random_nested_answers(answer, ex_id):
+    C.reset_results()  # each example is a first answer (a third wrong one would print the worked solution)
     assert C.contains_ellipsis(answer) == _has_ellipsis(answer)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
@@ -159,3 +175,336 @@ def test_check_never_raises_on_random_nested_answers(answer, ex_id):
     assert line.count("\n") == 1 and line[0] in "✓✗…"
     if _has_ellipsis(answer):
         assert line.startswith("…")
+
+
+# --- escalating hints, the typical mistake, solution() -------------------------------------------------------
+
+def _exercise(monkeypatch, **fields):
+    """Register a one-off exercise 99.x (answer 42) in place of the registry's lookup."""
+    from labkit.exercises import Exercise
+
+    base = dict(id="99.x", prompt="The answer.", grade=lambda a: (a == 42, ""), hint="the nudge",
+                method="the method", solution="answer = 6 * 7", wrong=41, wrong_why="41 is the off-by-one answer.")
+    ex = Exercise(**{**base, **fields})
+    monkeypatch.setattr(C, "get_exercise", lambda _id: ex if _id == "99.x" else get_exercise(_id))
+    return ex
+
+
+def _checked(*answers) -> list[str]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        for a in answers:
+            C.check("99.x", a)
+    return buf.getvalue().split("✗ ")[1:] if "✓" not in buf.getvalue() else buf.getvalue().splitlines()
+
+
+def test_hints_escalate_nudge_then_method_then_worked_solution(monkeypatch, capsys):
+    _exercise(monkeypatch)
+    for answer in (1, 2, 3, 4):
+        C.check("99.x", answer)
+    first, second, third, fourth = capsys.readouterr().out.split("✗ ")[1:]
+    assert "Hint: the nudge" in first and "method" not in first and "6 * 7" not in first
+    assert "Hint 2, the method: the method" in second and "nudge" not in second and "6 * 7" not in second
+    assert "The worked solution:\n    answer = 6 * 7" in third
+    assert fourth == third, "after the solution, the solution again"
+    C.check("99.x", 42)
+    assert capsys.readouterr().out == "✓ 99.x: correct.\n"
+    C.reset_results()  # a new kernel starts at the nudge again
+    C.check("99.x", 5)
+    assert "Hint: the nudge" in capsys.readouterr().out
+
+
+def test_each_exercise_escalates_on_its_own(monkeypatch, capsys):
+    _exercise(monkeypatch)
+    C.check("99.x", 1)
+    C.check("01.fp16-max", 1.0)
+    C.check("99.x", 2)
+    out = capsys.readouterr().out
+    assert f"Hint: {get_exercise('01.fp16-max').hint}" in out and "Hint 2, the method: the method" in out
+
+
+def test_empty_fields_are_skipped_and_a_missing_solution_points_at_the_reference(monkeypatch, capsys):
+    _exercise(monkeypatch, method="")
+    C.check("99.x", 1)
+    C.check("99.x", 2)
+    assert "The worked solution:" in capsys.readouterr().out.split("✗ ")[2]
+    C.reset_results()
+    _exercise(monkeypatch, solution="")
+    for a in (1, 2, 3):
+        C.check("99.x", a)
+    third = capsys.readouterr().out.split("✗ ")[3]
+    assert "Hint 2, the method: the method" in third and "reference notebook" in third
+    C.reset_results()
+    _exercise(monkeypatch, method="", solution="")
+    C.check("99.x", 1)
+    C.check("99.x", 2)
+    out = capsys.readouterr().out.split("✗ ")
+    assert "Hint: the nudge" in out[1] and "Hint: the nudge" in out[2] and "reference notebook" in out[2]
+
+
+def test_a_raising_answer_escalates_too(monkeypatch, capsys):
+    def grade(a):
+        return a() == 42
+    _exercise(monkeypatch, grade=grade, wrong=NOT_GIVEN_)
+    C.check("99.x", lambda: 1 / 0)
+    C.check("99.x", lambda: 1 / 0)
+    first, second = capsys.readouterr().out.split("✗ ")[1:]
+    assert "raised ZeroDivisionError" in first and "Hint: the nudge" in first
+    assert "raised ZeroDivisionError" in second and "Hint 2, the method" in second
+
+
+NOT_GIVEN_ = C.NOT_GIVEN
+
+
+def test_the_typical_mistake_is_named(monkeypatch, capsys):
+    _exercise(monkeypatch)
+    C.check("99.x", 41)
+    C.check("99.x", 40)
+    typical, other = capsys.readouterr().out.split("✗ ")[1:]
+    assert "41 is the off-by-one answer." in typical and "Hint: the nudge" in typical
+    assert "off-by-one" not in other and "Hint 2" in other
+
+
+@pytest.mark.parametrize(("wrong", "answer", "same"), [
+    (65536.0, 65536, True), (65536.0, 65504, False), (2.0**-8, 2.0**-8 * (1 + 1e-12), True), (1, True, False),
+    (True, True, True), ("Compute", " compute ", True), ("compute", "memory", False),
+    ((1, 1, 256), [1, 1, 256], True), ((1, 1, 256), (1, 16, 256), False),
+    ({"a": "compute", "b": 2}, {"b": 2.0, "a": "COMPUTE"}, True), ({"a": 1}, {"a": 1, "b": 2}, False),
+    ({"x", "y"}, {"Y", "x"}, True), ({"x", "y"}, {"x"}, False), ({"x", "y"}, {"x", "x2"}, False),
+    ("float16", "torch.float16", True), (float("nan"), float("nan"), True), (3, "3", False),
+    ([1, [2, [3]]], [1, [2, [3]]], True),
+])
+def test_same_answer_compares_numbers_text_and_containers(wrong, answer, same):
+    assert C._same_answer(answer, wrong) is same
+
+
+def test_same_answer_handles_tensors_dtypes_functions_and_hostile_answers():
+    import numpy as np
+    import torch
+
+    assert C._same_answer(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]))
+    assert not C._same_answer(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0]))
+    assert not C._same_answer(torch.ones(2), torch.ones(3)) and not C._same_answer([1.0, 2.0], torch.ones(2))
+    assert C._same_answer(np.arange(3), np.arange(3)) and not C._same_answer(np.arange(3), np.arange(4))
+    assert C._same_answer(torch.float16, "float16") and C._same_answer("bfloat16", torch.bfloat16)
+    def f(x):
+        return x
+    assert not C._same_answer(f, f), "functions are the grader's to judge"
+    for hostile in HOSTILE.values():
+        for wrong in [(1, 2), [1], {"a": 1}, {1, 2}, 3.0, "x", torch.ones(2)]:
+            assert C._same_answer(hostile(), wrong) in (True, False)
+
+    class Weird:
+        def __eq__(self, other):
+            raise RuntimeError("no")
+
+        __hash__ = object.__hash__
+
+    assert C._same_answer(Weird(), Weird()) is False
+
+
+def test_the_typical_mistake_of_a_prediction_is_its_prediction_part(monkeypatch):
+    from labkit.exercises import Exercise
+
+    ex = Exercise(id="99.p", prompt="p", grade=lambda pair: (pair[0] == pair[1], "compare"), hint="h", kind="predict",
+                  reference=("B", "B"), wrong=("A", "B"), wrong_why="A is what people expect first.")
+    assert C._typical(ex, ("A", "C")) and not C._typical(ex, ("C", "C")) and not C._typical(ex, "A")
+
+
+def _typed(wrong):
+    """The typical mistake as a learner would type it (a value computed when graded: its text)."""
+    return str(wrong) if type(wrong).__module__ == "labkit.exercises.nb00" else wrong
+
+
+def _a_value(wrong) -> bool:
+    """Whether a typical mistake is a value (not a function, nor a tuple of functions: graders run those)."""
+    parts = wrong if isinstance(wrong, (tuple, list)) else (wrong,)
+    return wrong is not C.NOT_GIVEN and not any(callable(p) and not isinstance(p, type) for p in parts)
+
+
+def test_registry_typical_mistakes_are_recognised():
+    """Every exercise's typical mistake that a learner can type in as a value is recognised as that mistake
+    (functions are judged by their graders, which run them and name the mistake)."""
+    typed = {k: ex for k, ex in all_exercises().items() if _a_value(ex.wrong)}
+    assert len(typed) >= 30
+    missed = [k for k, ex in typed.items() if not C._typical(ex, _typed(ex.wrong))]
+    assert not missed, missed
+    wrong_answer = [k for k, ex in typed.items() if C._typical(ex, _typed(ex.reference))]
+    assert not wrong_answer, f"the reference answer counted as the typical mistake: {wrong_answer}"
+
+
+@pytest.mark.parametrize("ex_id", sorted(k for k, ex in all_exercises().items()
+                                         if ex.kind in ("compute", "recall", "design") and ex.wrong_why.strip()
+                                         and _a_value(ex.wrong)))
+def test_registry_typical_mistakes_are_named(ex_id):
+    """The typical mistake is answered with its wrong_why (the exercises whose graders are quick: the debug and
+    implement exercises run code, and tests/test_exercises.py grades their mistakes already)."""
+    ex = get_exercise(ex_id)
+    v = C.evaluate(ex_id, _typed(ex.wrong))
+    assert v.status == "wrong" and ex.wrong_why.strip() in v.message, v
+
+
+def test_solution_on_request(monkeypatch, capsys, tmp_path):
+    _exercise(monkeypatch)
+    C.solution("99.x")
+    out = capsys.readouterr().out
+    assert out.startswith("99.x (The answer.) The worked solution:\n    answer = 6 * 7")
+    _exercise(monkeypatch, solution="")
+    C.solution("99.x")
+    out = capsys.readouterr().out
+    assert "No worked solution" in out and "Hint: the nudge" in out and "The method: the method" in out
+    with pytest.raises(ValueError, match="unknown exercise id"):
+        C.solution("01.nope")
+    with pytest.raises(TypeError):
+        C.solution(3)
+    rec = C.load_progress()
+    assert rec["99.x"]["solution_seen"] is True and rec["99.x"]["status"] == "not attempted"
+
+
+# --- the progress record -------------------------------------------------------------------------------------
+
+def test_check_records_progress_best_status_and_attempts(tmp_path, capsys):
+    import json
+    import stat
+
+    path = tmp_path / "progress.json"
+    C.check("01.fp16-max", ...)
+    assert not path.exists(), "not attempted is no progress"
+    C.check("01.fp16-max", 1.0)
+    C.check("01.fp16-max", 65504)
+    C.check("01.fp16-max", 2.0)   # a later wrong answer does not undo the ✓
+    C.check("01.bf16-eps", 3.0)
+    capsys.readouterr()
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == "labkit-progress" and doc["format"] == 1
+    fp16 = doc["exercises"]["01.fp16-max"]
+    assert fp16["status"] == "correct" and fp16["attempts"] == 3 and fp16["solved"]
+    assert doc["exercises"]["01.bf16-eps"]["status"] == "wrong"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not list(tmp_path.glob(".*.tmp")), "written atomically, no temporary left"
+    assert C.load_progress(path) == doc["exercises"]
+
+
+def test_a_recorded_history_never_changes_what_a_new_kernel_prints(monkeypatch, capsys):
+    _exercise(monkeypatch)
+    C.check("99.x", 1)
+    C.check("99.x", 2)
+    C.check("99.x", 3)
+    capsys.readouterr()
+    assert C.load_progress()["99.x"]["attempts"] == 3
+    C.reset_results()  # a new kernel, same record: it starts at the nudge
+    C.check("99.x", 4)
+    out = capsys.readouterr().out
+    assert "Hint: the nudge" in out and "worked solution" not in out
+
+
+def test_where_the_record_lives(tmp_path, monkeypatch):
+    from labkit.workspace import MARKER, PROGRESS_FILE
+
+    monkeypatch.delenv(C.PROGRESS_ENV)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    other = tmp_path / "anywhere"
+    other.mkdir()
+    assert C.progress_path(other) == tmp_path / "state" / "labkit" / "progress.json"
+    ws = tmp_path / "co" / "work"
+    (ws / "sub").mkdir(parents=True)
+    (ws / MARKER).write_text("{}")
+    assert C.progress_path(ws) == ws / PROGRESS_FILE and C.progress_path(ws / "sub") == ws / PROGRESS_FILE
+    ref = tmp_path / "co" / "notebooks"
+    for d in (ref, tmp_path / "co" / "labkit" / "exercises", tmp_path / "co" / "tools" / "nbsrc"):
+        d.mkdir(parents=True)
+    assert C.progress_path(ref) is None, "the reference notebooks record nothing"
+    monkeypatch.setenv(C.PROGRESS_ENV, str(tmp_path / "mine.json"))
+    assert C.progress_path(ws) == tmp_path / "mine.json" and C.progress_path(ref) is None
+    monkeypatch.setenv(C.PROGRESS_ENV, "off")
+    assert C.progress_path(ws) is None
+    with pytest.raises(TypeError):
+        C.progress_path(3)
+
+
+def test_record_in_a_workspace_and_per_user(tmp_path, monkeypatch, capsys):
+    import stat
+
+    from labkit.workspace import MARKER, PROGRESS_FILE
+
+    monkeypatch.delenv(C.PROGRESS_ENV)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ws = tmp_path / "work"
+    ws.mkdir()
+    (ws / MARKER).write_text("{}")
+    monkeypatch.chdir(ws)
+    C.check("01.fp16-max", 65504)
+    assert C.load_progress(ws / PROGRESS_FILE)["01.fp16-max"]["status"] == "correct"
+    monkeypatch.chdir(tmp_path)
+    C.check("01.bf16-eps", 2.0**-7)
+    user = tmp_path / "state" / "labkit" / "progress.json"
+    assert list(C.load_progress(user)) == ["01.bf16-eps"]
+    assert stat.S_IMODE(user.parent.stat().st_mode) == 0o700 and stat.S_IMODE(user.stat().st_mode) == 0o600
+    ref = tmp_path / "co" / "notebooks"
+    for d in (ref, tmp_path / "co" / "labkit" / "exercises", tmp_path / "co" / "tools" / "nbsrc"):
+        d.mkdir(parents=True)
+    monkeypatch.chdir(ref)
+    before = user.read_bytes()
+    C.check("01.e4m3-max", 448.0)
+    assert user.read_bytes() == before and not list(ref.iterdir())
+    C.progress()
+    assert "record no progress" in capsys.readouterr().out
+
+
+def test_a_foreign_or_unwritable_record_is_left_alone_and_said_once(tmp_path, monkeypatch, capsys):
+    foreign = tmp_path / "package.json"
+    foreign.write_text('{"name": "not mine"}')
+    monkeypatch.setenv(C.PROGRESS_ENV, str(foreign))
+    C.check("01.fp16-max", 65504)
+    C.check("01.fp16-max", 1.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("✓") and lines[2].startswith("✗")
+    assert "not saved" in lines[1] and sum("not saved" in ln for ln in lines) == 1
+    assert foreign.read_text() == '{"name": "not mine"}'
+    with pytest.raises(ValueError, match="not a labkit progress record"):
+        C.load_progress(foreign)
+
+
+def test_concurrent_kernels_lose_no_record(tmp_path):
+    """Two kernels checking at the same moment (two notebooks open) both land in the record."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "progress.json"
+    code = ("import sys; from labkit import check as C\n"
+            "ids = sorted(C.all_exercises())[int(sys.argv[1])::2]\n"
+            "for i in ids: C.check(i, 'no')\n")
+    env = {**__import__("os").environ, C.PROGRESS_ENV: str(path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(k)], env=env, stdout=subprocess.DEVNULL)
+             for k in (0, 1)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    assert set(C.load_progress(path)) == set(all_exercises())
+
+
+def test_progress_view_and_command_line(tmp_path, capsys):
+    import json
+    import subprocess
+    import sys
+
+    C.check("01.fp16-max", 1.0)
+    C.check("01.fp16-max", 65504)
+    C.check("02.first-int", 1)
+    capsys.readouterr()
+    C.progress()
+    out = capsys.readouterr().out
+    assert f"recorded in {tmp_path / 'progress.json'}" in out
+    line01 = next(ln for ln in out.splitlines() if ln.startswith("01 "))
+    assert "1 of " in line01 and "✓ 01.fp16-max" in line01
+    assert "✗ 02.first-int" in out and f"Solved 1 of {len(all_exercises())} exercises." in out
+    cli = subprocess.run([sys.executable, "-m", "labkit", "progress", "--file", str(tmp_path / "progress.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and "✓ 01.fp16-max" in cli.stdout, cli.stderr
+    js = subprocess.run([sys.executable, "-m", "labkit", "progress", "--json"], capture_output=True, text=True,
+                        timeout=120)
+    assert json.loads(js.stdout)["exercises"]["01.fp16-max"]["status"] == "correct"
+    (tmp_path / "bad.json").write_text("[]")
+    bad = subprocess.run([sys.executable, "-m", "labkit", "progress", "--file", str(tmp_path / "bad.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a labkit progress record" in bad.stderr
+    with pytest.raises(TypeError):
+        C.format_progress({"01.fp16-max": "correct"})
