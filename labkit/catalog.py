@@ -62,8 +62,10 @@ NOTEBOOKS: list[Notebook] = [
              "torch.profiler, launch overhead, fusion and torch.compile, roofline, utilisation and MFU",
              "CPU profiler and roofline", "CUDA time columns, GPU roofline", "memory bandwidth", True),
     Notebook("08", "08_triton_kernels", "Fused kernels in Triton",
-             "(being written) Triton's programming model; fused bias+GELU, softmax, LayerNorm, AdamW; bytes moved",
-             "Triton's interpreter", "compiled Triton, timed against eager and torch.compile", "memory bandwidth"),
+             "Triton's programming model; writing fused bias+GELU, softmax, LayerNorm kernels and a one-kernel AdamW; "
+             "bytes moved vs unfused torch on the roofline; FlashAttention's online softmax; interpreter vs GPU numerics",
+             "Triton's interpreter (TRITON_INTERPRET=1): real results and byte counts, no timings",
+             "compiled Triton, timed against torch eager and torch.compile", "memory bandwidth", True),
     Notebook("09", "09_ddp", "DDP and communication",
              "data parallelism, all-reduce, gradient accumulation, torchrun from a notebook",
              "2 ranks on gloo", "NCCL", "communication", True),
@@ -71,17 +73,25 @@ NOTEBOOKS: list[Notebook] = [
              "ZeRO stages 0-3 in bf16/fp16, per-rank memory vs the model, offload",
              "DeepSpeed CPU accelerator, gloo", "CUDA + NCCL", "memory + communication", True),
     Notebook("11", "11_parallelism_by_hand", "Parallelism by hand",
-             "(being written) DDP, ZeRO-1, tensor and pipeline parallelism written by hand, checked against torch",
-             "2 ranks on gloo", "NCCL", "communication"),
+             "DDP (hooks, buckets), ZeRO-1, Megatron tensor and GPipe pipeline parallelism written by hand and "
+             "checked against torch DDP, AdamW, DeepSpeed and one process; FSDP2 beside DeepSpeed ZeRO-3",
+             "2 ranks on gloo; DeepSpeed CPU accelerator", "the same code with NCCL", "communication + memory", True),
     Notebook("12", "12_cluster_workflow", "Working on a cluster",
              "Slurm, JupyterLab on a compute node, multi-node DDP and DeepSpeed jobs",
              "full; live sinfo/sbatch/srun/scancel where a Slurm is reachable", "the same scripts on GPU nodes",
              "communication", True),
     Notebook("13", "13_troubleshooting_clinic", "Troubleshooting clinic",
-             "(being written) broken training runs to diagnose and fix", "full", "same", "all three"),
+             "12 broken training runs, each failing for real (NaN, stuck loss, memory growth, a starved loader, "
+             "hangs, rendezvous, DeepSpeed config, unscaled lr): read the symptom, name the cause, fix one setting",
+             "full: each case a real process or 2 gloo ranks, DeepSpeed's CPU accelerator",
+             "the same CPU-sized cases; the mistakes are the ones GPU jobs make", "all three", True),
     Notebook("14", "14_platform_and_inference", "Platform, toolchain and inference",
-             "(being written) compilers, containers, inference latency, INT8, FP64, checkpoint I/O",
-             "full", "same", "all three"),
+             "HPC vs AI (FP64, iterative refinement), one C kernel at -O0/-O2/-O3, the undefined-symbol error, "
+             "containers, inference latency percentiles and batching, INT8, checkpoint I/O, the run lifecycle, "
+             "Amdahl's law",
+             "full (gcc builds, INT8, I/O and latency measured); GPU tools explained",
+             "the same cells; nvidia-smi dmon, Nsight Compute, TensorRT, NVML energy on the node", "all three",
+             True),
 ]
 
 

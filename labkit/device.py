@@ -125,6 +125,8 @@ def resolve(device: torch.device | str | None = None, must_exist: bool = True) -
     itself would raise a RuntimeError or an AssertionError deep inside), unless ``must_exist=False`` (a device
     only described, e.g. for a formula). Introduced in notebook 00.
     """
+    if not isinstance(must_exist, bool):
+        raise TypeError(f"must_exist must be a bool, got {type(must_exist).__name__}")
     if device is None:
         return pick_device()
     if not must_exist:

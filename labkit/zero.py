@@ -12,7 +12,7 @@
 Example::
 
     from labkit import zero
-    cfg = zero.config(2, "bf16", offload="cpu", micro_batch=4, grad_accum=8, world_size=8)
+    cfg = zero.config(2, "bf16", offload="cpu", micro_batch=4, grad_accum=2, world_size=8)
     print(zero.explain(cfg))
 
 Importing this module does not import DeepSpeed. Introduced in notebook 10.

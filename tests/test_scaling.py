@@ -406,7 +406,7 @@ def test_update_rule_grader_runs_the_learners_function() -> None:
 
     assert evaluate("03.update-rule", right).status == "correct"
     v = evaluate("03.update-rule", off_by_one)
-    assert v.status == "wrong" and "GradScaler has scale=" in v.message
+    assert v.status == "wrong" and "one clean step late" in v.message  # the mistake, named (nb03._LATE_WHY)
     assert evaluate("03.update-rule", ...).status == "not attempted"
 
 
@@ -415,7 +415,7 @@ def test_exercises_reference_and_typical_mistake() -> None:
     from labkit.exercises import all_exercises
 
     mine = {k: e for k, e in all_exercises().items() if k.startswith(("02.", "03."))}
-    assert len(mine) == 8
+    assert len(mine) >= 8
     for k, e in mine.items():
         assert evaluate(k, e.reference).status == "correct", k
         assert evaluate(k, e.wrong).status == "wrong", k

@@ -227,7 +227,7 @@ def test_exercise_amp_step():
     assert _evaluate("04.amp-step", ...) == "not attempted"
 
 
-def test_exercise_pick_dtype_island_and_lost_update():
+def test_exercise_pick_dtype_island_and_resume():
     from labkit.exercises import nb04
 
     assert _evaluate("04.pick-dtype", nb04.reference_pick_amp) == "correct"
@@ -235,6 +235,24 @@ def test_exercise_pick_dtype_island_and_lost_update():
     assert _evaluate("04.fp32-island", nb04.reference_island_softmax) == "correct"
     naive = lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True)  # noqa: E731
     assert _evaluate("04.fp32-island", naive) == "wrong"
-    assert _evaluate("04.lost-update", 2.0**-8) == "correct"
-    assert _evaluate("04.lost-update", 2.0**-7) == "wrong"
-    assert _evaluate("04.lost-update", 2.0**-9) == "wrong"
+    # 04.resume-scaler runs the learner's save/load on a real run: a checkpoint of whole objects cannot be read
+    # back with weights_only=True, and one without the optimizer state is caught too
+    from labkit.check import evaluate
+
+    def save_objects(path, model, opt, scaler):
+        torch.save({"model": model, "opt": opt, "scaler": scaler}, path)
+
+    def load_nothing(path, model, opt, scaler):
+        return
+
+    assert "weights_only" in evaluate("04.resume-scaler", (save_objects, load_nothing)).message
+
+    def save_no_opt(path, model, opt, scaler):
+        torch.save({"model": model.state_dict(), "scaler": scaler.state_dict()}, path)
+
+    def load_no_opt(path, model, opt, scaler):
+        ckpt = torch.load(path, weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        scaler.load_state_dict(ckpt["scaler"])
+
+    assert "optimizer" in evaluate("04.resume-scaler", (save_no_opt, load_no_opt)).message

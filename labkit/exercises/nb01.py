@@ -2,44 +2,123 @@
 
 from __future__ import annotations
 
+import math
+
 from labkit import formats as F
-from labkit.exercises._core import Exercise, number_grader
+from labkit.exercises._core import Exercise
+from labkit.exercises._graders import NOT_A_PAIR, as_number, number, pair
 
 __all__ = ["EXERCISES"]
 
-
+_MAX_WHY = ("65536 = 2^16 is one binade too far: FP16 reaches 2^16 only with the all-ones exponent, which is "
+            "reserved for inf and NaN. The largest finite value has exponent field 11110 (2^15) and an all-ones "
+            "mantissa: (2 - 2^-10) × 2^15 = 65504.")
+_DECODE_WHY = ("You decoded the mantissa (1 + 73/128) but left out the exponent: the field 10000000 is 128, minus "
+               "the bias 127 gives 1, so the value is 2^1 times that.")
+_FIELDS_WHY = ("(1, 1, 256) gives the exponent itself, 1. The exponent *field* stores the exponent plus the bias: "
+               "1 + 15 = 16.")
+_E4M3_WHY = ("240 is the IEEE-style answer: it reserves exponent 1111 for inf/NaN, as E5M2 does, and stops at "
+             "2^7 × 1.875. E4M3FN has no inf: exponent 1111 holds normal numbers and only the mantissa 111 is NaN, "
+             "so the largest is 0 1111 110 = 2^(15-7) × 1.75 = 448.")
+_EPS_WHY = ("2^-8 is half of eps: the unit roundoff, the largest relative error of rounding to nearest. eps is the "
+            "gap itself, the weight of the last of the 7 stored mantissa bits at 1.0: 2^-7.")
 
 
 def _fields_of(x: float, fmt: str):
     fl = F.fields(x, fmt)
     want = (fl.sign, fl.exponent, fl.mantissa)
+    exp = int(math.floor(math.log2(abs(x))))
 
     def grade(answer: object) -> tuple[bool, str]:
         if not isinstance(answer, (tuple, list)) or len(answer) != 3:
             return False, "Give a tuple (sign, exponent field, mantissa field) of ints."
+        if any(as_number(a) is None or not float(a).is_integer() for a in answer):
+            return False, "The three fields are whole numbers (ints)."
         got = tuple(int(a) for a in answer)
         if got == want:
             return True, ""
+        if got == (want[0], exp, want[2]):
+            return False, _FIELDS_WHY
         part = [n for n, g, w in zip(("sign", "exponent", "mantissa"), got, want) if g != w]
         return False, f"Check the {', '.join(part)} field{'s' if len(part) > 1 else ''}."
     return grade
 
 
+# ---- 01.e4m3-overflow: predict, then run ----------------------------------------------------------------
+_SAT_INF_WHY = ("E4M3FN has no bit pattern for infinity at all ('FN': finite, NaN only), so an overflow cannot "
+                "become inf. torch saturates it to the largest finite value, 448; ml_dtypes gives NaN.")
+
+
+def _grade_e4m3_overflow(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = (as_number(v) for v in got)
+    if pred is None:
+        return False, "Predict a number: 448.0, math.inf, math.nan, 500.0 ..."
+    if result is None:
+        raise ValueError(f"the measured value must be a number, got {got[1]!r}")
+    if pred == result or (math.isnan(pred) and math.isnan(result)):
+        return True, ("torch's cast saturates: 500 is beyond E4M3FN's largest finite value, and the format has no "
+                      "inf, so it becomes 448. A silent 448 hides an overflow; that is why FP8 scales its tensors.")
+    if math.isinf(pred):
+        return False, _SAT_INF_WHY
+    if math.isnan(pred):
+        return False, ("NaN is what ml_dtypes (and the OCP spec's non-saturating mode) give, not torch: torch's "
+                       "cast saturates an E4M3FN overflow to ±448, even for inf.")
+    if pred == 500.0:
+        return False, ("500 has no E4M3FN pattern: the largest finite value is 448 (0 1111 110), and 500 lies beyond "
+                       "it, so the cast has to do something else than round to a neighbour.")
+    return False, (f"torch gave {result:g}. Values above 448 plus half an ulp cannot round to a neighbour; torch "
+                   "saturates them to the largest finite E4M3FN value.")
+
+
 EXERCISES = [
-    Exercise("01.fp16-max", "The largest finite FP16 value.", number_grader(65504.0, "the value"),
-             "Largest exponent field that is not all ones is 11110 (30 - 15 = 15); largest mantissa is "
-             "all ones: (2 - 2^-10) × 2^15.",
+    Exercise("01.fp16-max", "The largest finite FP16 value.",
+             number(65504.0, "the value", {65536.0: _MAX_WHY}),
+             "Use the largest exponent that is not reserved, and the largest mantissa.",
+             method="The exponent field 11111 holds inf/NaN, so the largest usable field is 11110 = 30, minus the "
+                    "bias 15. An all-ones mantissa means 1.1111111111 in binary, just below 2.",
+             solution="(2 - 2**-10) * 2**15 = 65504.0",
+             kind="compute", wrong_why=_MAX_WHY,
              reference=65504.0, wrong=65536.0),
-    Exercise("01.decode-bf16", "The value of the BF16 pattern 0x4049.", number_grader(F.decode(0x4049, "bf16"), "the value"),
-             "0x4049 = 0 10000000 1001001: exponent 128 - 127 = 1, mantissa 1 + 73/128.",
+    Exercise("01.decode-bf16", "The value of the BF16 pattern 0x4049.",
+             number(F.decode(0x4049, "bf16"), "the value", {1 + 0b1001001 / 128: _DECODE_WHY}),
+             "Write the 16 bits out in binary and split them 1 + 8 + 7.",
+             method="0x4049 = 0 10000000 1001001. Value = (-1)^sign × 2^(exponent field − 127) × (1 + mantissa/128).",
+             solution="sign 0, exponent 128 − 127 = 1, mantissa 1 + 73/128 = 1.5703125: 2 × 1.5703125 = 3.140625",
+             kind="compute", wrong_why=_DECODE_WHY,
              reference=(1 + 0b1001001 / 128) * 2.0**1, wrong=1 + 0b1001001 / 128),
     Exercise("01.fp16-fields", "The (sign, exponent field, mantissa field) of -2.5 in FP16.", _fields_of(-2.5, "fp16"),
-             "-2.5 = -1.25 × 2^1: sign 1, exponent field 1 + 15, mantissa 0.25 × 1024.",
+             "First write 2.5 as 1.something × 2^e.",
+             method="-2.5 = -1.25 × 2^1. The exponent field stores e + bias (bias 15); the mantissa field stores the "
+                    "fraction after the leading 1, as an integer out of 2^10.",
+             solution="(1, 1 + 15, 0.25 * 1024) = (1, 16, 256)",
+             kind="compute", wrong_why=_FIELDS_WHY,
              reference=(1, 16, 256), wrong=(1, 1, 256)),
-    Exercise("01.e4m3-max", "The largest finite E4M3FN value (pattern 0 1111 110).", number_grader(448.0, "the value"),
-             "E4M3FN has no inf, so exponent 1111 holds normals: 2^(15-7) × (1 + 6/8).",
+    Exercise("01.e4m3-max", "The largest finite E4M3FN value (pattern 0 1111 110).",
+             number(448.0, "the value", {240.0: _E4M3_WHY}),
+             "Decode the pattern 0 1111 110 with E4M3's bias; ask what the all-ones exponent means in this format.",
+             method="E4M3's bias is 7. In E4M3FN the all-ones exponent still holds normal numbers; only "
+                    "S.1111.111 is NaN. Value = 2^(field − 7) × (1 + mantissa/8).",
+             solution="2**(15 - 7) * (1 + 6/8) = 256 × 1.75 = 448.0",
+             kind="compute", wrong_why=_E4M3_WHY,
              reference=448.0, wrong=240.0),
     Exercise("01.bf16-eps", "BF16's machine epsilon: the gap between 1 and the next BF16 value.",
-             number_grader(2.0**-7, "the value"), "BF16 keeps 7 mantissa bits: the last one is worth 2^-7 at 1.0.",
+             number(2.0**-7, "the value", {2.0**-8: _EPS_WHY}),
+             "How many mantissa bits does BF16 store, and what is the last one worth at 1.0?",
+             method="At 1.0 the exponent is 0, so the last stored mantissa bit is worth 2^-(number of stored bits).",
+             solution="BF16 stores 7 mantissa bits: eps = 2**-7 = 0.0078125",
+             kind="compute", wrong_why=_EPS_WHY,
              reference=2.0**-7, wrong=2.0**-8),
+    Exercise("01.e4m3-overflow",
+             "Predict, then run: what does torch give for 500.0 cast to torch.float8_e4m3fn (and back to float)?",
+             _grade_e4m3_overflow,
+             "Look at which special values E4M3FN has patterns for, and which it does not.",
+             method="E4M3FN's largest finite value is 448 and it has no inf. A value beyond the largest finite one "
+                    "cannot round to a neighbour: the library must choose saturation or NaN. Which one does torch "
+                    "choose (section 6 of this notebook tells after the measurement)?",
+             solution="prediction = 448.0: torch saturates E4M3FN overflows (even inf) to ±448; ml_dtypes gives NaN.",
+             kind="predict", wrong_why=_SAT_INF_WHY,
+             reference=(448.0, 448.0), wrong=(math.inf, 448.0)),
 ]

@@ -10,6 +10,7 @@ import torch
 
 from labkit import scaling
 from labkit.exercises._core import Exercise, whole
+from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 
 __all__ = ["EXERCISES", "PATTERN", "PATTERN_KNOBS", "RULE_KNOBS", "exercise_gradients"]
 
@@ -35,6 +36,11 @@ def exercise_gradients(n: int = 20_000, seed: int = 3) -> torch.Tensor:
     return (signs * torch.exp2(log2)).float()
 
 
+_STATIC_WHY = ("S = 1 is no scaling at all: the smallest gradients, 2^-32, stay below FP16's smallest subnormal "
+               "2^-24 and flush to zero. The scale has to lift them by at least 8 binades without pushing the "
+               "largest, 2^-6, past 65504.")
+
+
 def _grade_static_scale(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         return False, "Give the scale as a number, e.g. 2.0**10."
@@ -47,9 +53,16 @@ def _grade_static_scale(answer: object) -> tuple[bool, str]:
     if under == 0 and over == 0:
         lo, hi = scaling.safe_scale_powers(g, "fp16")  # type: ignore[misc]
         return True, f"Any power 2^k with {lo} <= k <= {hi} works."
+    if s == 1.0:
+        return False, _STATIC_WHY
     if over:
         return False, f"With {s:g}, {over:.2%} of the gradients overflow to inf: too big."
     return False, f"With {s:g}, {under:.2%} of the gradients still flush to zero: too small."
+
+
+_PREDICT_WHY = ("2^10 is where the scale started, as if growth and back-off cancelled out. Walk it: 3 clean steps "
+                "double it to 2^11, two overflows halve it to 2^9, 3 clean steps double it to 2^10, 1 clean step "
+                "counts 1, the overflow halves it to 2^9 and resets the count, and 1 clean step is not enough to grow.")
 
 
 def _grade_predict(answer: object) -> tuple[bool, str]:
@@ -58,6 +71,8 @@ def _grade_predict(answer: object) -> tuple[bool, str]:
     want = scaling.simulate_scales(PATTERN, **PATTERN_KNOBS)[-1]
     if float(answer) == want:
         return True, ""
+    if float(answer) == PATTERN_KNOBS["init_scale"]:
+        return False, _PREDICT_WHY
     return False, "Walk the pattern step by step: count clean steps, reset the count on growth and on overflow."
 
 
@@ -79,6 +94,11 @@ def _late_rule(scale: float, tracker: int, found_inf: bool) -> tuple[float, int]
     return scale, tracker + 1
 
 
+_LATE_WHY = ("You grow one clean step late: GradScaler counts the current clean step first (tracker + 1) and "
+             "doubles as soon as that count reaches growth_interval, resetting it to 0. Compare after the "
+             "increment, not before.")
+
+
 def _grade_rule(update: object) -> tuple[bool, str] | None:
     if not callable(update):
         return False, "Define a function update(scale, tracker, found_inf) -> (new_scale, new_tracker)."
@@ -93,18 +113,27 @@ def _grade_rule(update: object) -> tuple[bool, str] | None:
                 return None  # still a stub: "not attempted yet"
             if not (isinstance(out, tuple) and len(out) == 2):
                 return False, "Return a tuple (new_scale, new_tracker)."
+            before = scale
             scale, tracker = float(out[0]), int(out[1])
             ref.update(found_inf=found)
             want = (ref.get_scale(), ref.state_dict()["_growth_tracker"])
             if (scale, tracker) != want:
+                if not found and want == (2 * before, 0) and (scale, tracker) == (before, RULE_KNOBS["growth_interval"]):
+                    return False, _LATE_WHY
                 return False, (f"After step {step} (found_inf={found}) you have scale={scale:g}, tracker={tracker}; "
                                f"GradScaler has scale={want[0]:g}, tracker={want[1]}.")
     return True, "Your rule and GradScaler's agree on 40 random runs."
 
 
+_HYSTERESIS_WHY = ("Without 'hysteresis': 1 DeepSpeed keeps its default of 2: it lets one overflow pass (skipping "
+                   "the step but keeping the scale) before it halves, while GradScaler halves at the first overflow.")
+
+
 def _grade_ds_config(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, dict):
         return False, "Give DeepSpeed's fp16 block as a dict, e.g. {'enabled': True, 'loss_scale': 0, ...}."
+    if answer.get("loss_scale", 0) == 0 and "hysteresis" not in answer:
+        return False, _HYSTERESIS_WHY
     try:
         kw = scaling.scaler_kwargs_from_deepspeed(answer)
     except (ValueError, TypeError) as exc:
@@ -118,27 +147,172 @@ def _grade_ds_config(answer: object) -> tuple[bool, str]:
     return True, "Remember DeepSpeed's first growth comes one step later (window + 1 clean steps)."
 
 
+# ---- 03.collapse: predict, then run -----------------------------------------------------------------
+_COLLAPSE_WHY = ("GradScaler has no floor: it halves on every overflow, whatever the reason, and never stops at 1 "
+                 "(DeepSpeed's min_loss_scale does). After 16 halvings it passes 1, after 142 FP32's smallest "
+                 "normal, and after 165 the smallest subnormal 2^-149; one more halving rounds to exactly 0.")
+
+
+def _grade_collapse(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = (as_number(v) for v in got)
+    if pred is None:
+        return False, "Predict the scale as a number."
+    if result is None:
+        raise ValueError(f"the measured scale must be a number, got {got[1]!r}")
+    if pred == result:
+        return True, ("Every step overflowed, so every step halved the scale: 2^16 → 1 after 16 steps, FP32's "
+                      "smallest subnormal 2^-149 after 165, and the next halving rounds to 0.")
+    if pred == 1.0:
+        return False, _COLLAPSE_WHY
+    if 0 < pred < 2.0**-120:
+        return False, ("Halving 170 times from 2^16 would give 2^-154 in exact arithmetic, but the scale is an FP32 "
+                       "number: below the smallest subnormal, 2^-149, it rounds to exactly 0.")
+    if pred >= 2.0**16:
+        return False, ("The scaler cannot tell a broken label from a scale that is too big: every overflow halves "
+                       "the scale, 170 times in a row here.")
+    return False, f"The scale ended at {result!r}: {_COLLAPSE_WHY}"
+
+
+# ---- 03.scaler-step: debug --------------------------------------------------------------------------
+_STEP_WHY = ("opt.step() bypasses the scaler: it steps even when the gradients hold inf/NaN, and writes them into "
+             "the weights. scaler.step(opt) skips that step; and scaler.update() comes after it, because update() "
+             "ends the step's bookkeeping (it forgets that unscale_ already ran).")
+
+
+def _fp16() -> bool:
+    from labkit import device as dev_gate
+
+    return dev_gate.computes(torch.float16, "cpu")
+
+
+def _reference_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any, xb: torch.Tensor,
+                    yb: torch.Tensor) -> None:
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16, enabled=_fp16()):
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+
+
+def _broken_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any, xb: torch.Tensor,
+                 yb: torch.Tensor) -> None:
+    """The snippet of the exercise: update() before the step, and opt.step() instead of scaler.step(opt)."""
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16, enabled=_fp16()):
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    scaler.update()
+    opt.step()
+
+
+def _grade_step(fn: Any) -> tuple[bool, str] | None:
+    if not callable(fn):
+        return False, "Define train_step(model, opt, scaler, xb, yb) and pass the function itself."
+    from labkit import models
+
+    g = torch.Generator().manual_seed(3)
+    xb, yb = torch.randn(32, 16, generator=g), torch.randn(32, 1, generator=g)
+    bad_y = yb.clone()
+    bad_y[0] = math.inf
+
+    def run(step: Any, y: torch.Tensor) -> tuple[list[torch.Tensor], float, list[torch.Tensor]]:
+        net = models.MLP(16, 32, 1, depth=2, activation="tanh", seed=1)
+        before = [p.detach().clone() for p in net.parameters()]
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+        step(net, opt, scaler, xb, y)
+        return before, float(scaler.get_scale()), [p.detach().clone() for p in net.parameters()]
+
+    w0, ref_scale, ref_w = run(_reference_step, yb)
+    _, got_scale, got_w = run(fn, yb)
+    moved = [q - p for p, q in zip(w0, got_w)]
+    if got_scale == 2.0**10 and all(not m.any() for m in moved):
+        return None  # it changed nothing at all: still a stub, "not attempted yet"
+    ref_moved = torch.cat([(q - p).flatten() for p, q in zip(w0, ref_w)])
+    got_moved = torch.cat([m.flatten() for m in moved])
+    if not torch.isfinite(got_moved).all() or (got_moved - ref_moved).norm() > 0.05 * ref_moved.norm():
+        ratio = (got_moved.norm() / ref_moved.norm()).item()
+        if 0 < ratio < 0.01:
+            return False, ("On a clean step your update is about 1/scale of the right one: scaler.update() before "
+                           "scaler.step(opt) ends the step's record of unscale_, so step() unscales a second time. "
+                           "Call update() last.")
+        return False, "On a clean step your update differs from a correct one: scale, backward, unscale_, step."
+    if got_scale != ref_scale:
+        return False, (f"After a clean step the scale should grow to {ref_scale:g} (growth_interval=1), got "
+                       f"{got_scale:g}: call scaler.update() once per step, after scaler.step(opt).")
+    _, bad_scale, bad_w = run(fn, bad_y)
+    if not all(torch.equal(p, q) for p, q in zip(w0, bad_w)):
+        return False, _STEP_WHY
+    if bad_scale != 2.0**9:
+        return False, f"After an overflow the scale must halve to 512, got {bad_scale:g}: call scaler.update()."
+    return True, "Clean steps update and grow the scale; an overflowing step is skipped and halves it."
+
+
 EXERCISES = [
     Exercise("03.static-scale",
              "Choose a static loss scale S so that no gradient of exercise_gradients() flushes to zero or "
              "overflows in FP16.", _grade_static_scale,
-             "The smallest |g| is 2^-32 and must land at or above FP16's smallest subnormal, 2^-24; the largest, "
-             "2^-6, must stay below 65520 (~2^16).", reference=2.0**14, wrong=1.0),
+             "Find the smallest and the largest |g| in the histogram, and where FP16's range starts and ends.",
+             method="S multiplies every gradient. The smallest, 2^-32, must land at or above FP16's smallest "
+                    "subnormal 2^-24 (so S >= 2^8); the largest, 2^-6, must stay below 65520 ≈ 2^16 (so S < 2^22).",
+             solution="Any power of two from 2^8 to 2^21 works; S = 2.0**14 sits in the middle of that range, with "
+                      "headroom on both sides.",
+             kind="design", wrong_why=_STATIC_WHY, reference=2.0**14, wrong=1.0),
     Exercise("03.predict-scale", "The scale after the overflow pattern PATTERN with PATTERN_KNOBS.", _grade_predict,
-             "Clean steps count up; at growth_interval clean steps in a row the scale doubles and the count "
-             "restarts; an overflow halves the scale and restarts the count.",
+             "Walk the pattern one step at a time, keeping two numbers: the scale and the count of clean steps.",
+             method="A clean step adds 1 to the count; when the count reaches growth_interval the scale doubles and "
+                    "the count restarts at 0. An overflow halves the scale and restarts the count.",
+             solution="1024 → (3 clean) 2048 → (overflow, overflow) 512 → (3 clean) 1024 → (1 clean) → (overflow) "
+                      "512 → (1 clean) 512.0",
+             kind="compute", wrong_why=_PREDICT_WHY,
              reference=scaling.simulate_scales(PATTERN, **PATTERN_KNOBS)[-1], wrong=2.0**10),
     Exercise("03.update-rule",
              "Write update(scale, tracker, found_inf) -> (new_scale, new_tracker), GradScaler's rule with "
              "RULE_KNOBS.", _grade_rule,
-             "On found_inf: scale * backoff_factor, tracker 0. Otherwise tracker + 1; if that equals "
-             "growth_interval: scale * growth_factor and tracker 0.", reference=_reference_rule, wrong=_late_rule),
+             "Two cases: the step overflowed, or it was clean. Each one changes the scale and the count.",
+             method="Overflow: back off (scale × backoff_factor) and reset the count. Clean: count this step; if the "
+                    "count has reached growth_interval, grow (scale × growth_factor) and reset the count.",
+             solution="if found_inf: return scale * 0.5, 0\ntracker += 1\nif tracker == 3: return scale * 2.0, 0\n"
+                      "return scale, tracker",
+             kind="implement", wrong_why=_LATE_WHY, reference=_reference_rule, wrong=_late_rule),
     Exercise("03.deepspeed-config",
              "DeepSpeed's fp16 block that behaves like GradScaler(init_scale=2**12, growth_interval=500).",
              _grade_ds_config,
-             "loss_scale 0 means dynamic; initial_scale_power is k in 2**k; loss_scale_window is the growth "
-             "interval; hysteresis 1 backs off at the first overflow, as GradScaler does.",
+             "Go through the table of section 5 key by key: which DeepSpeed key plays each GradScaler role, and "
+             "which DeepSpeed default differs from GradScaler's behaviour?",
+             method="loss_scale 0 means dynamic; initial_scale_power is k in 2**k; loss_scale_window is the growth "
+                    "interval; hysteresis is how many overflows DeepSpeed tolerates before it halves (default 2).",
+             solution='{"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500, '
+                      '"hysteresis": 1, "min_loss_scale": 1}',
+             kind="design", wrong_why=_HYSTERESIS_WHY,
              reference={"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
                         "hysteresis": 1, "min_loss_scale": 1},
              wrong={"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500}),
+    Exercise("03.collapse",
+             "Predict, then run: a GradScaler with its defaults (2^16) sees 170 steps in a row whose gradients all "
+             "hold inf (one broken label per batch). What is its scale afterwards?",
+             _grade_collapse,
+             "The scaler only sees an overflow; it cannot tell a broken label from a scale that is too big.",
+             method="Every overflowing step halves the scale and nothing stops it. The scale is an FP32 number: how "
+                    "far down can FP32 go, and what happens below its smallest subnormal (2^-149)?",
+             solution="prediction = 0.0: 170 halvings from 2^16 would be 2^-154, below FP32's smallest subnormal, so "
+                      "the scale rounds to exactly 0 (and unscaling by 1/0 then poisons the weights).",
+             kind="predict", wrong_why=_COLLAPSE_WHY, reference=(0.0, 0.0), wrong=(1.0, 0.0)),
+    Exercise("03.scaler-step",
+             "Debug: train_step lets an overflowing batch write NaN into the weights. Write a fixed "
+             "train_step(model, opt, scaler, xb, yb).",
+             _grade_step,
+             "Which call decides whether an overflowing step is skipped, and does the broken step make it?",
+             method="The order is scale(loss).backward(), unscale_(opt), [clip], scaler.step(opt), scaler.update(). "
+                    "Only scaler.step looks at the inf check; update() closes the step, so it comes last.",
+             solution="opt.zero_grad()\nwith torch.autocast('cpu', dtype=torch.float16, enabled=FP16):\n"
+                      "    loss = F.mse_loss(model(xb), yb)\nscaler.scale(loss).backward()\nscaler.unscale_(opt)\n"
+                      "scaler.step(opt)\nscaler.update()",
+             kind="debug", wrong_why=_STEP_WHY, reference=_reference_step, wrong=_broken_step),
 ]

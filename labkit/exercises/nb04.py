@@ -9,8 +9,9 @@ from typing import Any
 import torch
 
 from labkit.exercises._core import Exercise
+from labkit.exercises._graders import NOT_A_PAIR, pair
 
-__all__ = ["EXERCISES", "reference_amp_step", "reference_island_softmax", "reference_pick_amp"]
+__all__ = ["EXERCISES", "PREDICT_OPS", "reference_amp_step", "reference_island_softmax", "reference_pick_amp"]
 
 
 def _expect(*checks: tuple[str, Any, type | tuple[type, ...]]) -> None:
@@ -98,6 +99,11 @@ def _amp_dtype() -> torch.dtype:
     return torch.float16 if dev_gate.computes(torch.float16, "cpu") else torch.bfloat16
 
 
+_CLIP_WHY = ("You clip the still-scaled gradients: before unscale_ their norm is S times the true norm (S = 1024 "
+             "here), so the clip always fires and shrinks the step about S-fold, and scaler.step then unscales what "
+             "is left. Call scaler.unscale_(opt) first, then clip_grad_norm_, then scaler.step(opt).")
+
+
 def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
         return False, "Define a function amp_step(model, opt, scaler, x, y, dtype) and pass it."
@@ -125,6 +131,9 @@ def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
                        f"got {got_scale:g}.")
     for (name, p), q in zip(got.named_parameters(), ref.parameters()):
         if not torch.allclose(p, q, rtol=1e-3, atol=1e-5):
+            late, _ = run(_clip_before_unscale, 2.0**10, 2)
+            if all(torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in zip(got.parameters(), late.parameters())):
+                return False, _CLIP_WHY
             return False, (f"parameter {name} differs from a correct AMP step. Is the loss computed under "
                            "autocast, and is the gradient clipped to 1.0 *after* scaler.unscale_?")
     big, big_scale = run(answer, 2.0**127, 1)  # the scaled loss overflows: the step must be skipped
@@ -133,6 +142,10 @@ def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
     if big_scale != 2.0**126:
         return False, "after an overflow the scale must be halved: call scaler.update() every step."
     return True, "Scaled backward, unscale, clip, step and update, in that order."
+
+
+_PICK_WHY = ("Where both compute, prefer bf16: it has fp32's exponent range, so gradients do not underflow and no "
+             "GradScaler is needed. fp16 with a GradScaler is the fallback for hardware without bf16 (V100, T4).")
 
 
 def _grade_pick_amp(answer: Any) -> tuple[bool, str] | None:
@@ -154,8 +167,15 @@ def _grade_pick_amp(answer: Any) -> tuple[bool, str] | None:
         if got is None or got is Ellipsis:
             return None  # still a stub: "not attempted yet"
         if not isinstance(got, (tuple, list)) or tuple(got) != want:
+            if caps["bf16"] and caps["fp16"] and isinstance(got, (tuple, list)) and tuple(got) == ("fp16", True):
+                return False, _PICK_WHY
             return False, f"for {caps['device_name']} (bf16={caps['bf16']}, fp16={caps['fp16']}) expected {want}, got {got}."
     return True, "bf16 where it computes (no scaler needed), fp16 + GradScaler otherwise, else fp32."
+
+
+_ISLAND_WHY = ("Your island computes in fp32 but hands fp32 on: every op after it follows its input's dtype, so the "
+               "rest of the model silently runs in fp32 and the memory and speed of half precision are gone. Cast "
+               "the result back with .to(scores.dtype).")
 
 
 def _grade_island(answer: Any) -> tuple[bool, str] | None:
@@ -170,6 +190,8 @@ def _grade_island(answer: Any) -> tuple[bool, str] | None:
         return None  # still a stub: "not attempted yet"
     if not isinstance(got, torch.Tensor) or got.shape != scores.shape:
         return False, "return a tensor of the same shape as scores."
+    if got.dtype == torch.float32 and torch.isfinite(got).all():
+        return False, _ISLAND_WHY
     if got.dtype != scores.dtype:
         return False, f"return the input dtype ({scores.dtype}), got {got.dtype}: cast back after the island."
     if not torch.isfinite(got).all():
@@ -183,23 +205,126 @@ def _grade_island(answer: Any) -> tuple[bool, str] | None:
     return True, "Upcast, compute, cast back: the fp32 island."
 
 
-def _grade_lost_update(answer: Any) -> tuple[bool, str]:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, "Give a number such as 2.0**-5."
-    one = torch.tensor(1.0, dtype=torch.bfloat16)
-    u = float(answer)
-    if not (u > 0):
-        return False, "The update is a positive number."
-    lost = bool(one + torch.tensor(u, dtype=torch.bfloat16) == one)
-    twice_lost = bool(one + torch.tensor(2 * u, dtype=torch.bfloat16) == one)
-    if lost and not twice_lost:
-        k = torch.log2(torch.tensor(u)).item()
-        if k != int(k):
-            return False, "Give a power of two."
-        return True, "2^-8 is half an ulp of 1.0 in bf16 (ulp 2^-7); the tie rounds to even, back to 1.0."
-    if not lost:
-        return False, f"1 + {u:g} does change a bf16 1.0: try smaller."
-    return False, f"1 + {2 * u:g} is lost too: there is a larger power of two."
+# ---- 04.autocast-dtypes: predict, then run ----------------------------------------------------------
+#: The ops whose output dtype under autocast the learner predicts (names of labkit.train.AUTOCAST_OPS).
+PREDICT_OPS: tuple[str, ...] = ("linear", "softmax", "layer_norm", "exp", "cross_entropy")
+_CPU_TABLE = {"linear": "low", "softmax": "low", "layer_norm": "low", "exp": "low", "cross_entropy": "fp32"}
+_CUDA_TABLE = {"linear": "low", "softmax": "fp32", "layer_norm": "fp32", "exp": "fp32", "cross_entropy": "fp32"}
+_AUTOCAST_WHY = ("That is CUDA autocast's table, the one behind 'autocast protects my softmax'. CPU autocast "
+                 "(torch 2.13) upcasts only the losses: softmax, layer_norm and exp run in bf16/fp16 here, so a "
+                 "numerically fragile op gets no help unless you write the fp32 island yourself.")
+_LOW = {"low", "fp16", "bf16", "float16", "bfloat16", "half", "16"}
+_HIGH = {"fp32", "float32", "float", "32", "high"}
+_WHY_OP = {
+    "linear": "linear is a matmul: the first entry of autocast's low-precision list, on every device.",
+    "cross_entropy": "losses are on autocast's fp32 list, on CPU and on CUDA.",
+}
+
+
+def _dtype_word(v: object) -> str | None:
+    w = str(v).strip().lower().replace("torch.", "")
+    return "low" if w in _LOW else "fp32" if w in _HIGH else None
+
+
+def _grade_autocast(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = got
+    if not isinstance(pred, dict) or set(pred) != set(PREDICT_OPS):
+        return False, f"Predict a dict with exactly the keys {list(PREDICT_OPS)}, each 'low' or 'fp32'."
+    words = {op: _dtype_word(v) for op, v in pred.items()}
+    if None in words.values():
+        return False, "Each value is 'low' (fp16/bf16) or 'fp32'."
+    if not isinstance(result, dict) or set(result) != set(PREDICT_OPS):
+        raise ValueError(f"the measured table must map {PREDICT_OPS} to 'low'/'fp32', got {result!r}")
+    if words == result:
+        here = "CPU" if result == _CPU_TABLE else "this device's"
+        return True, (f"That is {here} autocast: matmuls go low, losses go fp32, and everything else follows its "
+                      "input. Measure the table on the device you train on; CUDA upcasts softmax & co.")
+    if words == _CUDA_TABLE and result == _CPU_TABLE:
+        return False, _AUTOCAST_WHY
+    off = [op for op in PREDICT_OPS if words[op] != result[op]]
+    why = " ".join(_WHY_OP.get(op, f"{op} came out {result[op]} here.") for op in off)
+    return False, f"Off for {', '.join(off)}. {why}"
+
+
+# ---- 04.resume-scaler: debug ------------------------------------------------------------------------
+_RESUME_WHY = ("The checkpoint has no scaler state, so the resumed GradScaler starts again at 2^16 with a growth "
+               "count of 0: it forgets the scale it had learned and pays for it in skipped steps, and the resumed "
+               "run no longer matches the uninterrupted one. Save scaler.state_dict() with the model and optimizer, "
+               "and load_state_dict it on resume.")
+
+
+def _reference_save(path: Any, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                    scaler: torch.amp.GradScaler) -> None:
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "scaler": scaler.state_dict()}, path)
+
+
+def _reference_load(path: Any, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                    scaler: torch.amp.GradScaler) -> None:
+    ckpt = torch.load(path, weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    scaler.load_state_dict(ckpt["scaler"])
+
+
+def _broken_save(path: Any, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 scaler: torch.amp.GradScaler) -> None:
+    """The snippet of the exercise: model and optimizer, but not the scaler."""
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+
+
+def _broken_load(path: Any, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                 scaler: torch.amp.GradScaler) -> None:
+    ckpt = torch.load(path, weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+
+
+def _grade_resume(answer: Any) -> tuple[bool, str] | None:
+    import tempfile
+    from pathlib import Path
+
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(callable(f) for f in answer)):
+        return False, "Pass the two functions: check('04.resume-scaler', (save_checkpoint, load_checkpoint))."
+    save, load = answer
+    from labkit import models
+
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(16, 8, generator=g), torch.randn(16, 1, generator=g)
+    model = models.MLP(8, 16, 1, depth=1, seed=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    for _ in range(5):  # clean steps: the scale grows to 2^12, the growth count ends at 1
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "ckpt.pt"
+        save(str(path), model, opt, scaler)
+        if not path.exists():
+            return None  # save wrote nothing: still a stub, "not attempted yet"
+        try:
+            torch.load(path, weights_only=True)
+        except Exception:  # any failure to read it back is the learner's to fix
+            return False, ("torch.load(path, weights_only=True) cannot read your checkpoint: save state_dicts "
+                           "(tensors and plain values), never whole objects.")
+        model2 = models.MLP(8, 16, 1, depth=1, seed=3)
+        opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+        scaler2 = torch.amp.GradScaler("cpu", growth_interval=2)
+        load(str(path), model2, opt2, scaler2)
+    if not all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters())):
+        return False, "load_checkpoint did not restore the model's weights."
+    if opt2.state_dict()["state"].keys() != opt.state_dict()["state"].keys():
+        return False, "load_checkpoint did not restore the optimizer's state (Adam's moments)."
+    if scaler2.get_scale() == 2.0**16 and scaler.get_scale() != 2.0**16:
+        return False, _RESUME_WHY
+    if scaler2.state_dict() != scaler.state_dict():
+        return False, (f"The resumed scaler has {scaler2.state_dict()}, the saved one had {scaler.state_dict()}: "
+                       "restore its whole state_dict (the scale and the growth tracker).")
+    return True, "Model, optimizer and scaler come back: a resumed run continues exactly where it stopped."
 
 
 EXERCISES = [
@@ -207,8 +332,14 @@ EXERCISES = [
         id="04.amp-step",
         prompt="Write amp_step(model, opt, scaler, x, y, dtype): one AMP step with clipping to 1.0.",
         grade=_grade_amp_step,
-        hint="zero_grad; autocast(forward + lm_loss); scaler.scale(loss).backward(); scaler.unscale_(opt); "
-             "clip_grad_norm_(..., 1.0); scaler.step(opt); scaler.update().",
+        hint="Section 2's three steps, plus clipping: where in the sequence do the gradients hold their true values?",
+        method="Forward and loss under torch.autocast; scaled backward; then the gradients are S times too big "
+               "until scaler.unscale_(opt). Clip after that, then let scaler.step(opt) decide whether to step, "
+               "and scaler.update() adapt the scale.",
+        solution="opt.zero_grad()\nwith torch.autocast(device_type=x.device.type, dtype=dtype):\n"
+                 "    loss = models.lm_loss(model(x), y)\nscaler.scale(loss).backward()\nscaler.unscale_(opt)\n"
+                 "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\nscaler.step(opt)\nscaler.update()",
+        kind="implement", wrong_why=_CLIP_WHY,
         reference=reference_amp_step,
         wrong=_clip_before_unscale,
     ),
@@ -216,7 +347,11 @@ EXERCISES = [
         id="04.pick-dtype",
         prompt="Write pick_amp(caps) -> (dtype name, use_scaler) for a device's capabilities.",
         grade=_grade_pick_amp,
-        hint="Prefer bf16 (fp32's range, no scaler); fall back to fp16 with a GradScaler; else fp32.",
+        hint="Which 16-bit format can fail by underflow, and which needs nothing extra?",
+        method="Go in order of preference: the format with fp32's range first (no scaler), then the one with "
+               "the narrow range (it needs a GradScaler), then no mixed precision at all.",
+        solution="if caps['bf16']: return 'bf16', False\nif caps['fp16']: return 'fp16', True\nreturn 'fp32', False",
+        kind="implement", wrong_why=_PICK_WHY,
         reference=reference_pick_amp,
         wrong=_fp16_first,
     ),
@@ -224,16 +359,43 @@ EXERCISES = [
         id="04.fp32-island",
         prompt="Write island_softmax(scores): a softmax that never overflows in half precision.",
         grade=_grade_island,
-        hint="Inside torch.autocast(..., enabled=False): softmax of scores.float(), then .to(scores.dtype).",
+        hint="Do the fragile computation in a wider dtype, and hand the rest of the model what it gave you.",
+        method="Turn autocast off for the region (torch.autocast(..., enabled=False)), upcast the scores to "
+               "float32, take the softmax over the last dimension, and cast the result back to the input's dtype.",
+        solution="with torch.autocast(device_type=scores.device.type, enabled=False):\n"
+                 "    return torch.softmax(scores.float(), dim=-1).to(scores.dtype)",
+        kind="implement", wrong_why=_ISLAND_WHY,
         reference=reference_island_softmax,
         wrong=_island_no_cast_back,
     ),
     Exercise(
-        id="04.lost-update",
-        prompt="The largest power of two u for which 1.0 + u == 1.0 in bf16.",
-        grade=_grade_lost_update,
-        hint="bf16 keeps 7 fraction bits: the ulp of 1.0 is 2^-7. What happens exactly halfway?",
-        reference=2.0**-8,
-        wrong=2.0**-7,
+        id="04.autocast-dtypes",
+        prompt="Predict, then run: under autocast on this device, which of PREDICT_OPS come out in low precision "
+               "('low') and which in fp32 ('fp32')?",
+        grade=_grade_autocast,
+        hint="Autocast keeps lists of ops, and the lists are not the same on every device.",
+        method="Matmuls are on the low-precision list everywhere; losses on the fp32 list everywhere. The ops in "
+               "between (softmax, layer_norm, exp) are upcast by CUDA autocast. What does CPU autocast do with "
+               "them? (The notebook's setup cell says which device this is.)",
+        solution="prediction = {'linear': 'low', 'softmax': 'low', 'layer_norm': 'low', 'exp': 'low', "
+                 "'cross_entropy': 'fp32'} on a CPU (torch 2.13); on CUDA softmax, layer_norm and exp are 'fp32'.",
+        kind="predict", wrong_why=_AUTOCAST_WHY,
+        reference=(dict(_CPU_TABLE), dict(_CPU_TABLE)),
+        wrong=(dict(_CUDA_TABLE), dict(_CPU_TABLE)),
+    ),
+    Exercise(
+        id="04.resume-scaler",
+        prompt="Debug: a run resumed with save_checkpoint/load_checkpoint restarts its loss scale at 2^16. Write "
+               "fixed save_checkpoint(path, model, opt, scaler) and load_checkpoint(path, model, opt, scaler).",
+        grade=_grade_resume,
+        hint="List everything whose state a training step changes. Is each of them in the checkpoint?",
+        method="A step changes the weights, the optimizer's state, and the GradScaler's scale and growth count. "
+               "Everything with a state_dict() goes into the file; on resume, each gets load_state_dict().",
+        solution="save: torch.save({'model': model.state_dict(), 'opt': opt.state_dict(), "
+                 "'scaler': scaler.state_dict()}, path)\nload: ckpt = torch.load(path, weights_only=True); then "
+                 "model/opt/scaler.load_state_dict(ckpt[...]) for all three",
+        kind="debug", wrong_why=_RESUME_WHY,
+        reference=(_reference_save, _reference_load),
+        wrong=(_broken_save, _broken_load),
     ),
 ]

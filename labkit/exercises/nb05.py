@@ -9,6 +9,7 @@ import torch
 
 from labkit import fp8
 from labkit.exercises._core import Exercise, whole
+from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 
 __all__ = ["EXERCISES", "FORMAT_CHOICES", "WORKLOADS", "exercise_tensor"]
 
@@ -37,6 +38,11 @@ _WHY = {
 }
 
 
+_CHOOSE_WHY = ("E4M3 for the backward pass trades away the range gradients need: 18 binades against E5M2's 32. "
+               "Real gradients span more than 18 even with a per-tensor scale (section 3's table: a sizable share "
+               "still flushes to zero in E4M3), so gradients get E5M2: range over precision.")
+
+
 def _grade_choose(answer: object) -> tuple[bool, str] | bool:
     if not isinstance(answer, dict):
         return False, "Give a dict {workload: format}, with a key for every entry of WORKLOADS."
@@ -50,9 +56,11 @@ def _grade_choose(answer: object) -> tuple[bool, str] | bool:
         if name not in FORMAT_CHOICES:
             return False, f"{k}: {v!r} is not one of {FORMAT_CHOICES}."
         if name != want:
-            wrong.append(k)
+            wrong.append((k, name))
+    if wrong == [("fp8-backward", "e4m3fn")]:
+        return False, _CHOOSE_WHY
     if wrong:
-        return False, f"Reconsider: {', '.join(wrong)}."
+        return False, f"Reconsider: {', '.join(k for k, _ in wrong)}."
     return True, " ".join(_WHY.values())
 
 
@@ -71,6 +79,11 @@ def exercise_tensor(n: int = 4096, seed: int = 5) -> torch.Tensor:
 _MARGIN = 1
 
 
+_SCALE_WHY = ("448 / amax is the scale with no margin: it puts amax exactly on E4M3's largest value, so a tensor "
+              "that is a little larger at the next step saturates. The exercise asks for one binade of headroom: "
+              "divide by 2**margin = 2 as well, so amax lands at 224.")
+
+
 def _grade_scale(answer: object) -> tuple[bool, str]:
     if isinstance(answer, torch.Tensor) and answer.numel() == 1:
         answer = float(answer)
@@ -84,7 +97,7 @@ def _grade_scale(answer: object) -> tuple[bool, str]:
         q = fp8.quant_stats(x, "e4m3fn", s)
         return True, f"amax = {a:.4g}; with this scale nothing saturates ({q.saturated:.0%}) and the error is {q.rel_error:.1%}."
     if math.isclose(s, 448.0 / a, rel_tol=1e-6):
-        return False, "That is the scale with no margin: the exercise asks for one binade of headroom."
+        return False, _SCALE_WHY
     if math.isclose(s, a / 448.0, rel_tol=1e-3) or math.isclose(s, 2 * a / 448.0, rel_tol=1e-3):
         return False, "Upside down: the scale multiplies the tensor so that amax lands near 448."
     return False, f"Not the per-tensor scale (yours puts amax at {a * s:.4g} instead of 224)."
@@ -92,6 +105,10 @@ def _grade_scale(answer: object) -> tuple[bool, str]:
 
 def _reference_delayed(history: list[float], history_len: int, fmt_max: float, margin: int) -> float:
     return fmt_max / max(history[-history_len:]) / 2.0**margin
+
+
+_DELAYED_WHY = ("You use only the most recent amax. Delayed scaling takes the maximum over the last history_len "
+                "amaxes, so that one quiet step does not set a scale that the next, larger tensor overflows.")
 
 
 def _grade_delayed(fn: object) -> tuple[bool, str] | None:
@@ -113,6 +130,9 @@ def _grade_delayed(fn: object) -> tuple[bool, str] | None:
             ds.update(a)
         want = ds.scale
         if not (isinstance(got, (int, float, torch.Tensor)) and math.isclose(float(got), want, rel_tol=1e-9)):
+            if isinstance(got, (int, float)) and math.isclose(float(got), _wrong_delayed(history, history_len,
+                                                                                          fp8.fp8_max(fmt), margin)):
+                return False, _DELAYED_WHY
             last = ", ".join(f"{h:.3g}" for h in history[-5:])
             return False, (f"For a history ending [{last}], history_len {history_len}, "
                            f"{fmt} and margin {margin} you give {got!r}; DelayedScaling uses {want:.6g}.")
@@ -123,19 +143,122 @@ def _wrong_delayed(history: list[float], history_len: int, fmt_max: float, margi
     return fmt_max / history[-1] / 2.0**margin  # "most recent", not the max of the window
 
 
+# ---- 05.bf16-vs-tf32: predict, then run -------------------------------------------------------------
+_RATIO_WHY = ("TF32 and bf16 both keep fp32's 8 exponent bits, but not the same mantissa: TF32 keeps 10 bits, bf16 "
+              "7. Each bit fewer doubles the rounding error of the inputs, so bf16's error is about 2^3 = 8 times "
+              "TF32's. 'Reduced precision' is not one thing.")
+
+
+def _grade_ratio(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = (as_number(v) for v in got)
+    if pred is None or not pred > 0:
+        return False, "Predict the ratio as a positive number, e.g. 2."
+    if result is None or not result > 0:
+        raise ValueError(f"the measured ratio must be a positive number, got {got[1]!r}")
+    if result / 1.5 <= pred <= result * 1.5:
+        return True, (f"Measured: {result:.1f}x. 3 mantissa bits apart (10 against 7), 2^3 = 8: the input rounding "
+                      "error halves with every bit kept.")
+    if pred < result:
+        return False, _RATIO_WHY
+    return False, ("TF32 is not fp32: it keeps 10 of fp32's 23 mantissa bits, bf16 keeps 7. Three bits apart, so "
+                   f"about 2^3 times the error (measured {result:.1f}x), not orders of magnitude.")
+
+
+# ---- 05.fp8-roundtrip: debug ------------------------------------------------------------------------
+_ROUNDTRIP_WHY = ("The scale is upside down in the cast: x / scale pushes the values away from E4M3's range (for "
+                  "gradients of 1e-6, towards 1e-15) and they flush to zero. The scale multiplies the tensor before "
+                  "the cast, so that amax lands on 448, and divides it back after.")
+
+
+def _reference_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    scale = 448.0 / x.abs().max()
+    return (x * scale).to(torch.float8_e4m3fn).float() / scale
+
+
+def _broken_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    """The snippet of the exercise: divides before the cast and multiplies after."""
+    scale = 448.0 / x.abs().max()
+    return (x / scale).to(torch.float8_e4m3fn).float() * scale
+
+
+def _grade_roundtrip(fn: object) -> tuple[bool, str] | None:
+    if not callable(fn):
+        return False, "Define fp8_roundtrip(x) and pass the function itself."
+    g = torch.Generator().manual_seed(21)
+    cases = [("gradients of size ~1e-6", torch.randn(4096, generator=g) * 1e-6),
+             ("activations of size ~3", torch.randn(4096, generator=g) * 3),
+             ("values up to ~1e4", torch.randn(2048, generator=g) * 2e3)]
+    for what, x in cases:
+        got = fn(x.clone())
+        if got is None or got is Ellipsis:
+            return None  # still a stub: "not attempted yet"
+        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+            return False, "Return a tensor of the same shape as x (the values after the round trip)."
+        if not got.is_floating_point() or got.element_size() < 2:
+            return False, "Return the values back in float (e.g. .float()), not the FP8 tensor itself."
+        got = got.float()
+        if not torch.isfinite(got).all():
+            return False, f"For {what} the result holds inf/NaN."
+        err = ((got - x).norm() / x.norm()).item()
+        if err < 0.05:
+            continue
+        ratio = (got.norm() / x.norm()).item()
+        scale = 448.0 / x.abs().max().item()
+        if err > 0.5 and ratio < 0.5:
+            return False, _ROUNDTRIP_WHY
+        if math.isclose(ratio, scale, rel_tol=0.1):
+            return False, f"For {what} you return the scaled values: divide by the scale after the cast."
+        return False, f"For {what} the round trip is {err:.0%} off; E4M3 with a per-tensor scale is ~2-3 % off."
+    return True, "Scale up into E4M3's range, cast, scale back: ~2.6 % error at every magnitude."
+
+
 EXERCISES = [
     Exercise("05.choose-format",
              "For each entry of WORKLOADS, choose one of FORMAT_CHOICES.", _grade_choose,
-             "Ask of each workload: does it need range (gradients), precision (forward values, master weights), "
-             "or is it a constraint of the hardware or the code?",
+             "Ask of each workload: does it need range, precision, or is it a constraint of the hardware or the code?",
+             method="Range protects gradients (they span many binades); precision protects forward values and "
+                    "master weights (small updates). A V100 has fp16 tensor cores only; TF32 needs no code change; "
+                    "FP8 splits into E4M3 (more mantissa) and E5M2 (more exponent).",
+             solution="a100-mixed bf16, a100-fp32-code tf32, v100-mixed fp16, fp8-forward e4m3fn, fp8-backward e5m2, "
+                      "master-weights fp32",
+             kind="design", wrong_why=_CHOOSE_WHY,
              reference=dict(_ANSWERS), wrong={**_ANSWERS, "fp8-backward": "e4m3fn"}),
     Exercise("05.fp8-scale",
              "The per-tensor E4M3 scale for exercise_tensor() with a margin of one binade.", _grade_scale,
-             "scale = fp8_max / amax / 2**margin, with amax = x.abs().max() and E4M3's maximum 448.",
+             "The scale multiplies the tensor so that its largest magnitude lands near E4M3's largest value.",
+             method="amax = x.abs().max(); E4M3's largest value is 448; a margin of one binade halves the scale once "
+                    "more, so that amax lands at 224 instead of 448.",
+             solution="scale = 448.0 / xt.abs().max().item() / 2**1",
+             kind="compute", wrong_why=_SCALE_WHY,
              reference=448.0 / fp8.amax(exercise_tensor()) / 2.0, wrong=448.0 / fp8.amax(exercise_tensor())),
     Exercise("05.delayed-scale",
              "Write delayed_scale(amax_history, history_len, fmt_max, margin): the scale delayed scaling uses next.",
              _grade_delayed,
-             "Take the last history_len amaxes (the window), their maximum, then fmt_max / that / 2**margin.",
+             "The scale comes from earlier steps' amaxes, but not from all of them, and not from only one.",
+             method="Take the window of the last history_len amaxes, its maximum, then the same formula as the "
+                    "per-tensor scale: fmt_max / amax / 2**margin.",
+             solution="return fmt_max / max(amax_history[-history_len:]) / 2**margin",
+             kind="implement", wrong_why=_DELAYED_WHY,
              reference=_reference_delayed, wrong=_wrong_delayed),
+    Exercise("05.bf16-vs-tf32",
+             "Predict, then run: rounding the inputs of a 256x256 matmul to bf16 costs how many times the relative "
+             "error of rounding them to TF32?",
+             _grade_ratio,
+             "Both keep fp32's exponent; compare what they keep of the mantissa.",
+             method="Rounding to m mantissa bits makes a relative error of up to 2^-(m+1), so each bit fewer doubles "
+                    "it. TF32 keeps 10 bits, bf16 7.",
+             solution="prediction = 8: 2^(10 - 7); measured 7.9.",
+             kind="predict", wrong_why=_RATIO_WHY, reference=(8.0, 7.94), wrong=(1.0, 7.94)),
+    Exercise("05.fp8-roundtrip",
+             "Debug: fp8_roundtrip(x), a per-tensor-scaled E4M3 round trip, loses nearly all of a gradient. Write "
+             "a fixed fp8_roundtrip(x) that returns x after scale, cast to E4M3 and back.",
+             _grade_roundtrip,
+             "Compute x / scale for a gradient of 1e-6 by hand: where does it land on E4M3's number line?",
+             method="scale = 448 / amax maps amax onto 448. The tensor must be multiplied by it before the cast "
+                    "(into the range) and divided by it after (back to the true values).",
+             solution="scale = 448.0 / x.abs().max()\nreturn (x * scale).to(torch.float8_e4m3fn).float() / scale",
+             kind="debug", wrong_why=_ROUNDTRIP_WHY, reference=_reference_roundtrip, wrong=_broken_roundtrip),
 ]

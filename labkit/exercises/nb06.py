@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+import math
+import random
+from typing import Any
+
+import torch
+
 from labkit import memory as M
-from labkit.exercises._core import Exercise, number_grader
-from labkit.exercises._zero import stage2_shards_params, zero_bytes_grader
+from labkit.exercises._core import Exercise
+from labkit.exercises._graders import NOT_A_PAIR, as_number, number, pair
 
 __all__ = ["EXERCISES"]
 
-
+_BYTES_WHY = ("16 is the figure for Adam, which keeps two fp32 states per parameter (8 bytes). SGD with momentum "
+              "keeps one: 2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 master) + 4 (momentum) = 12.")
 
 
 def _bytes_per_param(answer: object) -> tuple[bool, str]:
-    ok, msg = number_grader(M.bytes_per_param("bf16-master", "sgd-momentum"), "the bytes per parameter")(answer)
+    ok, msg = number(M.bytes_per_param("bf16-master", "sgd-momentum"), "the bytes per parameter",
+                     {16.0: _BYTES_WHY})(answer)
     if ok or msg:
         return ok, msg
-    if float(answer) in (16.0, 18.0, 20.0):  # type: ignore[arg-type]
-        return False, "That is an Adam figure; SGD with momentum keeps one state, not two."
+    if as_number(answer) in (18.0, 20.0):
+        return False, "That is an Adam figure (with fp32 gradients); SGD with momentum keeps one state, not two."
     return False, ""
+
+
+_STAGE_WHY = ("At stage 1 only the optimizer side (12 B/param) is sharded; the 16-bit weights and gradients stay "
+              "whole: 4Ψ + 12Ψ/8 = 28 + 10.5 = 38.5 GB per GPU, more than 32 GB. Stage 2 also shards the gradients: "
+              "2Ψ + 14Ψ/8 = 26.25 GB fits.")
 
 
 def _smallest_stage(answer: object) -> tuple[bool, str]:
@@ -26,6 +39,8 @@ def _smallest_stage(answer: object) -> tuple[bool, str]:
         return False, "Give the stage as an int (0, 1, 2 or 3)."
     if answer == want:
         return True, ""
+    if answer == 1:
+        return False, _STAGE_WHY
     per_gpu = M.model_state_bytes(7 * 10**9, "bf16-master", "adam", stage=answer, world_size=8).device_total \
         if answer in (0, 1, 2, 3) else None
     if per_gpu is not None and per_gpu > 32 * M.GB:
@@ -38,8 +53,117 @@ def _reference_per_gpu(n_params: int, stage: int, world_size: int) -> float:
     return [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n][stage]
 
 
-_per_gpu_function = zero_bytes_grader("per_gpu_bytes", seed=6, fixed=[(7_500_000_000, s, 64) for s in range(4)],
-                                      success="It reproduces the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB.")
+def _stage2_shards_params(n_params: int, stage: int, world_size: int) -> float:
+    """The typical mistake: stage 2 sharding the 16-bit weights too (that is stage 3)."""
+    return _reference_per_gpu(n_params, 3 if stage == 2 else stage, world_size)
+
+
+_PER_GPU_WHY = ("At stage 2 you shard the 16-bit weights too: that is stage 3. Stage 2 shards the optimizer side "
+                "and the gradients, and every rank still holds all the 16-bit weights: 2Ψ + (2 + 12)Ψ/N.")
+
+
+def _grade_per_gpu(fn: Any) -> tuple[bool, str] | None:
+    """Grade per_gpu_bytes(n_params, stage, world_size) against labkit.memory on fresh inputs.
+
+    The paper's 7.5B on 64 GPUs first, then 20 random cases. A tolerance of 16 bytes (or 1e-6 relative) accepts
+    both Ψ/N and ceil(Ψ/N) sharding.
+    """
+    if not callable(fn):
+        return False, "Define a function per_gpu_bytes(n_params, stage, world_size) and pass the function."
+    rng = random.Random(6)
+    cases = [(7_500_000_000, s, 64) for s in range(4)]
+    cases += [(rng.randrange(10**6, 10**11), rng.randrange(4), rng.choice([1, 2, 4, 8, 64, 512])) for _ in range(20)]
+    for n, stage, ws in cases:
+        want = M.model_state_bytes(n, "bf16-master", "adam", stage=stage, world_size=ws).device_total
+        got = fn(n, stage, ws)
+        if got is None or got is Ellipsis:
+            return None
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not abs(got - want) <= max(16.0, 1e-6 * want):
+            if isinstance(got, (int, float)) and stage == 2 and ws > 1 and math.isclose(float(got), 16 * n / ws,
+                                                                                        rel_tol=1e-6):
+                return False, _PER_GPU_WHY
+            return False, f"per_gpu_bytes({n}, {stage}, {ws}) returned {got!r}; expected {want:.6g}."
+    return True, "It reproduces the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB."
+
+
+# ---- 06.amp-saved: predict, then run ----------------------------------------------------------------
+_SAVED_WHY = ("Not everything halves. Autocast saves bf16 copies of the matmul inputs, but the LayerNorm inputs, "
+              "the fp32 softmax island and the residual stream stay fp32, and the bf16 copies of the weights "
+              "(weight_copies) come on top of the activations.")
+
+
+def _grade_saved(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = (as_number(v) for v in got)
+    if pred is None or not pred > 0:
+        return False, "Predict the ratio as a positive number, e.g. 0.5 for 'half as much'."
+    if result is None or not result > 0:
+        raise ValueError(f"the measured ratio must be a positive number, got {got[1]!r}")
+    if abs(pred - result) <= 0.12:
+        return True, (f"Measured {result:.2f}: the matmul inputs are saved in bf16, the rest of the activations stay "
+                      "fp32, and autocast's bf16 weight copies come on top. Less than fp32, far from half.")
+    if pred <= 0.55:
+        return False, _SAVED_WHY
+    if pred >= 1:
+        return False, (f"It went down, to {result:.2f} of fp32: activations do shrink. What grows with autocast is the "
+                       "model state side (fp32 weights and states stay, bf16 weight copies are added), which the "
+                       "saved-tensor hooks do not count.")
+    return False, f"Measured {result:.2f}. {_SAVED_WHY}"
+
+
+# ---- 06.kept-loss: debug ----------------------------------------------------------------------------
+_KEPT_WHY = ("Every loss in the returned list is a tensor at the root of its autograd graph, and that graph owns "
+             "every activation saved for backward: the list keeps all the batches' activations alive. Evaluate "
+             "under torch.no_grad() (no graph is built) and keep loss.item(), a Python float.")
+
+
+def _reference_validation(model: torch.nn.Module, batches: Any) -> list[float]:
+    from labkit import models
+
+    losses = []
+    with torch.no_grad():
+        for x, y in batches:
+            losses.append(models.lm_loss(model(x), y).item())
+    return losses
+
+
+def _broken_validation(model: torch.nn.Module, batches: Any) -> list[Any]:
+    """The snippet of the exercise: outside no_grad, the loss tensors kept."""
+    from labkit import models
+
+    losses = []
+    for x, y in batches:
+        losses.append(models.lm_loss(model(x), y))
+    return losses
+
+
+def _grade_kept(fn: Any) -> tuple[bool, str] | None:
+    if not callable(fn):
+        return False, "Define validation_losses(model, batches) and pass the function itself."
+    from labkit import activations, data, models
+
+    task = data.make_token_task("reverse", n=96, n_digits=4, vocab_size=10, seed=4)
+    model = models.TinyGPT(vocab_size=10, seq_len=task.seq_len, d_model=32, n_layers=1, n_heads=2, seed=7)
+    batches = [(task.inputs[i:i + 32], task.targets[i:i + 32]) for i in range(0, 96, 32)]
+    with torch.no_grad():
+        want = [models.lm_loss(model(x), y).item() for x, y in batches]
+    got = fn(model, list(batches))
+    if got is None or got is Ellipsis:
+        return None  # still a stub: "not attempted yet"
+    if not isinstance(got, (list, tuple)) or len(got) != len(batches):
+        return False, f"Return a list with one loss per batch ({len(batches)} here)."
+    params = list(model.parameters())
+    held = sum(activations.graph_saved_bytes(v, exclude=params) for v in got if isinstance(v, torch.Tensor))
+    if held or any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in got):
+        return False, _KEPT_WHY + (f" (Your list holds {held:,} bytes of saved tensors.)" if held else "")
+    if any(p.grad is not None for p in params):
+        return False, "Validation computes no gradients: no backward(), and nothing written to the parameters' .grad."
+    values = [as_number(v) for v in got]
+    if None in values or not all(math.isclose(v, w, rel_tol=1e-5) for v, w in zip(values, want)):  # type: ignore[arg-type]
+        return False, f"The losses should be {[round(w, 4) for w in want]}, got {got!r}."
+    return True, "Numbers in the log, no graph behind them: validation memory stays flat however many batches."
 
 
 EXERCISES = [
@@ -47,19 +171,49 @@ EXERCISES = [
              "Bytes per parameter of model state: bf16 weights and bf16 grads, fp32 master weights, "
              "SGD with momentum (fp32), no ZeRO.",
              _bytes_per_param,
-             "Add 2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 master) + 4 per fp32 optimizer state.",
+             "List every tensor the setup keeps per parameter, with its dtype's size.",
+             method="16-bit weights and 16-bit gradients are 2 bytes each; the fp32 master copy is 4; each fp32 "
+                    "optimizer state is 4. How many states does SGD with momentum keep?",
+             solution="2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 master) + 4 (momentum) = 12",
+             kind="compute", wrong_why=_BYTES_WHY,
              reference=2 + 2 + 4 + 4, wrong=16),
     Exercise("06.smallest-stage",
              "Smallest ZeRO stage at which the model states of a 7B model (16 B/param, Adam) fit on "
              "8 GPUs of 32 GB each.",
              _smallest_stage,
-             "Per GPU: stage 1 = 4Ψ + 12Ψ/N, stage 2 = 2Ψ + 14Ψ/N, stage 3 = 16Ψ/N, with Ψ = 7e9, N = 8.",
+             "Work out the bytes per GPU at each stage, starting from stage 0, and stop at the first that fits.",
+             method="Per GPU, with Ψ = 7e9 and N = 8: stage 0 = 16Ψ; stage 1 shards the 12 optimizer bytes (4Ψ + "
+                    "12Ψ/N); stage 2 also the gradients (2Ψ + 14Ψ/N); stage 3 everything (16Ψ/N).",
+             solution="stage 0: 112 GB; stage 1: 28 + 10.5 = 38.5 GB; stage 2: 14 + 12.25 = 26.25 GB <= 32 GB: 2",
+             kind="compute", wrong_why=_STAGE_WHY,
              reference=2, wrong=1),
     Exercise("06.zero-per-gpu",
              "A function per_gpu_bytes(n_params, stage, world_size) giving the ZeRO paper's per-GPU "
              "model-state bytes (16 B/param: 2 + 2 + K, K = 12).",
-             _per_gpu_function,
-             "Stage 0: 16Ψ. Stage 1 shards K: (2 + 2)Ψ + KΨ/N. Stage 2 also the grads: 2Ψ + (2 + K)Ψ/N. "
-             "Stage 3 everything: 16Ψ/N.",
-             reference=_reference_per_gpu, wrong=stage2_shards_params(_reference_per_gpu)),
+             _grade_per_gpu,
+             "Split the 16 bytes into three parts, and ask for each stage which parts are divided by the GPUs.",
+             method="16-bit weights (2), 16-bit gradients (2), optimizer side K = 12. Stage 1 divides K by N, stage 2 "
+                    "also the gradients, stage 3 also the weights.",
+             solution="return [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n][stage]",
+             kind="implement", wrong_why=_PER_GPU_WHY,
+             reference=_reference_per_gpu, wrong=_stage2_shards_params),
+    Exercise("06.amp-saved",
+             "Predict, then run: with bf16 autocast, what fraction of the fp32 forward pass's saved bytes "
+             "(activations + weight copies) does the tiny GPT keep for backward?",
+             _grade_saved,
+             "Which of the saved tensors come out of autocast in bf16, and which does autocast not touch?",
+             method="Matmul inputs are saved in bf16 (half the bytes); LayerNorm inputs, the fp32 softmax island and "
+                    "the residual stream stay fp32; the bf16 copies of the weights are added.",
+             solution="prediction = 0.7 (measured 0.68): less than fp32, far from half.",
+             kind="predict", wrong_why=_SAVED_WHY, reference=(0.7, 0.68), wrong=(0.5, 0.68)),
+    Exercise("06.kept-loss",
+             "Debug: validation_losses(model, batches) makes memory grow with every batch. Write a fixed "
+             "validation_losses that returns the same per-batch losses and keeps no memory alive.",
+             _grade_kept,
+             "What does each element of the returned list still refer to?",
+             method="A loss tensor computed with autograd on is the root of a graph that owns the saved activations. "
+                    "Either build no graph (torch.no_grad()) or keep only the number (loss.item()); do both.",
+             solution="losses = []\nwith torch.no_grad():\n    for x, y in batches:\n"
+                      "        losses.append(models.lm_loss(model(x), y).item())\nreturn losses",
+             kind="debug", wrong_why=_KEPT_WHY, reference=_reference_validation, wrong=_broken_validation),
 ]

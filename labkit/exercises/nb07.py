@@ -7,6 +7,7 @@ import random
 
 from labkit import roofline as R
 from labkit.exercises._core import Exercise
+from labkit.exercises._graders import NOT_A_PAIR, pair
 
 __all__ = ["EXERCISES", "H100_BANDWIDTH", "H100_BF16_FLOPS", "PROFILE_TABLE"]
 
@@ -32,7 +33,7 @@ H100_BF16_FLOPS = 989e12
 H100_BANDWIDTH = 3.35e12
 
 
-def _number(want: float, what: str, rel: float = 1e-6):
+def _number(want: float, what: str, rel: float = 1e-6, mistakes: dict[float, str] | None = None):
     def grade(answer: object) -> tuple[bool, str]:
         if isinstance(answer, bool):
             return False, f"Give {what} as a number, not a bool."
@@ -42,10 +43,19 @@ def _number(want: float, what: str, rel: float = 1e-6):
             return False, f"Give {what} as a number."
         if math.isfinite(got) and abs(got - want) <= rel * abs(want):
             return True, ""
+        for value, why in (mistakes or {}).items():
+            if math.isclose(got, value, rel_tol=1e-9):
+                return False, why
         if math.isfinite(got) and want and abs(got - 1 / want) <= rel / abs(want):
             return False, "That is the inverse: intensity is FLOPs divided by bytes."
         return False, ""
     return grade
+
+
+_AXPY_WHY = ("2/8 counts reading x and y (8 bytes) but not writing y back: y = a*x + y stores 4 more bytes per "
+             "element, 12 in all, so the intensity is 2/12 ≈ 0.17 FLOP/byte.")
+_MATMUL_WHY = ("You count reading A and B but not writing C: the m × n result is stored once too, so the bytes are "
+               "(m·k + k·n + m·n) × bytes_per_element. For a thin matmul the output is a large share of them.")
 
 
 def _grade_matmul_intensity(fn: object) -> tuple[bool, str] | None:
@@ -61,6 +71,8 @@ def _grade_matmul_intensity(fn: object) -> tuple[bool, str] | None:
         if got is None or got is Ellipsis:
             return None  # still a stub: "not attempted yet"
         if not (isinstance(got, (int, float)) and math.isclose(float(got), want, rel_tol=1e-9)):
+            if isinstance(got, (int, float)) and math.isclose(float(got), _forgot_output_intensity(m, n, k, b)):
+                return False, _MATMUL_WHY
             return False, f"for m={m}, n={n}, k={k}, {b} bytes/element, expected {want:.6g}, got {got!r}."
     return True, ""
 
@@ -73,6 +85,15 @@ def _forgot_output_intensity(m: int, n: int, k: int, bytes_per_element: int) -> 
     return 2 * m * n * k / ((m * k + k * n) * bytes_per_element)
 
 
+_FIRST_WHY = ("aten::linear has the largest *total* time, but its self time is 0.6 ms: nearly all of it is "
+              "aten::addmm, which it calls. Total time counts the children again; rank by self time.")
+_OPS80_WHY = ("12 is every op in the table. Sort by self time, largest first, and stop as soon as the running sum "
+              "reaches 80 % of the total: a handful of ops, which is the point of profiling.")
+_BOUND_WHY = ("A matmul is not always compute-bound. With 8 rows, (8, 8192) @ (8192, 8192) reads the whole 128 MiB "
+              "weight matrix to do 2·8·8192² FLOPs: about 8 FLOP/byte, far below the H100's ridge point of ~295. "
+              "Decoding with a small batch is memory-bound.")
+
+
 def _top_self_op() -> str:
     return max(PROFILE_TABLE, key=lambda r: r[1])[0]
 
@@ -82,7 +103,9 @@ def _grade_first(answer: object) -> tuple[bool, str]:
         return False, "Give the op's name as a string, e.g. 'aten::gelu'."
     if answer == _top_self_op():
         return True, "It has the largest self time, about a third of the step."
-    if answer in ("aten::linear", "Optimizer.step#AdamW.step"):
+    if answer == "aten::linear":
+        return False, _FIRST_WHY
+    if answer == "Optimizer.step#AdamW.step":
         return False, "That op has a large total time, but almost all of it is spent in ops it calls."
     return False, ""
 
@@ -108,34 +131,95 @@ def _grade_bound(answer: object) -> tuple[bool, str]:
     if got == want:
         return True, f"The ridge point is {R.ridge_point(H100_BF16_FLOPS, H100_BANDWIDTH):.0f} FLOP/byte."
     wrong = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    if wrong == [2]:
+        return False, _BOUND_WHY
     return False, f"Look again at item(s) {', '.join(str(i + 1) for i in wrong)}."
+
+
+# ---- 07.launch-overhead: predict, then run ---------------------------------------------------------
+_RACE = ("one big add", "2000 tiny adds", "about the same")
+_RACE_WHY = ("Same arithmetic, not the same cost: every op pays a fixed overhead (Python, PyTorch's dispatcher, on a "
+             "GPU the kernel launch) of microseconds before any work, and 64 elements are nanoseconds of work. "
+             "2000 ops pay that overhead 2000 times; one op pays it once.")
+
+
+def _grade_race(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = got
+    pred = pred.strip().lower() if isinstance(pred, str) else pred
+    if pred not in _RACE:
+        return False, f"Predict one of {list(_RACE)}."
+    if result not in _RACE:
+        raise ValueError(f"the measured winner must be one of {_RACE}, got {result!r}")
+    if pred == result == "one big add":
+        return True, ("Per-op overhead dwarfs 64 elements of work: that is why small models are slow out of "
+                      "proportion, and why fused optimizers and CUDA graphs exist.")
+    if pred == result:
+        return True, "Your prediction matches what this machine measured."
+    if result == "one big add":
+        return False, _RACE_WHY
+    return False, (f"This machine measured {result!r}, which is unusual: rerun the measurement (another program may "
+                   "have been running) before you trust it.")
 
 
 EXERCISES = [
     Exercise("07.axpy-intensity",
              "The arithmetic intensity (FLOP/byte) of y = a * x + y on fp32 vectors (a is a scalar).",
-             _number(2 / 12, "the intensity"),
-             "Per element: one multiply and one add (2 FLOPs); read x and y, write y (3 x 4 bytes).",
+             _number(2 / 12, "the intensity", mistakes={2 / 8: _AXPY_WHY}),
+             "Count, per element, the arithmetic it does and every byte it moves, both ways.",
+             method="Intensity = FLOPs / bytes moved. Per element: how many multiplies and adds; which fp32 values "
+                    "are read from memory and which are written back?",
+             solution="2 FLOPs (a multiply and an add) over 12 bytes (read x, read y, write y, 4 bytes each) = 2/12",
+             kind="compute", wrong_why=_AXPY_WHY,
              reference=2 / 12, wrong=2 / 8),
     Exercise("07.matmul-intensity",
              "Write intensity(m, n, k, bytes_per_element) for (m, k) @ (k, n), reading A and B and writing C once.",
              _grade_matmul_intensity,
-             "FLOPs: 2*m*n*k (a multiply and an add per term). Bytes: (m*k + k*n + m*n) * bytes_per_element.",
+             "Count the multiply-adds of the product, and every matrix that crosses the memory bus once.",
+             method="Each of the m·n outputs is a sum of k products: a multiply and an add each. A (m×k) and B (k×n) "
+                    "are read once and C (m×n) is written once, each element bytes_per_element bytes.",
+             solution="return 2 * m * n * k / ((m * k + k * n + m * n) * bytes_per_element)",
+             kind="implement", wrong_why=_MATMUL_WHY,
              reference=_reference_intensity, wrong=_forgot_output_intensity),
     Exercise("07.optimise-first",
              "From PROFILE_TABLE, the name of the op to optimise first.",
              _grade_first,
-             "Sort by *self* time: total time counts the children again (aten::linear calls aten::addmm).",
+             "Two time columns: which one says where the time is really spent inside an op?",
+             method="Total time includes the ops an op calls, so parents look expensive twice; self time does not. "
+                    "Rank by self time and take the top.",
+             solution="max(PROFILE_TABLE, key=lambda r: r[1])[0] = 'aten::addmm' (27.4 ms self, a third of the step)",
+             kind="compute", wrong_why=_FIRST_WHY,
              reference=_top_self_op(), wrong="aten::linear"),
     Exercise("07.ops-for-80",
              "From PROFILE_TABLE, how many ops (largest self time first) it takes to cover 80 % of the total self time.",
-             _number(float(_ops_for_80()), "the count"),
-             "Add up all the self times, sort them largest first, and count until the running sum reaches 80 %.",
+             _number(float(_ops_for_80()), "the count", mistakes={float(len(PROFILE_TABLE)): _OPS80_WHY}),
+             "Work with self times only, and go from the largest down.",
+             method="Add up all the self times, sort them largest first, and count until the running sum reaches "
+                    "80 % of the total.",
+             solution="total 76.6 ms, 80 % = 61.3 ms: 27.4 + 12.9 + 9.8 + 7.6 + 6.9 = 64.6 ms, so 5 ops",
+             kind="compute", wrong_why=_OPS80_WHY,
              reference=_ops_for_80(), wrong=len(PROFILE_TABLE)),
     Exercise("07.bound",
              "On an H100 (H100_BF16_FLOPS, H100_BANDWIDTH), say 'memory' or 'compute' for: a bf16 8192^3 matmul, "
              "a bf16 softmax over 8192 x 8192, and a bf16 (8, 8192) @ (8192, 8192) matmul.",
              _grade_bound,
-             "Compute each op's intensity and compare it with the ridge point H100_BF16_FLOPS / H100_BANDWIDTH.",
+             "Compare each op's FLOPs per byte with what the machine can do per byte.",
+             method="The ridge point is H100_BF16_FLOPS / H100_BANDWIDTH (~295 FLOP/byte). An op whose intensity "
+                    "(R.matmul_cost / R.softmax_cost) lies below it is memory-bound, above it compute-bound.",
+             solution="('compute', 'memory', 'memory'): ~2730, ~1.3 and ~8 FLOP/byte against a ridge of ~295",
+             kind="compute", wrong_why=_BOUND_WHY,
              reference=("compute", "memory", "memory"), wrong=("compute", "memory", "compute")),
+    Exercise("07.launch-overhead",
+             "Predict, then run: 2000 adds of 64 elements, or one add of 128 000 elements (the same arithmetic): "
+             "'one big add', '2000 tiny adds' or 'about the same' finishes first?",
+             _grade_race,
+             "Think about what an op costs before it touches its first element.",
+             method="Every op pays a fixed cost: Python, PyTorch's dispatcher, on a GPU the kernel launch, a few µs. "
+                    "Compare that with the time to add 64 numbers (nanoseconds).",
+             solution="prediction = 'one big add': the overhead is paid 2000 times by the tiny adds, once by the big "
+                      "one (here tens to hundreds of times slower).",
+             kind="predict", wrong_why=_RACE_WHY,
+             reference=("one big add", "one big add"), wrong=("about the same", "one big add")),
 ]

@@ -6,15 +6,20 @@ import math
 from typing import Any
 
 from labkit.exercises._core import Exercise
-from labkit.exercises._zero import stage2_shards_params, zero_bytes_grader
+from labkit.exercises._graders import NOT_A_PAIR, pair
 
-__all__ = ["CONFIG_SETUP", "EXERCISES"]
+__all__ = ["CONFIG_SETUP", "EXERCISES", "STAGE2_OUTCOMES"]
 
 #: The setup exercise 10.config describes (the notebook prints it).
 CONFIG_SETUP = {
     "world_size": 16, "stage": 3, "micro_batch": 2, "grad_accum": 4, "initial_scale_power": 12,
     "hysteresis": 1, "loss_scale_window": 500, "gradient_clipping": 1.0, "overlap_comm": True,
 }
+
+
+_CONFIG_WHY = ("hysteresis 2 is DeepSpeed's default: it lets the first overflow pass (the step is skipped, the scale "
+               "kept) and halves only at the second. The setup halves at the first overflow, like GradScaler: "
+               "hysteresis 1.")
 
 
 def _grade_config(answer: Any) -> tuple[bool, str]:
@@ -35,7 +40,7 @@ def _grade_config(answer: Any) -> tuple[bool, str]:
          "the setup trains in fp16 (fp16.enabled true, no bf16)"),
         (fp16.get("loss_scale", 0) == 0, "dynamic loss scaling is fp16.loss_scale = 0"),
         (fp16.get("initial_scale_power") == s["initial_scale_power"], "the scale starts at 2**12"),
-        (fp16.get("hysteresis") == s["hysteresis"], "halving at the first overflow is hysteresis 1"),
+        (fp16.get("hysteresis") == s["hysteresis"], _CONFIG_WHY[:-1]),
         (fp16.get("loss_scale_window") == s["loss_scale_window"], "doubling after 500 clean steps"),
         (answer.get("train_micro_batch_size_per_gpu") == s["micro_batch"], "micro-batch per GPU is 2"),
         (answer.get("gradient_accumulation_steps") == s["grad_accum"], "4 accumulation steps"),
@@ -67,15 +72,9 @@ def _wrong_config() -> dict[str, Any]:
     return cfg
 
 
-def _reference_per_rank(n_params: int, stage: int, world_size: int) -> int:
-    shard = -(-n_params // world_size)
-    return (2 * (shard if stage >= 3 else n_params) + 2 * (shard if stage >= 2 else n_params)
-            + 12 * (shard if stage >= 1 else n_params))
-
-
-_grade_per_rank = zero_bytes_grader(
-    "per_rank_bytes", seed=9, fixed=[(1_300_000_000, 2, 8), (1_300_000_000, 3, 8), (7 * 10**9, 0, 64),
-                                     (7_500_000_000, 1, 64)])
+_COMM_WHY = ("1Ψ counts only the reduce-scatter of the gradients. At stage 2 each rank updates only its slice of the "
+             "parameters, so the updated 16-bit weights must be all-gathered back to every rank: another Ψ, 2Ψ in "
+             "all, the same as DDP's all-reduce (which is a reduce-scatter plus an all-gather).")
 
 
 def _grade_comm(answer: Any) -> tuple[bool, str]:
@@ -87,10 +86,89 @@ def _grade_comm(answer: Any) -> tuple[bool, str]:
     if math.isclose(s2, 2.0) and math.isclose(s3, 3.0):
         return True, ""
     if math.isclose(s2, 1.0):
-        return False, "A reduce-scatter of the gradients is Ψ, but the updated parameters must come back too."
+        return False, _COMM_WHY
     if math.isclose(s3, 2.0):
         return False, "Stage 3 gathers the parameters twice (forward and backward) on top of the reduce-scatter."
     return False, ""
+
+
+# ---- 10.stage2-grads: predict, then run ------------------------------------------------------------
+#: What the learner predicts about each rank's measured ZeRO-2 gradient bytes, against 2 bytes × ceil(Ψ/2).
+STAGE2_OUTCOMES: tuple[str, ...] = ("equal", "more", "less")
+_STAGE2_WHY = ("ZeRO-2 shards the gradients by element, Ψ/N each, but DeepSpeed accumulates them per parameter "
+               "tensor: a rank keeps whole every tensor that touches its slice of the flattened model. The tensor "
+               "the slice boundary cuts through is kept whole on both ranks, so both hold more than Ψ/N.")
+
+
+def _grade_stage2(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = got
+    pred = pred.strip().lower() if isinstance(pred, str) else pred
+    if pred not in STAGE2_OUTCOMES:
+        return False, f"Predict one of {list(STAGE2_OUTCOMES)}."
+    if result not in (*STAGE2_OUTCOMES, "mixed"):
+        raise ValueError(f"the measured outcome must be one of {STAGE2_OUTCOMES + ('mixed',)}, got {result!r}")
+    if pred == result == "more":
+        return True, ("Both ranks keep more: DeepSpeed accumulates gradients for whole parameter tensors, and the "
+                      "tensor the slice boundary cuts through is kept whole on both. With thousands of tensors "
+                      "that is noise; with 29 it shows.")
+    if pred == result:
+        return True, "Your prediction matches what the ranks measured."
+    if pred == "equal" and result == "more":
+        return False, _STAGE2_WHY
+    if pred == "less":
+        return False, ("Sharding never leaves a rank with less than its slice: the extra comes from tensors kept "
+                       "whole at the slice boundaries. " + _STAGE2_WHY)
+    return False, f"The ranks measured {result!r}. {_STAGE2_WHY}"
+
+
+# ---- 10.batch-triple: debug -------------------------------------------------------------------------
+_TRIPLE_WHY = ("global_batch // micro_batch forgets the ranks: each of the world_size ranks contributes micro_batch "
+               "examples per micro-step, so DeepSpeed requires train_batch_size = micro × accumulation × world_size. "
+               "Divide by micro_batch × world_size (and refuse a global batch that does not divide).")
+
+
+def _reference_batch_keys(global_batch: int, micro_batch: int, world_size: int) -> dict[str, int]:
+    accum, rest = divmod(global_batch, micro_batch * world_size)
+    if rest or accum < 1:
+        raise ValueError(f"global batch {global_batch} is not a multiple of {micro_batch} x {world_size}")
+    return {"train_batch_size": global_batch, "train_micro_batch_size_per_gpu": micro_batch,
+            "gradient_accumulation_steps": accum}
+
+
+def _broken_batch_keys(global_batch: int, micro_batch: int, world_size: int) -> dict[str, int]:
+    """The snippet of the exercise: the accumulation steps computed without the ranks."""
+    return {"train_batch_size": global_batch, "train_micro_batch_size_per_gpu": micro_batch,
+            "gradient_accumulation_steps": global_batch // micro_batch}
+
+
+def _grade_triple(fn: Any) -> tuple[bool, str] | None:
+    if not callable(fn):
+        return False, "Define batch_keys(global_batch, micro_batch, world_size) and pass the function itself."
+    from labkit import zero
+
+    for gb, mb, ws in ((256, 8, 16), (1024, 4, 8), (96, 2, 3), (64, 64, 1), (4096, 16, 256)):
+        got = fn(gb, mb, ws)
+        if got is None or got is Ellipsis:
+            return None  # still a stub: "not attempted yet"
+        if not isinstance(got, dict):
+            return False, "Return a dict with DeepSpeed's three batch keys."
+        try:
+            zero.validate({**got, "zero_optimization": {"stage": 2}}, world_size=ws)
+        except (TypeError, ValueError) as exc:
+            if got.get("gradient_accumulation_steps") == gb // mb and ws > 1:
+                return False, _TRIPLE_WHY
+            return False, f"batch_keys({gb}, {mb}, {ws}): labkit.zero.validate rejects it: {exc}"
+        if got.get("train_batch_size") != gb or got.get("train_micro_batch_size_per_gpu") != mb:
+            return False, f"batch_keys({gb}, {mb}, {ws}) must keep the global batch {gb} and the micro-batch {mb}."
+    try:
+        got = fn(100, 8, 4)
+    except ValueError:
+        return True, "Every triple multiplies out, and a global batch that cannot be split is refused."
+    return False, ("batch_keys(100, 8, 4) returned " + repr(got) + ": 100 is not a multiple of 8 × 4 = 32, and "
+                   "rounding down silently trains with another global batch. Raise ValueError instead.")
 
 
 EXERCISES = [
@@ -100,32 +178,58 @@ EXERCISES = [
                "scaling from 2**12, hysteresis 1, window 500, micro-batch 2, 4 accumulation steps, 16 GPUs, "
                "clipping 1.0, overlap_comm).",
         grade=_grade_config,
-        hint="zero.config(stage, 'fp16', micro_batch=..., grad_accum=..., world_size=..., "
-             "initial_scale_power=..., hysteresis=..., loss_scale_window=..., overlap_comm=True) builds it.",
+        hint="Go through the setup phrase by phrase and find the config key for each (zero.explain shows them all).",
+        method="zero.config(stage, dtype, ...) takes micro_batch, grad_accum, world_size and the fp16 knobs: "
+               "initial_scale_power (k in 2**k), hysteresis (overflows tolerated before halving), "
+               "loss_scale_window (clean steps before doubling), gradient_clipping, overlap_comm.",
+        solution="zero.config(3, 'fp16', micro_batch=2, grad_accum=4, world_size=16, initial_scale_power=12, "
+                 "hysteresis=1, loss_scale_window=500, gradient_clipping=1.0, overlap_comm=True)",
+        kind="design", wrong_why=_CONFIG_WHY,
         success="DeepSpeed would accept it, and every knob says what the setup asks.",
         reference=_reference_config(),
         wrong=_wrong_config(),
-    ),
-    Exercise(
-        id="10.per-rank-bytes",
-        prompt="Write per_rank_bytes(n_params, stage, world_size): model-state bytes per GPU for bf16/fp16 "
-               "mixed precision with Adam (the ZeRO paper's 2 + 2 + 12 bytes per parameter).",
-        grade=_grade_per_rank,
-        hint="Stage 1 divides the 12 optimizer bytes by the ranks, stage 2 also the 2 gradient bytes, stage 3 "
-             "also the 2 parameter bytes; use ceil(n / world_size) elements per shard.",
-        success="Stage 2 keeps 2 bytes/param whole; stage 3 divides everything.",
-        reference=_reference_per_rank,
-        wrong=stage2_shards_params(_reference_per_rank),
     ),
     Exercise(
         id="10.comm-volume",
         prompt="Per optimizer step, how much data does each rank move at ZeRO-2 and at ZeRO-3, in units of "
                "the parameter count Ψ (the ZeRO paper's analysis)?",
         grade=_grade_comm,
-        hint="An all-reduce is a reduce-scatter (Ψ) plus an all-gather (Ψ). Which collectives does stage 3 "
-             "add for its sharded parameters?",
+        hint="List the collectives of one step at each stage, and what each one carries.",
+        method="An all-reduce is a reduce-scatter (Ψ) plus an all-gather (Ψ). Stage 2 reduce-scatters the "
+               "gradients and all-gathers the updated weights. Stage 3 keeps the weights sharded: it gathers them "
+               "before each layer's forward and again before its backward.",
+        solution="(2, 3): stage 2 = reduce-scatter Ψ + all-gather Ψ; stage 3 = 2 all-gathers (forward, backward) "
+                 "+ reduce-scatter = 3Ψ, 1.5x DDP.",
+        kind="recall", wrong_why=_COMM_WHY,
         success="2Ψ, like plain DDP, and 3Ψ (1.5x) once the parameters are sharded too.",
         reference=(2, 3),
         wrong=(1, 3),
+    ),
+    Exercise(
+        id="10.stage2-grads",
+        prompt="Predict, then run: at ZeRO-2 on 2 ranks, does each rank's measured gradient memory equal 2 bytes "
+               "× Ψ/2, or is it more, or less? ('equal', 'more' or 'less')",
+        grade=_grade_stage2,
+        hint="The table says what stage 2 shards. Ask at what granularity DeepSpeed really keeps gradients.",
+        method="The flattened parameters are cut into two slices of Ψ/2 elements. DeepSpeed accumulates gradients "
+               "per parameter tensor. What happens to the tensor that the cut goes through?",
+        solution="prediction = 'more': the tensor cut by the slice boundary is kept whole on both ranks "
+                 "(labkit.zero.partition_layout predicts the bytes exactly).",
+        kind="predict", wrong_why=_STAGE2_WHY,
+        reference=("more", "more"), wrong=("equal", "more"),
+    ),
+    Exercise(
+        id="10.batch-triple",
+        prompt="Debug: batch_keys(global_batch, micro_batch, world_size) writes DeepSpeed batch keys that DeepSpeed "
+               "rejects on more than one GPU. Write a fixed batch_keys.",
+        grade=_grade_triple,
+        hint="Multiply the three numbers it returns, and compare with train_batch_size.",
+        method="DeepSpeed checks train_batch_size == train_micro_batch_size_per_gpu × gradient_accumulation_steps × "
+               "world_size. Solve for the accumulation steps, and refuse inputs where it is not a whole number.",
+        solution="accum, rest = divmod(global_batch, micro_batch * world_size)\nif rest: raise ValueError(...)\n"
+                 "return {'train_batch_size': global_batch, 'train_micro_batch_size_per_gpu': micro_batch, "
+                 "'gradient_accumulation_steps': accum}",
+        kind="debug", wrong_why=_TRIPLE_WHY,
+        reference=_reference_batch_keys, wrong=_broken_batch_keys,
     ),
 ]

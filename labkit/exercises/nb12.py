@@ -8,15 +8,20 @@ Introduced in notebook 12.
 
 from __future__ import annotations
 
+from typing import Any
+
 from labkit.exercises._core import Exercise
+from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 from labkit.slurm import gpus_per_node, parse_sbatch_header, parse_tunnel, time_minutes
 
 __all__ = [
     "CONNECTION",
     "EXERCISES",
     "JOB",
-    "LAUNCH",
+    "LATE_SCRIPT",
     "PROBLEMS",
+    "STORAGE_ITEMS",
+    "STORAGE_TIERS",
     "TRANSCRIPT",
 ]
 
@@ -25,6 +30,10 @@ __all__ = [
 #: The job the learner writes a header for.
 JOB = {"job-name": "gpt-ddp", "partition": "gpu", "account": "proj123", "nodes": 2, "gpus-per-node": 4,
        "ntasks-per-node": 4, "cpus-per-task": 8, "minutes": 90}
+
+
+_HEADER_WHY = ("--gpus=4 asks for 4 GPUs for the whole job, which Slurm may split over the 2 nodes any way it likes "
+               "(3 + 1, say); the job needs 4 on each node: --gpus-per-node=4 (or --gres=gpu:4).")
 
 
 def _grade_header(answer: object) -> tuple[bool, str]:
@@ -59,31 +68,146 @@ def _grade_header(answer: object) -> tuple[bool, str]:
         minutes = None
     if minutes != JOB["minutes"]:
         problems.append("--time should be 1 hour 30 minutes (1:30:00 or 90)")
+    if len(problems) == 1 and "gpus" in o and gpn is None:
+        return False, _HEADER_WHY
     return (not problems), "; ".join(problems)
 
 
-# ---- 12.global-batch -------------------------------------------------------------------------------
-#: The launch whose global batch the learner computes.
-LAUNCH = ("sbatch -N 3 --ntasks-per-node=4 --gpus-per-node=4 slurm/ddp.sbatch "
-          "--model gpt --batch 32 --accum 2")
-_GLOBAL = 3 * 4 * 32 * 2
+# ---- 12.storage ------------------------------------------------------------------------------------
+#: The storage tiers of section 3, and what the learner places on them.
+STORAGE_TIERS: tuple[str, ...] = ("home", "project", "scratch", "node-local")
+STORAGE_ITEMS: dict[str, str] = {
+    "code": "your code, job scripts and configs",
+    "train-data": "a 2 TB training data set, read again and again during a week-long run",
+    "small-files": "a data set of 2 million small files, unpacked for one job",
+    "ipython": "IPython's history (an SQLite file) and JupyterLab's runtime files during a notebook job",
+    "final-checkpoint": "the final checkpoint of a project, to keep and to share with your group",
+}
+_TIER_OF = {"code": "home", "train-data": "scratch", "small-files": "node-local", "ipython": "node-local",
+            "final-checkpoint": "project"}
+_TIER_WHY = {
+    "code": "code and configs are small and precious: home, which is usually backed up",
+    "train-data": "large files read at speed belong on the parallel file system (scratch), not in a small NFS home",
+    "small-files": "millions of small files are slow on a parallel FS: unpack them on node-local storage",
+    "ipython": "SQLite locking is unreliable on NFS and parallel file systems: node-local storage, as jupyter.sbatch does",
+    "final-checkpoint": "results to keep belong on project storage: scratch is purged, node-local dies with the job",
+}
+_STORAGE_WHY = ("Scratch is not backed up and is purged after some days: a checkpoint you want to keep and share "
+                "goes to project storage (copy it there at the end of the run). Scratch is for the checkpoints "
+                "written during a run.")
 
 
-def _grade_global(answer: object) -> tuple[bool, str]:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, "Give the number of examples per optimizer step."
-    if answer == _GLOBAL:
+def _grade_storage(answer: object) -> tuple[bool, str]:
+    if not isinstance(answer, dict) or set(answer) != set(STORAGE_ITEMS):
+        return False, f"Give a dict with exactly the keys {sorted(STORAGE_ITEMS)}, each one of {list(STORAGE_TIERS)}."
+    got = {k: str(v).strip().lower() for k, v in answer.items()}
+    unknown = sorted(set(got.values()) - set(STORAGE_TIERS))
+    if unknown:
+        return False, f"Tiers are named {list(STORAGE_TIERS)}, not {unknown}."
+    wrong = [k for k in STORAGE_ITEMS if got[k] != _TIER_OF[k]]
+    if not wrong:
         return True, ""
-    hints = {4 * 32 * 2: "that is one node: ddp.sbatch starts one torchrun per node, so count all 3 nodes",
-             3 * 4 * 32: "each rank accumulates --accum micro-batches before every optimizer step",
-             3 * 32 * 2: "each node runs one rank per GPU, 4 per node",
-             32 * 2: "--batch is per rank, not for the whole job"}
-    return False, hints.get(int(answer), "") if float(answer).is_integer() else ""
+    if wrong == ["final-checkpoint"] and got["final-checkpoint"] == "scratch":
+        return False, _STORAGE_WHY
+    return False, "; ".join(f"{k}: {_TIER_WHY[k]}" for k in wrong)
+
+
+# ---- 12.late-sbatch: predict, then run --------------------------------------------------------------
+#: A job script whose second #SBATCH block comes after a command.
+LATE_SCRIPT = """#!/bin/bash
+#SBATCH --job-name=train
+#SBATCH --time=00:30:00
+module load cuda
+#SBATCH --time=04:00:00
+#SBATCH --gpus-per-node=4
+srun python -m labkit.recipes.ddp --model gpt
+"""
+_LATE_WHY = ("sbatch reads #SBATCH lines only until the first command: `module load cuda` ends the header, and the "
+             "two lines after it are ordinary comments. The job keeps 30 minutes and asks for no GPU at all.")
+
+
+def _grade_late(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = got
+    if not (isinstance(pred, (tuple, list)) and len(pred) == 2):
+        return False, "Predict a pair (minutes of --time, GPUs per node), e.g. (60, 2); None or 0 for no GPU."
+    minutes = as_number(pred[0])
+    gpus = 0 if pred[1] is None else as_number(pred[1])
+    if minutes is None or gpus is None:
+        return False, "Both parts of the prediction are numbers (None or 0 for no GPU)."
+    want_minutes, want_gpus = result[0], result[1] or 0
+    if minutes == want_minutes and gpus == want_gpus:
+        return True, ("The header ends at the first command: the later #SBATCH lines are comments. Put every "
+                      "#SBATCH line at the top, or pass the options on the sbatch command line.")
+    if minutes == 240:
+        return False, _LATE_WHY
+    return False, f"sbatch reads ({want_minutes:g} min, {want_gpus or 'no'} GPUs per node). {_LATE_WHY}"
+
+
+# ---- 12.srun-header: debug --------------------------------------------------------------------------
+_SRUN_WHY = ("--ntasks counts the tasks of the whole job, not per node: with 2 nodes of 4 GPUs it starts 4 ranks in "
+             "all, spread over the nodes (2 + 2, or 3 + 1), so half of the 8 GPUs sit idle and the world size is 4, "
+             "not 8. With srun starting one rank per task, ask for --ntasks-per-node equal to the GPUs per node.")
+
+
+def _reference_srun_header(nodes: int, gpus_per_node: int, hours: int) -> str:
+    return (f"#!/bin/bash\n#SBATCH --nodes={nodes}\n#SBATCH --ntasks-per-node={gpus_per_node}\n"
+            f"#SBATCH --gpus-per-node={gpus_per_node}\n#SBATCH --cpus-per-task=8\n#SBATCH --time={hours}:00:00\n")
+
+
+def _broken_srun_header(nodes: int, gpus_per_node: int, hours: int) -> str:
+    """The snippet of the exercise: --ntasks (for the whole job) where --ntasks-per-node is meant."""
+    return (f"#!/bin/bash\n#SBATCH --nodes={nodes}\n#SBATCH --ntasks={gpus_per_node}\n"
+            f"#SBATCH --gpus-per-node={gpus_per_node}\n#SBATCH --cpus-per-task=8\n#SBATCH --time={hours}:00:00\n")
+
+
+def _grade_srun(fn: Any) -> tuple[bool, str] | None:
+    if not callable(fn):
+        return False, "Define srun_header(nodes, gpus_per_node, hours) and pass the function itself."
+    for nodes, gpn, hours in ((2, 4, 3), (1, 8, 1), (4, 2, 12), (3, 4, 2)):
+        text = fn(nodes, gpn, hours)
+        if text is None or text is Ellipsis:
+            return None  # still a stub: "not attempted yet"
+        if not isinstance(text, str):
+            return False, "Return the header as one string of #SBATCH lines."
+        try:
+            o = parse_sbatch_header(text)
+            gpus = gpus_per_node(o)
+            minutes = time_minutes(o.get("time", ""))
+        except ValueError as exc:
+            return False, f"srun_header({nodes}, {gpn}, {hours}): sbatch could not read it: {exc}."
+        if o.get("nodes") != str(nodes):
+            return False, f"srun_header({nodes}, {gpn}, {hours}) must ask for --nodes={nodes}."
+        if "ntasks-per-node" in o:
+            per_node = int(o["ntasks-per-node"])
+        elif "ntasks" in o:
+            if int(o["ntasks"]) == gpn and nodes > 1:
+                return False, _SRUN_WHY
+            return False, ("Give the tasks per node with --ntasks-per-node: --ntasks alone lets Slurm place the "
+                           "tasks unevenly over the nodes.")
+        else:
+            return False, "Ask for one task (rank) per GPU on every node: --ntasks-per-node."
+        if gpus is None and o.get("gpus-per-task") == "1":
+            gpus = per_node
+        if gpus != gpn:
+            return False, f"srun_header({nodes}, {gpn}, {hours}) must ask for {gpn} GPUs on each node."
+        if per_node != gpn:
+            return False, f"One rank per GPU: --ntasks-per-node={gpn}, got {per_node}."
+        if minutes != 60 * hours:
+            return False, f"srun_header({nodes}, {gpn}, {hours}) must ask for --time={hours}:00:00."
+    return True, "One task per GPU on every node: srun starts exactly nodes × GPUs ranks."
 
 
 # ---- 12.tunnel -------------------------------------------------------------------------------------
 #: What a connection file written by slurm/jupyter.sbatch says (the token left out).
 CONNECTION = {"node": "cn0412", "port": 21983, "user": "carol", "login": "hpc-login.uni.example"}
+
+
+_TUNNEL_WHY = ("'localhost' in -L is resolved on the far side of the tunnel, the login node, and JupyterLab does not "
+               "run there: it runs on the compute node and listens on that node's name. Forward to the node: "
+               "-L 21983:cn0412:21983.")
 
 
 def _grade_tunnel(answer: object) -> tuple[bool, str]:
@@ -97,8 +221,7 @@ def _grade_tunnel(answer: object) -> tuple[bool, str]:
     if t["port"] != c["port"]:
         return False, f"the far end of -L must be JupyterLab's port, {c['port']}"
     if t["host"] in ("localhost", "127.0.0.1"):
-        return False, ("'localhost' in -L is resolved on the far side of the tunnel, and JupyterLab listens on "
-                       "the node's name, not on localhost there")
+        return False, _TUNNEL_WHY
     if t["host"] != c["node"]:
         return False, f"the -L target must be the compute node, {c['node']}"
     if t["dest_user"] not in (None, c["user"]):
@@ -141,6 +264,11 @@ PROBLEMS = {
 _WRONG = {"login-node", "missing-gpus", "fixed-port"}
 
 
+_PROBLEMS_WHY = ("Binding JupyterLab to the node's hostname is right, not a problem: 0.0.0.0 would listen on every "
+                 "interface, and the token is what keeps others out either way. What you missed: a fixed port "
+                 "(8888) collides as soon as a second job lands on the same node.")
+
+
 def _grade_problems(answer: object) -> tuple[bool, str]:
     if isinstance(answer, str):
         answer = {answer}
@@ -151,6 +279,8 @@ def _grade_problems(answer: object) -> tuple[bool, str]:
     if unknown:
         return False, f"unknown labels {sorted(unknown)}; choose from {sorted(PROBLEMS)}"
     missed, extra = _WRONG - got, got - _WRONG
+    if missed == {"fixed-port"} and extra == {"hostname-bind"}:
+        return False, _PROBLEMS_WHY
     msg = []
     if missed:
         msg.append(f"{len(missed)} real problem(s) missed")
@@ -176,20 +306,32 @@ EXERCISES = [
     Exercise("12.sbatch-header",
              "Write the #SBATCH header for the job described in JOB.",
              _grade_header,
-             "One option per '#SBATCH' line, before the first command: --job-name, --partition, --account, "
-             "--nodes, --gpus-per-node (or --gres=gpu:N), --ntasks-per-node, --cpus-per-task, --time.",
+             "One #SBATCH option per line, before the first command; take each value from JOB.",
+             method="--job-name, --partition, --account, --nodes, GPUs per node (--gpus-per-node or --gres=gpu:N, "
+                    "not --gpus, which counts the whole job), --ntasks-per-node (one rank per GPU), "
+                    "--cpus-per-task, --time as H:MM:SS.",
+             solution=_REFERENCE_HEADER,
+             kind="design", wrong_why=_HEADER_WHY,
              success="sbatch would read exactly that; labkit checked it with the same rules.",
              reference=_REFERENCE_HEADER, wrong=_WRONG_HEADER),
-    Exercise("12.global-batch",
-             f"The global batch (examples per optimizer step) of: {LAUNCH}",
-             _grade_global,
-             "ranks = nodes × ranks per node; global batch = --batch × ranks × --accum.",
-             success=f"3 nodes × 4 ranks × 32 × 2 = {_GLOBAL}.",
-             reference=_GLOBAL, wrong=4 * 32 * 2),
+    Exercise("12.storage",
+             "For each item of STORAGE_ITEMS, choose the storage tier it belongs on (one of STORAGE_TIERS).",
+             _grade_storage,
+             "Ask of each item: how big is it, how many files, how long must it live, and does it need locking?",
+             method="home: small, backed up. project: shared and kept. scratch: large files at speed, purged. "
+                    "node-local: fastest, many small files and SQLite, deleted when the job ends.",
+             solution="code: home; train-data: scratch; small-files: node-local; ipython: node-local; "
+                      "final-checkpoint: project",
+             kind="design", wrong_why=_STORAGE_WHY,
+             reference=dict(_TIER_OF), wrong={**_TIER_OF, "final-checkpoint": "scratch"}),
     Exercise("12.tunnel",
              "Write the ssh command, run on your laptop, that makes JupyterLab of CONNECTION reachable.",
              _grade_tunnel,
-             "ssh -N -L <local port>:<compute node>:<jupyter port> <you>@<login node>",
+             "The tunnel starts on your laptop, enters at the login node, and must end where JupyterLab listens.",
+             method="ssh -N -L <local port>:<host>:<port> <you>@<login node>: the far end (the login node) connects "
+                    "to host:port, so host is the compute node's name and port JupyterLab's.",
+             solution="ssh -N -L 21983:cn0412:21983 carol@hpc-login.uni.example",
+             kind="design", wrong_why=_TUNNEL_WHY,
              reference="ssh -N -L 21983:cn0412:21983 carol@hpc-login.uni.example",
              wrong="ssh -N -L 21983:localhost:21983 carol@hpc-login.uni.example"),
     Exercise("12.whats-wrong",
@@ -197,6 +339,33 @@ EXERCISES = [
              _grade_problems,
              "Look at where each command runs, what the job asks Slurm for, and what happens when a second "
              "person's job lands on the same node.",
+             method="Check each claim against section 5: where may training run, does a job on the gpu partition "
+                    "get GPUs without asking, how does jupyter.sbatch choose its port and its interface, what are "
+                    "the time and storage rules?",
+             solution="{'login-node', 'missing-gpus', 'fixed-port'}: training on the login node, no --gpus-per-node/"
+                      "--gres, and port 8888. Binding to the hostname, 2 hours and a venv in $HOME are fine.",
+             kind="recall", wrong_why=_PROBLEMS_WHY,
              reference={"login-node", "missing-gpus", "fixed-port"},
              wrong={"login-node", "missing-gpus", "hostname-bind"}),
+    Exercise("12.late-sbatch",
+             "Predict, then run: which --time (in minutes) and how many GPUs per node does sbatch give LATE_SCRIPT?",
+             _grade_late,
+             "Read the script the way sbatch does: from the top, and ask where it stops reading options.",
+             method="sbatch reads #SBATCH lines until the first line that is a command; after it, #SBATCH is an "
+                    "ordinary comment. Which lines come before `module load cuda`?",
+             solution="prediction = (30, None): the header ends at `module load cuda`; the 4 hours and the GPUs are "
+                      "comments.",
+             kind="predict", wrong_why=_LATE_WHY,
+             reference=((30, None), (30.0, None)), wrong=((240, 4), (30.0, None))),
+    Exercise("12.srun-header",
+             "Debug: srun_header(nodes, gpus_per_node, hours) leaves half the GPUs idle on 2 nodes. Write a fixed "
+             "srun_header for `srun python -m labkit.recipes.ddp` (one task = one rank per GPU).",
+             _grade_srun,
+             "Count the tasks this header starts on each node, and compare with the GPUs per node.",
+             method="--ntasks is per job, --ntasks-per-node per node. With srun starting one rank per task, the "
+                    "tasks per node must equal the GPUs per node.",
+             solution="#SBATCH --nodes={nodes}\n#SBATCH --ntasks-per-node={gpus_per_node}\n"
+                      "#SBATCH --gpus-per-node={gpus_per_node}\n#SBATCH --cpus-per-task=8\n#SBATCH --time={hours}:00:00",
+             kind="debug", wrong_why=_SRUN_WHY,
+             reference=_reference_srun_header, wrong=_broken_srun_header),
 ]

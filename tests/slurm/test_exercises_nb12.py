@@ -36,11 +36,52 @@ def test_header_exercise():
     assert _status("12.sbatch-header", ...) == "not attempted"
 
 
-def test_global_batch_exercise():
-    assert _status("12.global-batch", 768) == "correct"
-    v = evaluate("12.global-batch", 256)
-    assert v.status == "wrong" and "one node" in v.message
-    assert _status("12.global-batch", True) == "wrong"
+def test_storage_exercise():
+    good = {"code": "home", "train-data": "scratch", "small-files": "node-local", "ipython": "node-local",
+            "final-checkpoint": "project"}
+    assert _status("12.storage", good) == "correct"
+    assert _status("12.storage", {k: v.upper() for k, v in good.items()}) == "correct"
+    v = evaluate("12.storage", {**good, "ipython": "home", "train-data": "home"})
+    assert v.status == "wrong" and "SQLite" in v.message and "parallel file system" in v.message
+    assert "purged" in evaluate("12.storage", {**good, "final-checkpoint": "scratch"}).message
+    assert "not ['ssd']" in evaluate("12.storage", {**good, "code": "ssd"}).message
+    assert _status("12.storage", {"code": "home"}) == "wrong"
+
+
+def test_late_sbatch_prediction_is_what_the_parser_reads():
+    o = parse_sbatch_header(nb12.LATE_SCRIPT)
+    result = (time_minutes(o["time"]), gpus_per_node(o))
+    assert result == (30.0, None)
+    assert _status("12.late-sbatch", ((30, None), result)) == "correct"
+    assert _status("12.late-sbatch", ((30, 0), result)) == "correct"
+    v = evaluate("12.late-sbatch", ((240, 4), result))
+    assert v.status == "wrong" and "first command" in v.message
+    assert _status("12.late-sbatch", ((30, 4), result)) == "wrong"
+
+
+def test_srun_header_exercise_runs_the_function():
+    def per_node(nodes, gpus_per_node, hours):
+        return (f"#SBATCH -N {nodes} --ntasks-per-node={gpus_per_node}\n#SBATCH --gres=gpu:{gpus_per_node}\n"
+                f"#SBATCH -t {hours * 60}\n")
+
+    assert _status("12.srun-header", per_node) == "correct"
+
+    def per_task(nodes, gpus_per_node, hours):
+        return (f"#SBATCH --nodes={nodes} --ntasks-per-node={gpus_per_node} --gpus-per-task=1\n"
+                f"#SBATCH --time={hours}:00:00\n")
+
+    assert _status("12.srun-header", per_task) == "correct"
+
+    def total_tasks(nodes, gpus_per_node, hours):
+        return (f"#SBATCH --nodes={nodes} --ntasks={nodes * gpus_per_node} --gpus-per-node={gpus_per_node}\n"
+                f"#SBATCH --time={hours}:00:00\n")
+
+    assert "unevenly" in evaluate("12.srun-header", total_tasks).message
+
+    def wrong_time(nodes, gpus_per_node, hours):
+        return per_node(nodes, gpus_per_node, hours).replace(f"-t {hours * 60}", f"-t {hours}")
+
+    assert "--time" in evaluate("12.srun-header", wrong_time).message
 
 
 def test_tunnel_exercise():

@@ -23,7 +23,7 @@ from IPython.display import Markdown, display
 
 import labkit
 from labkit import catalog, device, env
-from labkit.check import check
+from labkit.check import check, predict, reveal
 
 DEEPSPEED = importlib.util.find_spec("deepspeed") is not None  # optional: `make test` installs it
 
@@ -31,13 +31,18 @@ DEEPSPEED = importlib.util.find_spec("deepspeed") is not None  # optional: `make
 # ## 1. How to use this workbook
 #
 # - **On a laptop:** `make lab` in the repository creates `.venv`, installs everything (a CPU build of
-#   PyTorch unless you ask for CUDA) and opens JupyterLab on `notebooks/`.
+#   PyTorch unless you ask for CUDA), creates your workspace `work/` (your own copies of the notebooks, without
+#   the solutions) and opens JupyterLab there. The reference notebooks, solutions included, stay in `notebooks/`.
 # - **On a cluster:** never run notebooks on the login node. Submit `slurm/jupyter.sbatch`; it starts
 #   JupyterLab on a compute node and writes the `ssh -N -L ...` tunnel command to your job output
 #   (see `slurm/README.md` and notebook 12).
 # - Run a notebook top to bottom with *Run → Run All Cells*. Cells `assert` what they teach: if one fails,
 #   the notebook is telling you something about your machine.
-# - Exercises have a `...` for you to fill. `check(...)` then prints ✓, a hint, or "not attempted yet".
+# - Exercises have a `...` for you to fill. `check(...)` then prints ✓, a hint, or "not attempted yet"; each
+#   further wrong answer gets the next hint (a nudge, then the method, then the worked solution).
+#   Some are *predict, then run*: you record a prediction with `predict(...)` before a cell that measures the
+#   real thing, and that cell's `reveal(...)` compares the two and explains the difference. Others are *debug*
+#   exercises: a broken snippet runs and shows its symptom, and you write the fixed version.
 # - Every notebook is built to run on 2 CPU cores of any x86 or Arm CPU. Where a GPU changes the story, the notebook shows the real GPU numbers
 #   when one is present and says plainly what would differ when not.
 
@@ -146,6 +151,18 @@ print(f"matmul 512x512 fp32: {intensity_matmul(512):.1f} FLOP/byte;  elementwise
 assert intensity_matmul(512) > 80 > 1 / 12
 
 # %% [markdown]
+# **Predict, then run.** The next cell times a 512 × 512 fp32 matmul and an add of two 16 MB fp32 vectors, and
+# counts FLOP/s for both (the add does one FLOP per element). Which reaches more FLOP/s on this machine:
+# `"matmul"`, `"add"` or `"about the same"`? Record your prediction before you run the measurement.
+
+# %%
+prediction = ...
+### BEGIN SOLUTION
+prediction = "matmul"
+### END SOLUTION
+predict("00.matmul-vs-add", prediction)
+
+# %% [markdown]
 # Measured on this machine (median of a few repeats; your figures will differ):
 
 # %%
@@ -158,8 +175,18 @@ def median_time(fn, repeats: int = 7) -> float:
     return float(np.median(ts))
 
 a = torch.randn(512, 512); big = torch.randn(16 * 2**20 // 4)
-t_mm, t_copy = median_time(lambda: a @ a), median_time(lambda: big.clone())
-print(f"matmul: {2 * 512**3 / t_mm / 1e9:.1f} GFLOP/s   copy: {2 * big.numel() * 4 / t_copy / 1e9:.1f} GB/s")
+t_mm, t_copy, t_add = (median_time(f) for f in (lambda: a @ a, lambda: big.clone(), lambda: big + big))
+flops_mm, flops_add = 2 * 512**3 / t_mm, big.numel() / t_add
+print(f"matmul: {flops_mm / 1e9:.1f} GFLOP/s   add: {flops_add / 1e9:.2f} GFLOP/s   "
+      f"copy: {2 * big.numel() * 4 / t_copy / 1e9:.1f} GB/s")
+
+# %% [markdown]
+# The two rates, side by side (a factor of 2 either way counts as "about the same"):
+
+# %% tags=["workspace-clear"]
+winner = "matmul" if flops_mm > 2 * flops_add else "add" if flops_add > 2 * flops_mm else "about the same"
+reveal("00.matmul-vs-add", winner)
+assert flops_mm > 2 * flops_add  # ~85 against 1/12 FLOP per byte: the gap is tens of times on any CPU or GPU
 
 # %% [markdown]
 # ## Exercises
@@ -200,6 +227,17 @@ answer = {
 }
 ### END SOLUTION
 check("00.bottlenecks", answer)
+
+# %% [markdown]
+# ## Your progress
+#
+# Every `check(...)` you run in your workspace (`work/`, which `make lab` opens) is recorded on this machine,
+# in `work/.labkit-progress.json`; nothing is sent anywhere. The next cell, or `python -m labkit progress` in a
+# terminal, lists which exercises you have solved, per notebook. Stuck on an exercise? The next wrong answer
+# gets the method, the one after it the worked solution, and `labkit.check.solution("NN.name")` shows it at once.
+
+# %% tags=["workspace-clear"]
+labkit.check.progress()
 
 # %% [markdown]
 # ## Summary

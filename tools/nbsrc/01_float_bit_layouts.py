@@ -22,7 +22,7 @@ import torch
 
 from labkit import device, plots, widgets
 from labkit import formats as F
-from labkit.check import check
+from labkit.check import check, predict, reveal
 
 # %% [markdown]
 # ## 1. Three fields
@@ -189,16 +189,28 @@ print("finite positive values:", int(np.isfinite(pos("e4m3fn")).sum()), "in E4M3
       int(np.isfinite(pos("e5m2")).sum()), "in E5M2")
 
 # %% [markdown]
+# **Predict, then run.** E4M3FN's largest finite value is 448, and it has no infinity. What does torch give for
+# `torch.tensor(500.0).to(torch.float8_e4m3fn).float()`? (A number: `448.0`, `math.inf`, `math.nan`, ...)
+
+# %%
+prediction = ...
+### BEGIN SOLUTION
+prediction = 448.0
+### END SOLUTION
+predict("01.e4m3-overflow", prediction)
+
+# %% [markdown]
 # **Where libraries disagree.** E4M3FN has no infinity, so what should an overflow become? ml_dtypes (and the OCP
 # spec's non-saturating mode) makes it NaN. torch's cast **saturates** to ±448, even for inf, since torch 2.13 (the
 # oldest release labkit admits); before it, eager casts gave NaN like ml_dtypes, so the same line of code changed
 # its answer between releases. E5M2 has inf, and both libraries agree. labkit exposes both rules by name.
 
-# %%
+# %% tags=["workspace-clear"]
 vals = np.array([300.0, 464.0, 500.0, np.inf], dtype=np.float32)
 t = torch.from_numpy(vals).to(torch.float8_e4m3fn).float().tolist()
 m = vals.astype(ml_dtypes.float8_e4m3fn).astype(np.float32).tolist()
 print("input         ", vals.tolist(), "\ntorch         ", t, "\nml_dtypes     ", m)
+reveal("01.e4m3-overflow", t[2])  # torch's answer for 500.0
 assert t == [288.0, 448.0, 448.0, 448.0] and m[:2] == [288.0, 448.0] and all(map(math.isnan, m[2:]))
 assert [F.round_to(v, "e4m3fn", overflow="saturate") for v in vals] == t
 assert all(map(math.isnan, [F.round_to(v, "e4m3fn", overflow="nan") for v in vals[2:]]))

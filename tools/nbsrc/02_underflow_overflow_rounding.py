@@ -24,7 +24,7 @@ import torch
 
 from labkit import formats as F
 from labkit import models, plots
-from labkit.check import check
+from labkit.check import check, predict, reveal
 from labkit.exercises.nb02 import UNDERFLOW_VALUES
 
 # %% [markdown]
@@ -70,6 +70,15 @@ assert cast[:4] == [0.0, 0.0, 2.0**-24, 2.0**-24] and cast[6:8] == [65504.0, 655
 assert math.isinf(cast[8]) and math.isinf(cast[9])
 
 # %% [markdown]
+# > **Common misconception** (seed 000 §3.1): FP16's range is "about 6e-5 to 65504", so anything smaller than
+# > about 6e-5 is lost.
+# >
+# > **Why it is wrong:** 6.1e-5 (2^-14) is FP16's smallest *normal* number. Below it come the subnormals, down to
+# > 6e-8 (2^-24), with fewer significant bits the closer they get to zero; only values below half of 2^-24 round to 0.
+# >
+# > **What is true:** FP16 spans about 6e-8 to 65504, with full precision only from 6.1e-5 up. The cell above shows
+# > it: 2^-24 survives the cast and 2^-25 does not; 1e-7 survives with a 19 % error, as the next cell shows.
+#
 # **The subnormal ramp.** 1e-7 survives, but as 2 × 2^-24 = 1.19e-7: a 19 % error. Relative precision is
 # 2^-11 for normals, and it degrades one bit per binade below 2^-14:
 
@@ -210,6 +219,17 @@ print(s.dtype, s.item())
 assert s.dtype == torch.float16 and s.item() == 10.0
 
 # %% [markdown]
+# **Predict, then run.** A weight of 1.0 stored in FP16 receives 1000 updates of `+1e-5`, each added and rounded in
+# FP16 (`w16 = w16 + dw`). What is the weight afterwards? Record a number, then read on.
+
+# %%
+prediction = ...
+### BEGIN SOLUTION
+prediction = 1.0
+### END SOLUTION
+predict("02.fp16-weight", prediction)
+
+# %% [markdown]
 # ### The FP32 master-weights argument
 #
 # An optimizer step is `w = w - lr * g`: a small number added to a big one. Take a weight of 1.0 and an update of
@@ -224,7 +244,8 @@ for _ in range(1000):
 print(f"ulp(1.0): fp16 {F.ulp(1.0, 'fp16')!r}, fp32 {F.ulp(1.0, 'fp32')!r}")
 print(f"after 1000 updates of {dw}: fp16 weight {w16.item()!r}, fp32 weight {w32.item()!r}")
 
-# %%
+# %% tags=["workspace-clear"]
+reveal("02.fp16-weight", w16.item())
 assert w16.item() == 1.0                          # every single update was lost
 assert w32.item() == 1.0100135803222656            # FP32 kept them all (each rounded to 2^-23)
 assert dw < F.ulp(1.0, "fp16") / 2 and dw > F.ulp(1.0, "fp32") / 2
@@ -234,6 +255,25 @@ assert dw < F.ulp(1.0, "fp16") / 2 and dw > F.ulp(1.0, "fp32") / 2
 # the weights. Mixed-precision training therefore keeps an **FP32 master copy** of the weights: forward and
 # backward run in FP16/BF16 (fast, half the bytes), and the optimizer adds the update to the FP32 copy. BF16 has
 # even fewer mantissa bits (`ulp(1.0)` = 2^-7), so it needs the FP32 master weights just as much.
+#
+# > **Common misconception** (seed 000 §3.2): weight updates smaller than FP16's smallest normal number (about
+# > 6e-5) are flushed to zero, and that is why the weights need an FP32 master copy.
+# >
+# > **Why it is wrong:** it confuses underflow with swamping. An update of 1e-5 is a perfectly good FP16 number (a
+# > subnormal); it is lost only when it is *added* to a weight of 1.0, because it is below half an ulp of the weight.
+# > An update of 2e-4, well above the smallest normal, is lost just the same, and the same 1e-5 added to a weight of
+# > 0.001 survives.
+# >
+# > **What is true:** whether an update survives depends on its size *relative to the weight* (half an ulp of the
+# > weight), not on the format's smallest normal. The cell below shows all three cases.
+
+# %%
+one, small = torch.tensor(1.0, dtype=torch.float16), torch.tensor(0.001, dtype=torch.float16)
+print("1e-5 in fp16:", torch.tensor(1e-5, dtype=torch.float16).item(), "| 1.0 + 2e-4:", (one + 2e-4).item(),
+      "| 0.001 + 1e-5 changes the weight:", (small + 1e-5).item() != small.item())
+assert torch.tensor(1e-5, dtype=torch.float16).item() != 0    # representable: a subnormal
+assert (one + 2e-4).item() == 1.0 and 2e-4 > 2.0**-14          # above the smallest normal, and still swamped
+assert (small + 1e-5).item() != small.item()                   # the same 1e-5 survives next to a small weight
 
 # %% [markdown]
 # ## 5. Overflow: activations above 65504
@@ -333,6 +373,32 @@ answer = ...
 answer = next(2.0**-k for k in range(30, -1, -1) if float(np.float16(1.0 + 2.0**-k)) != 1.0)
 ### END SOLUTION
 check("02.lost-update", answer)
+
+# %% [markdown]
+# **6.5 Debug: an RMS that overflows.** A custom RMS norm computes the root mean square of its input. It works in
+# FP32 and returns inf on FP16 activations of an ordinary size:
+
+# %%
+def rms(x):
+    return x.pow(2).mean().sqrt()
+
+acts = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 300
+print(f"fp32: {rms(acts).item():.2f}   fp16: {rms(acts.half()).item()}")
+assert math.isinf(rms(acts.half()).item())  # 300² = 90000 > 65504: the squares overflow
+
+# %% [markdown]
+# Write a fixed `rms(x)`: finite for any FP16 or BF16 tensor, close to the true value, and returned in the input's
+# dtype. The check calls it on fresh tensors, large and small.
+
+# %%
+def rms(x):
+    ...
+    ### BEGIN SOLUTION
+    return x.float().pow(2).mean().sqrt().to(x.dtype)
+    ### END SOLUTION
+
+
+check("02.rms-overflow", rms)
 
 # %% [markdown]
 # ## Summary

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from IPython.display import Markdown, display
 
 from labkit import data, debug, device, models, plots, scaling
-from labkit.check import check
+from labkit.check import check, predict, reveal
 from labkit.exercises.nb03 import PATTERN, PATTERN_KNOBS, RULE_KNOBS, exercise_gradients
 from labkit.scaling import DynamicLossScaler
 
@@ -192,6 +192,17 @@ print([int(s) for s in mine])
 assert mine == theirs
 
 # %% [markdown]
+# > **Common misconception** (seed 002 §6.1): when accuracy drops under mixed precision, "try dynamic loss scaling
+# > instead of automatic adjustment".
+# >
+# > **Why it is wrong:** there is nothing to switch: GradScaler's automatic adjustment *is* dynamic loss scaling,
+# > the rule printed above, and `DynamicLossScaler` reproduces it step for step (asserted above). The alternative to
+# > it is a fixed scale, section 2.
+# >
+# > **What is true:** the choice is static or dynamic, and with FP16 dynamic is the one to keep. If accuracy drops,
+# > look elsewhere: a scale that collapses (below), an FP16 softmax or norm (notebook 04), or a warm-up that is too
+# > short.
+#
 # ### A real FP16 training run
 #
 # Start far too high (2^32) and grow every 20 clean steps, so the scale has to find its level and then keeps
@@ -248,9 +259,22 @@ else:
 # ### Scale collapse
 #
 # What if *every* step produces inf or NaN, because of a bug or a corrupt sample rather than the scale? The
-# scaler cannot tell the difference: it halves, and halves again. Here one target in every batch is inf:
+# scaler cannot tell the difference: it halves, and halves again.
+#
+# **Predict, then run.** A `GradScaler` with its defaults (2^16) sees 170 steps in a row that all overflow. What is its
+# scale at the end? Record a number:
 
 # %%
+prediction = ...
+### BEGIN SOLUTION
+prediction = 0.0
+### END SOLUTION
+predict("03.collapse", prediction)
+
+# %% [markdown]
+# Here one target in every batch is inf:
+
+# %% tags=["workspace-clear"]
 def corrupt_batches(step):
     xb_, yb_ = batches(step)
     yb_ = yb_.clone()
@@ -259,6 +283,7 @@ def corrupt_batches(step):
 
 net, bad = fp16_run(torch.amp.GradScaler("cpu"), steps=170, data_fn=corrupt_batches)
 print({i: bad["scale"][i] for i in (0, 1, 16, 50, 100, 140, 160, 169)})
+reveal("03.collapse", bad["scale"][-1])
 assert all(bad["skipped"]) and bad["scale"][-1] == 0.0
 
 # %% [markdown]
@@ -350,6 +375,16 @@ assert abs(wrong * 2.0**16 - 1.0) < 1e-4                          # wrong order:
 # In the wrong order, clipping saw the *scaled* norm (0.0012 × 2^16 ≈ 77), "clipped" it to `max_norm` = 1, and then
 # the unscale divided by 2^16 again: the step is 77 times too small, and the factor changes with the scale from
 # step to step. Nothing fails; training just crawls.
+#
+# > **Common misconception** (seed 000 §5.3): clipping before `unscale_` clips the scaled gradients, "which amounts
+# > to no clipping".
+# >
+# > **Why it is wrong:** it is the opposite of no clipping. The scaled norm is S times the true one, so the clip
+# > fires on nearly every step and shrinks the true gradient to about `max_norm / S`: the step becomes tiny, and its
+# > size now depends on the loss scale.
+# >
+# > **What is true:** clip after `scaler.unscale_(optimizer)`. The cell above measured it: in the wrong order the
+# > gradient norm ended at `max_norm / 2^16`, where the right order left it alone.
 #
 # **Checkpoints** must include the scaler's state (the scale and the count of clean steps), or a resumed run
 # restarts at 2^16 and pays for it in skipped steps. Its `state_dict` is tiny:
@@ -560,6 +595,46 @@ fp16_block = {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss
               "hysteresis": 1, "min_loss_scale": 1}
 ### END SOLUTION
 check("03.deepspeed-config", fp16_block)
+
+# %% [markdown]
+# **7.5 Debug: the step that let NaN in.** This training step runs, and on clean batches it even trains. Feed it one
+# batch with a broken label (the `corrupt_batches` of section 3) and look at the weights:
+
+# %%
+def train_step(model, opt, scaler, xb, yb):
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16, enabled=FP16):
+        loss = F.mse_loss(model(xb), yb)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    scaler.update()
+    opt.step()
+
+net = models.MLP(16, 64, 1, depth=3, activation="tanh", init_scale=0.5, seed=0)
+train_step(net, torch.optim.SGD(net.parameters(), lr=0.1), torch.amp.GradScaler("cpu"), *corrupt_batches(0))
+finite = all(torch.isfinite(p).all().item() for p in net.parameters())
+print("weights still finite after one bad batch:", finite)
+assert not finite  # the bad batch went straight into the weights
+
+# %% [markdown]
+# Write a fixed `train_step(model, opt, scaler, xb, yb)`: a bad batch must be skipped (weights untouched, scale
+# halved), a clean one must train and let the scale grow. The check runs it on fresh models and batches.
+
+# %%
+def train_step(model, opt, scaler, xb, yb):
+    ...
+    ### BEGIN SOLUTION
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16, enabled=FP16):
+        loss = F.mse_loss(model(xb), yb)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+    ### END SOLUTION
+
+
+check("03.scaler-step", train_step)
 
 # %% [markdown]
 # ## Summary

@@ -23,7 +23,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from labkit import data, device, models, plots, precision, train
-from labkit.check import check
+from labkit.check import check, predict, reveal
+from labkit.exercises.nb04 import PREDICT_OPS
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest, and fair on a shared machine
 DEV = device.pick_device()
@@ -96,12 +97,44 @@ assert logits.dtype == AMP and loss.dtype == torch.float32 and w.dtype == w.grad
 # The logits come out of a matmul, so they are FP16; `cross_entropy` is on autocast's FP32 list, so the loss is
 # FP32. The weights and their gradients are FP32: the FP32 "master" copy is the model itself.
 #
+# > **Common misconception** (seed 000 §4.1): a batch and model inputs created *outside* the autocast block stay
+# > FP32, so they miss the benefit of half precision.
+# >
+# > **Why it is wrong:** autocast does not care where a tensor was made. It decides per operation, when the
+# > operation runs inside the block: a matmul there casts its FP32 inputs to FP16/BF16 on the fly, whatever their
+# > origin.
+# >
+# > **What is true:** the batch above was made outside the block, on the line before `torch.autocast`, and so were
+# > the FP32 weights; the logits still came out in half precision (asserted above). What must be inside is the
+# > forward pass and the loss.
+#
+# > **Common misconception** (seed 000 §4.1, seed 002 §2.1): AMP is written with `torch.cuda`'s own `amp` module
+# > (its `autocast()` and `GradScaler()`), as both articles' code does.
+# >
+# > **Why it is wrong:** that module is deprecated in current PyTorch (it warns and points to `torch.amp`), and it
+# > knows only CUDA, so the same script cannot run on a CPU or another accelerator.
+# >
+# > **What is true:** `torch.amp.autocast(device_type=..., dtype=...)` and `torch.amp.GradScaler(device)` do the
+# > same on every device, with the same arguments; PyTorch's AMP documentation records the deprecation, and the
+# > workbook's tests reject the old spelling anywhere in the repository.
+#
 # ## 3. Which op runs in which dtype?
 #
 # Autocast keeps op lists: ops that *can* run in low precision (matmuls, convolutions), ops that must run in
 # FP32 (reductions, `exp`, norms, losses), and the rest, which follow their inputs. The lists differ by device,
 # so we **measure** them here: each op gets the input it would get in a network (matmuls get FP32 tensors;
 # everything else gets the output of a matmul, i.e. a low-precision tensor), and we read the output dtype.
+#
+# **Predict, then run.** Before you look at the table: on this device (the setup cell printed which one), which of
+# `PREDICT_OPS` come out of autocast in low precision (`"low"`) and which in `"fp32"`?
+
+# %%
+print(PREDICT_OPS)
+prediction = {op: ... for op in PREDICT_OPS}   # e.g. prediction["linear"] = "low"
+### BEGIN SOLUTION
+prediction = {"linear": "low", "softmax": "low", "layer_norm": "low", "exp": "low", "cross_entropy": "fp32"}
+### END SOLUTION
+predict("04.autocast-dtypes", prediction)
 
 # %%
 short = precision.dtype_name   # torch.bfloat16 -> "bf16"
@@ -113,7 +146,8 @@ for op in train.AUTOCAST_OPS:
     cells = "".join(f"{short(i) + '->' + short(o):>12}" for i, o in (m[op] for m in measured.values()))
     print(f"{op:<14}{cells}{ref[train.CUDA_AUTOCAST_REFERENCE[op]]:>14}")
 
-# %%
+# %% tags=["workspace-clear"]
+reveal("04.autocast-dtypes", {op: "fp32" if measured[short(AMP)][op][1] == torch.float32 else "low" for op in PREDICT_OPS})
 if device.is_cuda(DEV):  # measured on this GPU: it must agree with PyTorch's documented CUDA lists
     for op, kind in train.CUDA_AUTOCAST_REFERENCE.items():
         out = measured[short(AMP)][op][1]
@@ -131,6 +165,16 @@ else:
 # whatever their input. On this **CPU** (torch 2.13) only the losses are: softmax and layer_norm run in
 # BF16/FP16. So "autocast protects my softmax" is true on a GPU and false here, and any op you write yourself
 # (section 5) is protected by nothing. Never assume a table: measure it on the device you train on.
+#
+# > **Common misconception** (seed 002 §2.2): operations such as softmax and layer normalisation still need FP32,
+# > and "modern frameworks handle these exceptions automatically".
+# >
+# > **Why it is wrong:** that holds for CUDA autocast only. The table above was measured: CPU autocast in torch 2.13
+# > runs softmax and layer_norm in BF16/FP16, and no autocast, on any device, protects a softmax you write yourself
+# > (section 5) or a model converted with `.half()`.
+# >
+# > **What is true:** measure the op table on the device you train on (the cell above asserts the CPU's), and write
+# > fragile ops as FP32 islands.
 #
 # ## 4. Six precision policies, one model
 #
@@ -422,14 +466,57 @@ def island_softmax(scores):
 check("04.fp32-island", island_softmax)
 
 # %% [markdown]
-# **8.4** What is the largest power of two `u` for which `1.0 + u == 1.0` in BF16 (the update is lost)?
+# **8.4 Debug: the resume that forgot something.** These two functions checkpoint and resume a run. The resumed run
+# trains, but it does not continue where the first one stopped:
 
 # %%
-u = ...
-### BEGIN SOLUTION
-u = 2.0**-8
-### END SOLUTION
-check("04.lost-update", u)
+def save_checkpoint(path, model, opt, scaler):
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+
+def load_checkpoint(path, model, opt, scaler):
+    ckpt = torch.load(path, weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+
+# %%
+model, scaler = make_model().to(DEV), torch.amp.GradScaler(DEV.type, init_scale=2.0**10, growth_interval=2)
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+for step in range(5):   # five clean AMP steps: the scale grows from 2^10 to 2^12
+    x, y = (t.to(DEV) for t in batches(step))
+    opt.zero_grad()
+    with torch.autocast(device_type=DEV.type, dtype=AMP):
+        loss = models.lm_loss(model(x), y)
+    precision.backward(loss, scaler)
+    precision.update(opt, scaler)
+with tempfile.TemporaryDirectory() as d:
+    save_checkpoint(f"{d}/ckpt.pt", model, opt, scaler)
+    model2, scaler2 = make_model().to(DEV), torch.amp.GradScaler(DEV.type, growth_interval=2)
+    load_checkpoint(f"{d}/ckpt.pt", model2, torch.optim.AdamW(model2.parameters(), lr=3e-3), scaler2)
+print(f"scale when saved: {scaler.get_scale():g}   scale after resuming: {scaler2.get_scale():g}")
+assert scaler2.get_scale() != scaler.get_scale()
+
+# %% [markdown]
+# Write fixed versions of both functions. The check saves a run with them, resumes it into fresh objects and compares
+# model, optimizer and scaler state.
+
+# %%
+def save_checkpoint(path, model, opt, scaler):
+    ...
+    ### BEGIN SOLUTION
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "scaler": scaler.state_dict()}, path)
+    ### END SOLUTION
+
+def load_checkpoint(path, model, opt, scaler):
+    ...
+    ### BEGIN SOLUTION
+    ckpt = torch.load(path, weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    scaler.load_state_dict(ckpt["scaler"])
+    ### END SOLUTION
+
+
+check("04.resume-scaler", (save_checkpoint, load_checkpoint))
 
 # %% [markdown]
 # ## Summary

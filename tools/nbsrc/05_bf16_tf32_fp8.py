@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from labkit import bench, data, device, formats, fp8, models, scaling, tf32, train
-from labkit.check import check
+from labkit.check import check, predict, reveal
 from labkit.exercises.nb05 import FORMAT_CHOICES, WORKLOADS, exercise_tensor
 
 torch.set_num_threads(1)  # tiny models: one thread is fastest (and CI shares 2 cores)
@@ -175,7 +175,17 @@ for fmt in ("fp32", "tf32", "fp16", "bf16"):
 # %% [markdown]
 # What does that rounding cost a matmul? The relative error ‖C − C_ref‖ / ‖C_ref‖ of a 256 × 256 product of seeded
 # random matrices, with the inputs rounded to each format and the products summed in fp64 (so only the input
-# rounding counts, and the figures are the same on every machine):
+# rounding counts, and the figures are the same on every machine).
+#
+# **Predict, then run.** How many times larger is the error with the inputs rounded to bf16 than with TF32? Record a
+# number before you run the measurement.
+
+# %%
+prediction = ...
+### BEGIN SOLUTION
+prediction = 2 ** (10 - 7)
+### END SOLUTION
+predict("05.bf16-vs-tf32", prediction)
 
 # %%
 g = torch.Generator().manual_seed(0)
@@ -186,7 +196,8 @@ for fmt, e in errors.items():
 big = A * 2.0**17  # the same matrix scaled exactly: values up to ~6e5
 print(f"A * 2^17: tf32 {tf32.input_rounding_error(big, B, 'tf32'):.3g}, fp16 {tf32.input_rounding_error(big, B, 'fp16')}")
 
-# %%
+# %% tags=["workspace-clear"]
+reveal("05.bf16-vs-tf32", errors["bf16"] / errors["tf32"])
 assert 2**-13 < errors["tf32"] < 2**-10 and errors["bf16"] > 7 * errors["tf32"]
 normal16 = A.abs() >= 2**-14  # where fp16 is normal, TF32's 10-bit rounding must equal torch's own fp16 cast
 assert torch.equal(tf32.emulate(A, "tf32")[normal16], A.half().float()[normal16])
@@ -246,6 +257,17 @@ else:
 # 18 binades (E4M3) or 32 (E5M2) hold a tensor only if it sits at the right height, and tensors sit anywhere from
 # 10⁻⁷ to 10³, so every tensor gets its own **scale**: it is multiplied by `scale` before the cast and divided by
 # it after.
+#
+# > **Common misconception** (seed 000 §3.4): FP8's two variants, E4M3 and E5M2, serve training and inference
+# > respectively.
+# >
+# > **Why it is wrong:** both are used *in training*, by tensor role: E4M3 (3 mantissa bits, max 448) holds the
+# > forward pass's activations and weights, where precision matters; E5M2 (2 mantissa bits, max 57344) holds the
+# > gradients of the backward pass, which need the wider range. Inference, which has no backward pass, uses E4M3.
+# >
+# > **What is true:** the split is forward against backward (Transformer Engine calls it the "hybrid" recipe). The
+# > cells of this section show why: in some layers a share of the real gradients flushes to zero in E4M3 even with
+# > the best scale, while E5M2 holds them.
 #
 # First, the casts themselves, which are real on a CPU. Overflow is where libraries disagree: torch **saturates**
 # E4M3FN to ±448 (it has no inf), ml_dtypes and the OCP spec's non-saturating mode give **NaN**, and E5M2 overflows
@@ -501,6 +523,16 @@ for k, t in shapes.timings.items():
 # to multiples of 8, or 64 to be safe. On a shared CPU, repeat the cell: the spread column says how much to trust one
 # run. The speed part is the one place this notebook prints figures that belong to this machine alone.
 #
+# > **Common misconception** (seed 002 §2.2): for tensor cores, "the batch size should be a multiple of 8".
+# >
+# > **Why it is wrong:** tensor cores see matrix dimensions, not the batch: for a linear layer those are the tokens
+# > per step (batch × sequence length) and its input and output features; for the output layer, the vocabulary. A
+# > batch of 8 does not help a hidden size of 1000 or a vocabulary of 50257.
+# >
+# > **What is true:** make every matmul dimension a multiple of 8 for FP16/BF16 (16 for FP8; 64 is safer); GPT-2's
+# > vocabulary is padded from 50257 to 50304 for this reason. NVIDIA's deep-learning performance guide (its "matrix
+# > multiplication background" chapter) gives the rules per GPU generation.
+#
 # ## 5. Exercises
 #
 # **5.1 Choose a format.** For each workload, pick one of `FORMAT_CHOICES`:
@@ -544,6 +576,36 @@ def delayed_scale(amax_history, history_len, fmt_max, margin):
     ### END SOLUTION
 
 check("05.delayed-scale", delayed_scale)
+
+# %% [markdown]
+# **5.4 Debug: the round trip that lost the gradient.** This per-tensor-scaled E4M3 round trip is meant to show what
+# an FP8 matmul's inputs look like after the cast. On the real gradient of the last training step it loses almost
+# everything:
+
+# %%
+def fp8_roundtrip(x):
+    scale = 448.0 / x.abs().max()
+    return (x / scale).to(torch.float8_e4m3fn).float() * scale
+
+gr = step_grads[-1]
+err = ((fp8_roundtrip(gr) - gr).norm() / gr.norm()).item()
+print(f"gradient amax below 1e-4: {fp8.amax(gr) < 1e-4}; relative error of the round trip: {err:.2f}")
+assert err > 0.9  # nearly every value flushed to zero
+
+# %% [markdown]
+# Write a fixed `fp8_roundtrip(x)`: scale, cast to E4M3, cast back and unscale, with ~3 % error whatever the size of
+# `x`. The check runs it on fresh tensors from 1e-6 to 1e4.
+
+# %%
+def fp8_roundtrip(x):
+    ...
+    ### BEGIN SOLUTION
+    scale = 448.0 / x.abs().max()
+    return (x * scale).to(torch.float8_e4m3fn).float() / scale
+    ### END SOLUTION
+
+
+check("05.fp8-roundtrip", fp8_roundtrip)
 
 # %% [markdown]
 # ## Summary

@@ -25,7 +25,7 @@ import torch
 
 from labkit import data, device, models, plots, precision, train, widgets
 from labkit import memory as mem
-from labkit.check import check
+from labkit.check import check, predict, reveal
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # tiny tensors: one thread is fastest (and CI shares 2 cores)
@@ -165,9 +165,19 @@ else:
 # exactly as measured above for `bf16`). It *adds* something: every Linear weight is cast to bf16 in the forward
 # pass, and autograd keeps those copies until backward (2 B/param more). Activations are partly bf16 (matmul
 # inputs) and partly still fp32 (LayerNorm inputs, the fp32 softmax island, the residual stream).
-# Saved-tensor hooks show exactly what the tiny GPT's forward pass keeps for backward:
+# Saved-tensor hooks show exactly what the tiny GPT's forward pass keeps for backward.
+#
+# **Predict, then run.** With bf16 autocast, what fraction of the fp32 run's saved bytes (activations + weight copies)
+# does the forward pass keep? (`1.0`: the same; `0.5`: half.)
 
 # %%
+prediction = ...
+### BEGIN SOLUTION
+prediction = 0.7
+### END SOLUTION
+predict("06.amp-saved", prediction)
+
+# %% tags=["workspace-clear"]
 small = models.TinyGPT(cfg, seed=0)
 saved = {}
 for name, enabled in (("fp32", False), ("bf16 autocast", True)):
@@ -177,6 +187,9 @@ for name, enabled in (("fp32", False), ("bf16 autocast", True)):
     out, saved[name] = mem.measure_saved_tensors(fwd, small.parameters())
     print(f"{name:<14} activations {saved[name].activations:>9,} B   weight copies {saved[name].weight_copies:>7,} B")
     del out
+kept = {k: v.activations + v.weight_copies for k, v in saved.items()}
+reveal("06.amp-saved", kept["bf16 autocast"] / kept["fp32"])
+assert 0.5 < kept["bf16 autocast"] / kept["fp32"] < 1
 
 # %% [markdown]
 # Activations shrink by less than half, and the weight copies come on top. For a 7B model the model states do
@@ -471,6 +484,41 @@ def per_gpu_bytes(n_params, stage, world_size):
     ### END SOLUTION
 
 check("06.zero-per-gpu", per_gpu_bytes)
+
+# %% [markdown]
+# **8.4 Debug: validation that eats memory.** This function logs the loss of every validation batch. Memory grows with
+# every batch it sees:
+
+# %%
+def validation_losses(model, batches):
+    losses = []
+    for xb, yb in batches:
+        losses.append(models.lm_loss(model(xb), yb))
+    return losses
+
+model = models.TinyGPT(cfg, seed=0)
+logged = validation_losses(model, [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])
+held = sum(mem.graph_saved_bytes(v, exclude=list(model.parameters())) for v in logged)
+print(f"{len(logged)} logged losses hold {held:,} B of saved tensors")
+assert held > 0
+
+# %% [markdown]
+# Write a fixed `validation_losses(model, batches)` that returns the same losses, one per batch, and keeps nothing
+# alive. The check runs it on a fresh model and batches.
+
+# %%
+def validation_losses(model, batches):
+    ...
+    ### BEGIN SOLUTION
+    losses = []
+    with torch.no_grad():
+        for xb, yb in batches:
+            losses.append(models.lm_loss(model(xb), yb).item())
+    return losses
+    ### END SOLUTION
+
+
+check("06.kept-loss", validation_losses)
 
 # %% [markdown]
 # ## Summary

@@ -31,7 +31,7 @@ import torch
 from labkit import bench, device, models
 from labkit import profiling as P
 from labkit import roofline as R
-from labkit.check import check
+from labkit.check import check, predict, reveal
 from labkit.exercises.nb07 import H100_BANDWIDTH, H100_BF16_FLOPS, PROFILE_TABLE
 
 torch.manual_seed(0)
@@ -114,9 +114,19 @@ else:
 # %% [markdown]
 # ## 2. Kernel-launch overhead: many tiny ops vs one big op
 #
+# **Predict, then run.** 2000 adds of 64 elements race one add of 128 000 elements: the same arithmetic. Which
+# finishes first: `"one big add"`, `"2000 tiny adds"`, or are they `"about the same"`?
+
+# %%
+prediction = ...
+### BEGIN SOLUTION
+prediction = "one big add"
+### END SOLUTION
+predict("07.launch-overhead", prediction)
+
+# %% [markdown]
 # Every op costs a fixed overhead before any arithmetic: Python, PyTorch's dispatcher, and on a GPU the kernel
-# launch (a few µs). Here 2000 adds of 64 elements race one add of 128 000 elements, the same arithmetic
-# (measured round-robin in one run, median of 5):
+# launch (a few µs). The race, measured round-robin in one run, median of 5:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -125,7 +135,9 @@ print(f"2000 tiny adds: {lo['many_s'] * 1e3:.2f} ms, one big add: {lo['one_s'] *
       f"-> {lo['ratio']:.0f}x slower, {lo['overhead_us']:.1f} µs per op")
 notes.append(("launch overhead", f"{lo['overhead_us']:.1f} µs/op, many/one = {lo['ratio']:.0f}x"))
 
-# %%
+# %% tags=["workspace-clear"]
+reveal("07.launch-overhead", "one big add" if lo["ratio"] > 2 else "2000 tiny adds" if lo["ratio"] < 0.5 else
+       "about the same")
 assert lo["ratio"] > 2  # per-op overhead dwarfs 64 elements of work on any device
 
 # %% [markdown]
@@ -199,6 +211,29 @@ notes.append(("fusion (2048x2048 fp32)", ", ".join(f"{k}: {v * 1e3:.1f} ms" for 
 # saves one pass over the output, a few percent. Fuse chains of elementwise ops, norms and softmaxes; for a
 # matmul, get a faster matmul (lower precision, tensor cores / AMX). Section 4 puts numbers on this.
 #
+# > **Common misconception** (seed 002 §3.2): a module whose `forward` returns `relu(linear(x))` is a "fused"
+# > Linear+ReLU that runs as a single kernel.
+# >
+# > **Why it is wrong:** putting two operations in one `forward` changes nothing about how they run: eager PyTorch
+# > still runs the matmul, writes its output to memory, then runs ReLU, which reads it back. Fusion is done by a
+# > compiler or a kernel author.
+# >
+# > **What is true:** the profiler below lists the module's operations: `aten::addmm` and `aten::relu`, two
+# > kernels. `torch.compile` (above) or a hand-written kernel (notebook 08) fuses them into one.
+
+# %%
+class FusedLinearReLU(torch.nn.Module):          # the article's "fused" module, as it writes it
+    def __init__(self, d_in, d_out):
+        super().__init__(); self.linear = torch.nn.Linear(d_in, d_out)
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+fused, x_small = FusedLinearReLU(256, 256), torch.randn(64, 256)
+pr = P.profile_steps(lambda: fused(x_small), steps=1, warmup=0)   # torch.profiler, as in section 1
+ran = sorted({e.key for e in pr.key_averages()} & {"aten::addmm", "aten::relu", "aten::clamp_min"})
+print("operations that ran as kernels of their own:", ran)
+assert {"aten::addmm", "aten::relu"} <= set(ran)
+
+# %% [markdown]
 # ## 4. This machine's ceilings
 #
 # **Compute:** the best matmul FLOP/s over a few shapes (the "maximum achievable matmul FLOPs": what a real

@@ -29,8 +29,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from labkit import device, train
-from labkit.check import check
+from labkit.check import check, predict, reveal
 from labkit.dist import LaunchError, launch
+from labkit.exercises.nb09 import simulate_all_reduce
 from labkit.recipes import allreduce as ar
 from labkit.recipes import ddp as ddp_recipe
 
@@ -173,6 +174,18 @@ assert amp["scaler_scales"][0] == amp["scaler_scales"][1] and amp["skipped_steps
 assert amp["param_checksums"][0] == amp["param_checksums"][1] and amp["global_batch"] == 128
 
 # %% [markdown]
+# **Predict, then run.** That run made 12 optimizer steps, each accumulating 4 micro-batches per rank, with the
+# `no_sync()` of `train_loop` above. How many gradient all-reduces did each rank issue? Record a number; section 4
+# counts them.
+
+# %%
+prediction = ...
+### BEGIN SOLUTION
+prediction = 12
+### END SOLUTION
+predict("09.allreduce-count", prediction)
+
+# %% [markdown]
 # ## 4. Gradient accumulation with `no_sync()`
 #
 # Accumulating 4 micro-batches needs only one all-reduce, after the last one. Inside `ddp.no_sync()` DDP skips
@@ -181,10 +194,11 @@ assert amp["param_checksums"][0] == amp["param_checksums"][1] and amp["global_ba
 #
 # The recipe counts the all-reduces DDP really issues (a communication hook that counts, then all-reduces):
 
-# %%
+# %% tags=["workspace-clear"]
 for name, r in [("fp32, accumulation 1", two), ("fp16, accumulation 4", amp)]:
     calls, mib = r["allreduce_calls"][0], r["allreduce_bytes"][0] / 2**20
     print(f"{name}: {r['micro_batches']:2d} micro-batches, {calls:2d} all-reduces, {mib:.1f} MiB all-reduced")
+reveal("09.allreduce-count", amp["allreduce_calls"][0])
 assert amp["allreduce_calls"] == [12, 12] and amp["micro_batches"] == 48  # 48 micro-batches, 12 all-reduces
 assert two["allreduce_calls"] == [12, 12] and two["allreduce_bytes"] == amp["allreduce_bytes"]
 
@@ -266,6 +280,16 @@ plt.show()
 # `nvidia-smi topo -m` prints how GPUs and NICs are connected: `NV#` (NVLink, # links), `PIX`/`PXB` (PCIe
 # switches), `PHB` (through the CPU's PCIe host bridge), `NODE`/`SYS` (across host bridges or CPU sockets).
 # NCCL uses NVLink where it exists; `SYS` between a GPU and its NIC means traffic crosses sockets.
+#
+# > **Common misconception** (seed 002 §4.2): `NCCL_BUFFSIZE` defaults to 1 MB, so raising it to 4 MB (with
+# > `NCCL_ALGO=Tree`) speeds up all-reduce.
+# >
+# > **Why it is wrong:** NCCL's default buffer is already 4 MiB (4194304 bytes) per channel, so the suggested value
+# > changes nothing, and forcing `NCCL_ALGO` takes away NCCL's own choice of ring or tree for each message size.
+# >
+# > **What is true:** leave both at their defaults until a measurement (nccl-tests' `all_reduce_perf`, or section
+# > 5's benchmark) shows a gain. NCCL's documentation of its environment variables lists the defaults, and
+# > `NCCL_DEBUG=INFO` prints what NCCL chose. A larger buffer costs GPU memory on every channel.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -414,6 +438,37 @@ answer = ...
 answer = max(100, 100, 160) + 20
 ### END SOLUTION
 check("09.slow-rank", answer)
+
+# %% [markdown]
+# **8.5 Debug: the all-reduce that was not an average.** Hand-written data parallelism (without DDP) averages the
+# gradients itself after backward. `all_reduce` is `torch.distributed.all_reduce` in a real run; here
+# `simulate_all_reduce` runs the function once per simulated rank, in threads, with an `all_reduce` that does what
+# torch's does to each rank's tensor. Rank 0's gradient is [1, 2], rank 1's is [3, 6]:
+
+# %%
+def average_gradients(params, world_size, all_reduce):
+    for p in params:
+        all_reduce(p.grad)
+
+after = simulate_all_reduce(average_gradients, [[torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 6.0])]])
+print("after the 'average':", [r[0].tolist() for r in after], "  the mean is [2.0, 4.0]")
+assert [r[0].tolist() for r in after] == [[4.0, 8.0]] * 2  # the sum, on every rank: twice the mean
+
+# %% [markdown]
+# Write a fixed `average_gradients(params, world_size, all_reduce)` that leaves every rank with the mean gradient.
+# The check runs it on 2, 3 and 4 simulated ranks.
+
+# %%
+def average_gradients(params, world_size, all_reduce):
+    ...
+    ### BEGIN SOLUTION
+    for p in params:
+        all_reduce(p.grad)
+        p.grad /= world_size
+    ### END SOLUTION
+
+
+check("09.average-grads", average_gradients)
 
 # %% [markdown]
 # ## Summary

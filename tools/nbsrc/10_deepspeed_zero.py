@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from labkit import device, memory, models, plots, scaling, zero
-from labkit.check import check
+from labkit.check import check, predict, reveal
 from labkit.dist import launch
 from labkit.exercises.nb10 import CONFIG_SETUP
 
@@ -152,6 +152,16 @@ assert worst < 5e-3 and ref[-1] < ref[0]
 # The measured bytes are exact (no sampling, no allocator noise), so we can compare them with the prediction
 # byte for byte. The recipe sorts the tensors into params, grads, master and optimizer. It counts the
 # communication buckets (`buffers`) and one-element tensors (Adam's `step` counters, norms) separately.
+#
+# **Predict, then run.** At ZeRO-2 each of the 2 ranks keeps "its half" of the gradients. Will each rank's measured
+# gradient bytes be `"equal"` to 2 bytes × Ψ/2, `"more"`, or `"less"`?
+
+# %%
+prediction = ...
+### BEGIN SOLUTION
+prediction = "more"
+### END SOLUTION
+predict("10.stage2-grads", prediction)
 
 # %%
 print(f"{'':8}{'category':<10}{'predicted':>11}{'rank 0':>11}{'rank 1':>11}")
@@ -161,6 +171,13 @@ for r in bf16_runs:
         got = [b["bytes"][k] for b in r["bytes_per_rank"]]
         print(f"ZeRO-{r['stage']}  {k:<10}{p.get(k, 0):>11,}{got[0]:>11,}{got[1]:>11,}")
     print(f"{'':8}{'buffers':<10}{'':>11}" + "".join(f"{b['bytes']['buffers']:>11,}" for b in r["bytes_per_rank"]))
+
+# %% tags=["workspace-clear"]
+half = 2 * -(-n_params // 2)  # bf16 gradient bytes of an even split: 2 x ceil(Ψ/2)
+grads2 = [b["bytes"]["grads"] for b in runs[(2, "none", "bf16")]["bytes_per_rank"]]
+reveal("10.stage2-grads", "more" if min(grads2) > half else "equal" if grads2 == [half, half] else
+       "less" if max(grads2) < half else "mixed")
+assert min(grads2) > half
 
 # %% [markdown]
 # Everything matches exactly, except stage 2's gradients, which are larger than Ψ/N, and larger on rank 1. The
@@ -310,12 +327,16 @@ print(f"labkit.memory's offload model for this run: host {pred.host_total:,} B =
 #
 # ## 6. The seeds' reference setup: 13B parameters on 8×A100-80GB
 #
-# bf16, ZeRO-2, optimizer offloaded to the CPU, micro-batch 4, 8 accumulation steps, communication overlapped:
+# The article's config, key for key: bf16, ZeRO-2, the optimizer offloaded to the CPU, communication overlapped,
+# contiguous gradients, clipping at 1.0, `train_batch_size` 64 with 2 accumulation steps on 8 GPUs. The article
+# leaves the micro-batch out; DeepSpeed derives it from the other two: 64 / (2 × 8) = 4 per GPU.
 
 # %%
-ref13 = zero.config(2, "bf16", offload="cpu", micro_batch=4, grad_accum=8, world_size=8, overlap_comm=True,
-                    reduce_bucket_size=500_000_000, torch_adam=False)
+ref13 = zero.config(2, "bf16", offload="cpu", micro_batch=4, grad_accum=2, world_size=8, overlap_comm=True,
+                    contiguous_gradients=True, gradient_clipping=1.0, reduce_bucket_size=500_000_000,
+                    torch_adam=False)
 print(json.dumps(ref13, indent=1))
+assert (ref13["train_batch_size"], ref13["gradient_accumulation_steps"]) == (64, 2)  # the article's two numbers
 
 # %%
 est = memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=2, world_size=8, offload_optimizer=True)
@@ -371,8 +392,11 @@ assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "bf16-mast
 # | sequence / context | a slice of the sequence | the pieces of attention that need other positions (all-gather or ring exchange of keys/values) | long sequences |
 #
 # Large runs combine them ("3D parallelism"): tensor parallel inside a node, pipeline across groups of nodes, data
-# parallel (often with ZeRO-1) across the rest. The workbook runs the first two rows for real; the others need several
-# GPUs per model to be worth anything, and are explained here only.
+# parallel (often with ZeRO-1) across the rest. **Notebook 11 runs the first four rows for real, by hand:** you write
+# DDP (with hooks and buckets), a ZeRO-1 optimizer, a Megatron tensor-parallel MLP and a GPipe pipeline, run them on
+# 2 ranks, and check them against torch DDP, AdamW, DeepSpeed, FSDP2 and `torch.distributed.pipelining`, with the
+# communication of each measured against these formulas. Sequence parallelism needs attention to split and stays
+# described here.
 
 # %%
 for size in ("1B", "7B", "13B", "70B"):
@@ -397,20 +421,38 @@ my_config = zero.config(3, "fp16", micro_batch=2, grad_accum=4, world_size=16, i
 check("10.config", my_config)
 
 # %% [markdown]
-# **10.per-rank-bytes.** Predict the model-state bytes per GPU for bf16/fp16 mixed precision with Adam (2 + 2 + 12
-# bytes per parameter), for any stage and world size. Compare stage 2 and stage 3 for 1.3B parameters on 8 GPUs.
+# **10.batch-triple (debug).** This helper writes DeepSpeed's batch keys for a target global batch. On one GPU it
+# works; on 16, DeepSpeed (and `zero.validate`, which makes the same check before DeepSpeed starts) rejects it:
 
 # %%
-def per_rank_bytes(n_params, stage, world_size):
+def batch_keys(global_batch, micro_batch, world_size):
+    return {"train_batch_size": global_batch, "train_micro_batch_size_per_gpu": micro_batch,
+            "gradient_accumulation_steps": global_batch // micro_batch}
+
+try:
+    zero.validate({**batch_keys(256, 8, 16), "zero_optimization": {"stage": 2}}, world_size=16)
+except ValueError as err:
+    print("ValueError:", err)
+else:
+    raise AssertionError("the broken triple should have been rejected")
+
+# %% [markdown]
+# Write a fixed `batch_keys(global_batch, micro_batch, world_size)`: a triple that multiplies out for any world size,
+# and a `ValueError` for a global batch that cannot be split evenly.
+
+# %%
+def batch_keys(global_batch, micro_batch, world_size):
     ...
     ### BEGIN SOLUTION
-    shard = -(-n_params // world_size)
-    return (2 * (shard if stage >= 3 else n_params) + 2 * (shard if stage >= 2 else n_params)
-            + 12 * (shard if stage >= 1 else n_params))
+    accum, rest = divmod(global_batch, micro_batch * world_size)
+    if rest or accum < 1:
+        raise ValueError(f"{global_batch} is not a multiple of {micro_batch} x {world_size}")
+    return {"train_batch_size": global_batch, "train_micro_batch_size_per_gpu": micro_batch,
+            "gradient_accumulation_steps": accum}
     ### END SOLUTION
 
 
-check("10.per-rank-bytes", per_rank_bytes)
+check("10.batch-triple", batch_keys)
 
 # %% [markdown]
 # **10.comm-volume.** Per optimizer step, how much data does each rank move at ZeRO-2 and at ZeRO-3, in units

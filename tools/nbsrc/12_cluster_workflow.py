@@ -32,9 +32,17 @@ import time
 from pathlib import Path
 
 from labkit import env
-from labkit.check import check
-from labkit.exercises.nb12 import CONNECTION, JOB, LAUNCH, PROBLEMS, TRANSCRIPT
-from labkit.slurm import parse_sbatch_header
+from labkit.check import check, predict, reveal
+from labkit.exercises.nb12 import (
+    CONNECTION,
+    JOB,
+    LATE_SCRIPT,
+    PROBLEMS,
+    STORAGE_ITEMS,
+    STORAGE_TIERS,
+    TRANSCRIPT,
+)
+from labkit.slurm import gpus_per_node, parse_sbatch_header, time_minutes
 
 ROOT = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "slurm" / "jupyter.sbatch").is_file())
 SLURM_DIR = ROOT / "slurm"
@@ -82,10 +90,32 @@ if in_job:
 # | **step** | a launch inside a job: `srun` starts tasks on the allocated nodes | `srun torchrun ...` in `ddp.sbatch` |
 # | **task** | one process that srun starts; with DDP, usually one per GPU or one launcher per node | `--ntasks-per-node` |
 #
-# A job asks for resources with `#SBATCH` lines at the top of its script. sbatch reads them **only until
-# the first command**; an `#SBATCH` line after that is an ordinary comment. Options on the command line
-# override the script's lines. `labkit.slurm.parse_sbatch_header` follows the same rules, and it
-# is tested against the real sbatch. Here is what the workbook's three scripts ask for:
+# A job asks for resources with `#SBATCH` lines at the top of its script.
+#
+# **Predict, then run.** How much time (in minutes) and how many GPUs per node does sbatch give this script? Record
+# a pair such as `(60, 2)`, with `None` for no GPU.
+
+# %%
+print(LATE_SCRIPT)
+prediction = ...
+### BEGIN SOLUTION
+prediction = (30, None)
+### END SOLUTION
+predict("12.late-sbatch", prediction)
+
+# %% [markdown]
+# sbatch reads `#SBATCH` lines **only until the first command**; an `#SBATCH` line after that is an ordinary comment.
+# Options on the command line override the script's lines. `labkit.slurm.parse_sbatch_header` follows the same
+# rules, and it is tested against the real sbatch:
+
+# %% tags=["workspace-clear"]
+late = parse_sbatch_header(LATE_SCRIPT)
+print(late)
+reveal("12.late-sbatch", (time_minutes(late["time"]), gpus_per_node(late)))
+assert late == {"job-name": "train", "time": "00:30:00"}
+
+# %% [markdown]
+# Here is what the workbook's three scripts ask for:
 
 # %%
 for name in ("jupyter.sbatch", "ddp.sbatch", "deepspeed.sbatch"):
@@ -462,17 +492,20 @@ answer = """#!/bin/bash
 check("12.sbatch-header", answer)
 
 # %% [markdown]
-# **2.** How many examples does each optimizer step see in this launch?
+# **2.** Where does each of these belong? Answer with one of `STORAGE_TIERS` per item (section 3).
 
 # %%
-print(LAUNCH)
+for k, what in STORAGE_ITEMS.items():
+    print(f"{k:17s} {what}")
+print("tiers:", STORAGE_TIERS)
 
 # %%
-answer = ...
+answer = {k: ... for k in STORAGE_ITEMS}   # e.g. answer["code"] = "home"
 ### BEGIN SOLUTION
-answer = 3 * 4 * 32 * 2
+answer = {"code": "home", "train-data": "scratch", "small-files": "node-local", "ipython": "node-local",
+          "final-checkpoint": "project"}
 ### END SOLUTION
-check("12.global-batch", answer)
+check("12.storage", answer)
 
 # %% [markdown]
 # **3.** Your job's connection file says the following. Write the command you run **on your laptop** to
@@ -504,6 +537,44 @@ answer = {...}
 answer = {"login-node", "missing-gpus", "fixed-port"}
 ### END SOLUTION
 check("12.whats-wrong", answer)
+
+# %% [markdown]
+# **5. Debug: half the GPUs idle.** This helper writes the header for a run where `srun` starts one rank per task
+# (`srun python -m labkit.recipes.ddp`, one rank per GPU). On one node it is right; on two it is not:
+
+# %%
+def srun_header(nodes, gpus_per_node, hours):
+    return f"""#!/bin/bash
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks={gpus_per_node}
+#SBATCH --gpus-per-node={gpus_per_node}
+#SBATCH --cpus-per-task=8
+#SBATCH --time={hours}:00:00
+"""
+
+o = parse_sbatch_header(srun_header(2, 4, 3))
+print(o)
+print(f"{int(o['ntasks'])} ranks in all on {o['nodes']} nodes with {gpus_per_node(o)} GPUs each")
+
+# %% [markdown]
+# Write a fixed `srun_header(nodes, gpus_per_node, hours)`: one task (rank) per GPU on every node. The check parses
+# the headers it writes for several shapes, with sbatch's rules.
+
+# %%
+def srun_header(nodes, gpus_per_node, hours):
+    ...
+    ### BEGIN SOLUTION
+    return f"""#!/bin/bash
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node={gpus_per_node}
+#SBATCH --gpus-per-node={gpus_per_node}
+#SBATCH --cpus-per-task=8
+#SBATCH --time={hours}:00:00
+"""
+    ### END SOLUTION
+
+
+check("12.srun-header", srun_header)
 
 # %% [markdown]
 # ## Summary
