@@ -12,12 +12,12 @@ import json
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from solution_text import reference_lines, solution_lines, trivial
 
 import labkit.student as student
 from labkit.exercises import all_exercises
@@ -349,39 +349,6 @@ def test_tree_notebooks_are_the_student_build(tree, tmp_path):
     assert set(json.loads((tree / MARKER).read_text())["files"]) == set(snapshot(tree)) - {MARKER}
 
 
-def _trivial(line: str) -> bool:
-    return len(line) < 12 or not re.search(r"[A-Za-z0-9]", line)
-
-
-def _solution_lines() -> set[str]:
-    """(a) every non-trivial line inside a solution block of tools/nbsrc/*.py."""
-    out = set()
-    for path in sorted((ROOT / "tools" / "nbsrc").glob("*.py")):
-        inside = False
-        for line in path.read_text().splitlines():
-            s = line.strip()
-            if s in ("### BEGIN SOLUTION", "# <!-- BEGIN SOLUTION -->"):
-                inside = True
-            elif s in ("### END SOLUTION", "# <!-- END SOLUTION -->"):
-                inside = False
-            elif inside and not _trivial(s.removeprefix("# ").strip()):
-                out.add(s.removeprefix("# ").strip())
-    return out
-
-
-def _reference_lines(value) -> list[str]:
-    """The text of one reference answer: a function's body lines, a string's lines, else reprs."""
-    if inspect.isfunction(value):
-        lines = textwrap.dedent(inspect.getsource(value)).splitlines()
-        body = next(i for i, ln in enumerate(lines) if ln.rstrip().endswith(":") and not ln.startswith("@"))
-        return [ln.strip() for ln in lines[body + 1:]]
-    if isinstance(value, str):
-        return [ln.strip() for ln in value.splitlines()]
-    if isinstance(value, dict):
-        return [repr(value), *(f"{k!r}: {v!r}" for k, v in value.items())]
-    return [] if repr(value).startswith("<") else [repr(value)]  # computed at grade time: nothing to find
-
-
 def _strings(value) -> list[str]:
     if isinstance(value, str):
         return [value]
@@ -414,16 +381,16 @@ def _public_text() -> str:
 
 def test_tree_holds_no_solution_and_no_reference_answer(tree):
     public = _public_text()
-    solutions = {s for s in _solution_lines() if s not in public}
-    references = {s: k for k, ex in all_exercises().items() for ln in _reference_lines(ex.reference)
-                  if not _trivial(s := ln) and s not in public}
+    solutions = {s for s in solution_lines() if s not in public}
+    references = {s: k for k, ex in all_exercises().items() for ln in reference_lines(ex.reference)
+                  if not trivial(s := ln) and s not in public}
     # the search finds what it looks for: each secret is in the instructor notebooks or the exercise modules
     instructor = "\n".join(_text(p) for p in NOTEBOOKS)
     # reference functions live in the exercise modules or in the labkit module that teaches them (labkit.handpar)
     graders = "\n".join(p.read_text() for p in (ROOT / "labkit").rglob("*.py"))
     assert len(solutions) >= 40 and all(s in instructor for s in solutions)
     code = {ln.strip() for ex in all_exercises().values() if inspect.isfunction(ex.reference)
-            for ln in _reference_lines(ex.reference)} & set(references)
+            for ln in reference_lines(ex.reference)} & set(references)
     assert len(references) >= 40 and len(code) >= 20 and all(s in graders for s in code)
     leaks = []
     for path in sorted(tree.rglob("*")):

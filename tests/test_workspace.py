@@ -6,7 +6,6 @@ The workspaces here are made from a temporary copy of the checkout's notebooks/ 
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import re
@@ -14,12 +13,12 @@ import shutil
 import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from solution_text import reference_lines, solution_lines, trivial
 
 from labkit.exercises import all_exercises
 from labkit.student import _student_notebook, solution_blocks
@@ -152,41 +151,6 @@ def test_the_progress_cell_of_notebook_00_is_cleared():
 
 # --- no solution in the workspace ------------------------------------------------------------------------------
 
-def _trivial(line: str) -> bool:
-    return len(line) < 12 or not re.search(r"[A-Za-z0-9]", line)
-
-
-def _solution_lines() -> set[str]:
-    """Every non-trivial line inside a solution block of the notebook sources (tools/nbsrc/*.py)."""
-    out = set()
-    for path in sorted((ROOT / "tools" / "nbsrc").glob("*.py")):
-        inside = False
-        for line in path.read_text().splitlines():
-            s = line.strip()
-            if s in ("### BEGIN SOLUTION", "# <!-- BEGIN SOLUTION -->"):
-                inside = True
-            elif s in ("### END SOLUTION", "# <!-- END SOLUTION -->"):
-                inside = False
-            elif inside and not _trivial(s.removeprefix("# ").strip()):
-                out.add(s.removeprefix("# ").strip())
-    return out
-
-
-def _reference_lines(value) -> list[str]:
-    """The text of a registry reference answer: a function's body lines, a string's lines, else reprs."""
-    if inspect.isfunction(value):
-        lines = textwrap.dedent(inspect.getsource(value)).splitlines()
-        body = next(i for i, ln in enumerate(lines) if ln.rstrip().endswith(":") and not ln.startswith("@"))
-        return [ln.strip() for ln in lines[body + 1:]]
-    if isinstance(value, str):
-        return [ln.strip() for ln in value.splitlines()]
-    if isinstance(value, dict):
-        return [repr(value), *(f"{k!r}: {v!r}" for k, v in value.items())]
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):  # a (prediction, result) pair
-        return [repr(value), repr(value[0])] if len(value[0]) >= 12 else [repr(value)]
-    return [] if repr(value).startswith("<") else [repr(value)]  # computed when graded: nothing to find
-
-
 def _strings(value) -> list[str]:
     if isinstance(value, str):
         return [value]
@@ -223,9 +187,9 @@ def test_no_solution_text_in_the_workspace(checkout):
     _edit_upstream(checkout / "notebooks" / NOTEBOOKS[1].name, "A new paragraph upstream.")
     assert update_workspace(checkout).beside
     public = _public_text()
-    solutions = {s for s in _solution_lines() if s not in public}
-    references = {s: k for k, ex in all_exercises().items() for ln in _reference_lines(ex.reference)
-                  if not _trivial(s := ln) and s not in public}
+    solutions = {s for s in solution_lines() if s not in public}
+    references = {s: k for k, ex in all_exercises().items() for ln in reference_lines(ex.reference)
+                  if not trivial(s := ln) and s not in public}
     assert len(solutions) >= 40 and len(references) >= 40
 
     def leaks(files: list[Path]) -> list[str]:
