@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit import device as dev_gate
+from labkit import precision
 
 __all__ = [
     "KernelRef",
@@ -271,12 +272,15 @@ def source(obj: Any) -> str:
 
 
 def _dtype(dtype: Any) -> torch.dtype:
-    names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-             "fp16": torch.float16, "float16": torch.float16}
+    allowed = (torch.float32, torch.bfloat16, torch.float16)
     if isinstance(dtype, str):
-        if dtype not in names:
-            raise ValueError(f"dtype must be one of {sorted(names)} or a torch float dtype, got {dtype!r}")
-        return names[dtype]
+        try:
+            dt = precision.dtype(dtype)
+        except (KeyError, ValueError):
+            dt = None
+        if dt not in allowed:
+            raise ValueError(f"dtype must be fp32, bf16 or fp16 (a name or a torch dtype), got {dtype!r}")
+        return dt
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype or a name such as 'bf16', got {type(dtype).__name__}")
     if dtype not in _FLOAT_DTYPES:
