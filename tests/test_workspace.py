@@ -21,7 +21,7 @@ from nbclient import NotebookClient
 from solution_text import reference_lines, solution_lines, trivial
 
 from labkit.exercises import all_exercises
-from labkit.student import _student_notebook, solution_blocks
+from labkit.student import _student_notebook, shows_a_verdict, solution_blocks
 from labkit.workspace import (
     CLEAR_TAG,
     MARKER,
@@ -127,7 +127,7 @@ def test_fresh_clone_gets_a_workspace_of_student_copies(checkout):
                    for c in json.loads(_student_notebook(ref)[0])["cells"]]
         for a, b, s in zip(theirs, got[1:], student):
             blocks = solution_blocks(a["source"], a["cell_type"])
-            verdict = any(VERDICT.search("".join(_strings(o))) for o in a.get("outputs", []))
+            verdict = shows_a_verdict(a)
             if CLEAR_TAG in a["metadata"].get("tags", []) or (verdict and not blocks):
                 # the learner's own state (progress), or a reference answer's verdict (reveal's ✓): cleared
                 assert b["outputs"] == [] and b["execution_count"] is None

@@ -11,6 +11,7 @@ and is found again, and the idle culler stops it, which cancels the job too.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ipaddress
 import json
@@ -283,6 +284,13 @@ def text_of(outputs: list[dict]) -> str:
 
 def test_hub_spawns_slurm_jobs_isolates_users_and_cancels_them(hub: Hub, cluster: NsCluster, record_property):
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    # In the full suite the browser tests' session-scoped Playwright keeps an asyncio loop running in this thread,
+    # and sync_playwright refuses to start inside one: the scenario runs in a thread of its own.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(_hub_scenario, hub, cluster, record_property).result()
+
+
+def _hub_scenario(hub: Hub, cluster: NsCluster, record_property) -> None:
     from playwright.sync_api import sync_playwright
 
     ada, bo = hub.users["ada"], hub.users["bo"]
