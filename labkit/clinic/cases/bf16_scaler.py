@@ -20,13 +20,13 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     """The training loop as the learner reads it. Introduced in notebook 13."""
     import torch
 
-    from labkit import data, models
+    from labkit import data, models, precision
 
     task = data.make_token_task("reverse", n=512, n_digits=6, vocab_size=12, seed=0)
     batches = data.Batches(task.inputs, task.targets, batch_size=32, seed=0)
     model = models.TinyGPT(vocab_size=12, seq_len=12, seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg["precision"]]
+    dtype = precision.dtype(cfg["precision"])
     scaler = torch.amp.GradScaler("cpu", growth_interval=cfg["growth_interval"], enabled=cfg["grad_scaler"])
     log: dict[str, Any] = {"loss": [], "scale": [], "skipped": [], "max_scaled_grad": [], "scaler_s": 0.0}
     for step in range(cfg["steps"]):

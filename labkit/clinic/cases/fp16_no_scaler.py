@@ -21,7 +21,7 @@ def train(cfg: dict[str, Any]) -> dict[str, list[float]]:
     import torch.nn.functional as F
     from torch import nn
 
-    from labkit import data
+    from labkit import data, precision
 
     x, y = data.make_regression(n=1024, in_features=16, out_features=256, target_scale=1e-4, seed=0)
     batches = data.Batches(x, y, batch_size=128, seed=0)
@@ -30,7 +30,7 @@ def train(cfg: dict[str, Any]) -> dict[str, list[float]]:
     nn.init.zeros_(model[-1].weight)
     nn.init.zeros_(model[-1].bias)
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[cfg["precision"]]
+    dtype = precision.dtype(cfg["precision"])
     scaler = torch.amp.GradScaler("cpu", enabled=cfg["loss_scaling"])  # disabled: scale() and step() pass through
     log: dict[str, list[float]] = {"loss": [], "zero_grads": []}
     largest = 2 * float(y.abs().max()) / (128 * 256)  # the output starts at 0: pred - y = -y
