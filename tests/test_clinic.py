@@ -1,8 +1,8 @@
 """labkit.clinic: every case's broken run shows its symptom, its reference fix removes it, its typical wrong fix is
 graded wrong; the table is consistent; no process outlives a case, hangs and timeouts included.
 
-The runs are shared: one module fixture makes every case's broken, fixed and wrongly fixed run once (the one-process
-cases in a single Python process with ``run_cases``, the 2-rank ones through torchrun), inside a process watcher.
+The runs are shared: one module fixture makes every case's broken, fixed and wrongly fixed run once (with
+``run_cases``: the one-process cases in one Python process, the 2-rank ones through torchrun), inside a process watcher.
 The runner remembers them, so the graders below (and ``tests/test_exercises.py`` in the same session) reuse them.
 """
 
@@ -14,16 +14,16 @@ import re
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from labkit import clinic
-from labkit.clinic import CASES
+from labkit.clinic import CASES, runner
 from labkit.clinic._script import merge_config
+from labkit.dist import parse_result
 from labkit.exercises import all_exercises
 
 KEYS = list(CASES)
-ONE = [k for k in KEYS if CASES[k].nproc == 1]
-TWO = [k for k in KEYS if CASES[k].nproc == 2]
 DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 
 
@@ -32,14 +32,15 @@ def runs(watch_processes):
     """{(key, "broken" | "fix" | "wrong" | "detail"): CaseRun}, every run made inside one process watcher."""
     out = {}
     with watch_processes() as w:
-        plan = [(k, label, fix) for k in ONE for label, fix in
-                (("broken", None), ("fix", CASES[k].fix), ("wrong", CASES[k].wrong_fix))]
-        for (k, label, _), run in zip(plan, clinic.run_cases([(k, fix) for k, _, fix in plan])):
+        # the runs that must fail, two jobs at a time (a launch that waits for a timeout overlaps with another)
+        plan = [(k, label, fix) for k in KEYS for label, fix in (("broken", None), ("wrong", CASES[k].wrong_fix))]
+        for (k, label, _), run in zip(plan, clinic.run_cases([(k, fix) for k, _, fix in plan], parallel=2)):
             out[(k, label)] = run
-        for k in TWO:
-            for label, fix in (("broken", None), ("fix", CASES[k].fix), ("wrong", CASES[k].wrong_fix)):
-                out[(k, label)] = clinic.run_case(k, fix)
+        # the runs that must succeed, one job at a time: their short process-group timeouts get no competition
+        for k, run in zip(KEYS, clinic.run_cases([(k, CASES[k].fix) for k in KEYS])):
+            out[(k, "fix")] = run
         out[("hang", "detail")] = clinic.run_case("hang", env=DETAIL)
+        clinic.shutdown()  # the zygote that forks one-process runs: it lives until asked (or until this process ends)
     out["leftovers"] = w.leftovers()
     return out
 
@@ -92,8 +93,8 @@ def test_settings_are_checked_before_anything_runs():
         clinic.run_case("clip", {"unscale_first": 1})
     with pytest.raises(ValueError, match="unknown case"):
         clinic.run_case("nope")
-    with pytest.raises(ValueError, match="run it with run_case"):
-        clinic.run_cases(["hang"])
+    with pytest.raises(ValueError, match="parallel must be 1 or 2"):
+        clinic.run_cases(["hang"], parallel=3)
     with pytest.raises(ValueError):
         clinic.run_case("hang", env={"RANK": "3"})
     assert merge_config({"a": 1.0, "b": None}, {"a": 2, "b": "x"}) == {"a": 2.0, "b": "x"}
@@ -170,7 +171,7 @@ def test_no_case_leaves_a_process_behind(runs):
 
 def test_a_hang_stopped_by_the_runner_leaves_nothing(watch_processes):
     with watch_processes() as w:
-        run = clinic.run_case("hang", {"pg_timeout_s": 120.0}, timeout=15, fresh=True)
+        run = clinic.run_case("hang", {"pg_timeout_s": 120.0}, timeout=8, fresh=True)
     assert run.timed_out and run.result is None and run.symptom
     assert "still wait" in run.finding.summary
     assert w.leftovers() == []
@@ -178,17 +179,25 @@ def test_a_hang_stopped_by_the_runner_leaves_nothing(watch_processes):
 
 def test_a_one_process_case_stopped_by_the_runner_takes_its_workers_with_it(watch_processes):
     with watch_processes() as w:  # a run far too long for its timeout, stopped while its 4 DataLoader workers read
-        run = clinic.run_case("loader", {"num_workers": 4, "steps": 100_000}, timeout=12, fresh=True)
-    assert run.timed_out and run.result is None and run.symptom
+        run = clinic.run_case("loader", {"num_workers": 4, "steps": 100_000}, timeout=6, fresh=True)
+        after = clinic.run_case("clip", fresh=True)  # the zygote outlived the killed run and still works
+        clinic.shutdown()
+    assert run.timed_out and run.result is None and run.symptom and after.symptom
     assert len(w.seen) >= 5, "the workers never started: the test did not test what it says"
     assert w.leftovers() == []
 
 
-def test_a_case_runs_the_same_way_alone_as_in_a_batch(runs):
-    alone = clinic.run_case("softmax", fresh=True)
-    batched = runs[("softmax", "broken")]
-    assert alone.symptom and alone.result["first_nonfinite"] == batched.result["first_nonfinite"]
-    assert alone.result["scale"] == batched.result["scale"]
+def test_a_case_runs_the_same_way_as_a_plain_process_as_forked_and_batched(runs, watch_processes):
+    """Where there is no fork (not Linux), the runner starts ``python -m <case>``: the same evidence, no leftovers."""
+    rc, log, timed_out = runner._run_single(CASES["softmax"].module, ["--config", "{}"], {}, 60.0, None)
+    alone = parse_result(log)
+    batched = runs[("softmax", "broken")].result
+    assert rc == 0 and not timed_out and alone["first_nonfinite"] == batched["first_nonfinite"]
+    assert alone["scale"] == batched["scale"] == clinic.run_case("softmax", fresh=True).result["scale"]
+    with watch_processes() as w:  # a plain process stopped at its timeout takes its DataLoader workers with it
+        cfg = json.dumps({"num_workers": 4, "steps": 100_000})
+        rc, _, timed_out = runner._run_single(CASES["loader"].module, ["--config", cfg], {}, 8.0, None)
+    assert rc is None and timed_out and len(w.seen) >= 5 and w.leftovers() == []
 
 
 def test_the_rendezvous_case_uses_a_port_nobody_listens_on(runs):
@@ -203,3 +212,19 @@ def test_reading_a_cases_settings_imports_neither_torch_nor_deepspeed():
             "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_shutdown_stops_the_zygote_and_a_later_run_starts_it_again(watch_processes):
+    with watch_processes() as w:
+        clinic.shutdown()
+        assert clinic.run_case("bf16-scaler", fresh=True).symptom
+        zygotes = [p for p in w.seen if "labkit.clinic._zygote" in " ".join(_cmdline(p[0]))]
+        clinic.shutdown()
+    assert zygotes and w.leftovers() == []
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []

@@ -30,9 +30,10 @@ from labkit.clinic.runner import (
     run_case,
     run_cases,
     settings,
+    shutdown,
     source,
 )
 from labkit.clinic.table import CASES, Case, Cause, Finding, lr_ratio
 
 __all__ = ["CASES", "Case", "CaseRun", "Cause", "Finding", "causes", "clear_cache", "grade_cause", "grade_fix",
-           "lr_ratio", "run_case", "run_cases", "settings", "source"]
+           "lr_ratio", "run_case", "run_cases", "settings", "shutdown", "source"]

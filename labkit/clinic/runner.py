@@ -3,10 +3,11 @@
 :func:`run_case` starts the case's script with the settings changed by ``fix`` and returns a :class:`CaseRun`:
 the script's log as it printed it, its result (the evidence it measured), the error when it failed, and the
 case's verdict (``run.finding``). Two-rank cases go through :func:`labkit.dist.launch` (torchrun, a free port,
-a timeout, every process killed at the end). One-process cases need no rendezvous: they run as
-``python -m labkit.clinic.cases.<name>`` in a session of their own, with the same guarantees (a timeout, the
-log kept, and every process of that session, DataLoader workers included, killed at the end), which saves
-torchrun's own start-up. Runs are remembered by (case, settings, environment) for the life of the process, so
+a timeout, every process killed at the end). One-process cases need no rendezvous: each runs in a process of its
+own, in a session of its own, with the same guarantees (a timeout, the log kept, and every process of that
+session, DataLoader workers included, killed at the end). On Linux that process is forked from a helper that has
+imported torch once (:mod:`labkit.clinic._zygote`, stopped by :func:`shutdown` and when this process ends), which
+saves two seconds of start-up per run; elsewhere it is ``python -m labkit.clinic.cases.<name>``. Runs are remembered by (case, settings, environment) for the life of the process, so
 that a cell run twice, or a grader, does not pay twice; ``fresh=True`` runs again.
 
 :func:`grade_cause` and :func:`grade_fix` are what notebook 13's exercises call: the second runs the case with the
@@ -17,6 +18,7 @@ Introduced in notebook 13.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import inspect
@@ -28,9 +30,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +44,7 @@ from labkit.clinic.table import CASES, Case, Finding
 from labkit.dist import LaunchError, LaunchTimeout, launch, parse_result
 
 __all__ = ["CaseRun", "causes", "clear_cache", "grade_cause", "grade_fix", "run_case", "run_cases", "settings",
-           "source"]
+           "shutdown", "source"]
 
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 #: Variables of an outer launch that a case's own processes must not inherit.
@@ -244,6 +248,128 @@ def _run_single(module: str, args: list[str], env: dict[str, str], timeout: floa
     return (None if timed_out else proc.returncode), "\n".join(lines), timed_out
 
 
+class _Zygote:
+    """The runner's side of :mod:`labkit.clinic._zygote`: start it, send it a run, follow the run's log, stop it."""
+
+    def __init__(self) -> None:
+        child_env = dict(os.environ)
+        for k in _RANK_VARS:
+            child_env.pop(k, None)
+        child_env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen([sys.executable, "-m", "labkit.clinic._zygote"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
+                                     start_new_session=True, env=child_env)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, name="labkit-clinic-zygote", daemon=True).start()
+        if self._next(120.0) != "READY":
+            self.stop()
+            raise RuntimeError("the clinic's zygote process did not start")
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def _next(self, timeout: float) -> str | None:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, module: str, args: list[str], env: dict[str, str], timeout: float,
+            echo: Callable[[str], None] | None) -> tuple[int | None, str, bool]:
+        """Run one module in a fresh fork; return (exit status or None, log, timed out), as _run_single does."""
+        with tempfile.TemporaryDirectory(prefix="labkit-clinic-") as tmp:
+            path = os.path.join(tmp, "log")
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"module": module, "args": args, "env": env, "log": path}) + "\n")
+            self.proc.stdin.flush()
+            head = self._next(30.0) or ""
+            if not head.startswith("PID "):
+                raise RuntimeError(f"the clinic's zygote did not start the run (it said {head!r})")
+            pid = int(head.split()[1])
+            deadline = time.monotonic() + timeout
+            lines: list[str] = []
+            status: int | None = None
+            timed_out = False
+            with open(path, "a+", errors="replace") as log:
+                log.seek(0)
+                pending = ""
+                while True:
+                    reply = self._next(0.1)
+                    pending += log.read()
+                    *done, pending = pending.split("\n")
+                    for line in done:
+                        lines.append(line)
+                        if echo is not None:
+                            echo(line)
+                    if reply is None:
+                        raise RuntimeError("the clinic's zygote ended during a run")
+                    if reply.startswith("EXIT "):
+                        status = int(reply.split()[1])
+                        break
+                    if not timed_out and time.monotonic() > deadline:
+                        timed_out = True  # kill the run's whole session; the zygote then answers EXIT
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(pid, signal.SIGKILL)
+                pending += log.read()
+                for line in [ln for ln in pending.split("\n") if ln]:
+                    lines.append(line)
+                    if echo is not None:
+                        echo(line)
+        return (None if timed_out else status), "\n".join(lines), timed_out
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+_ZYGOTE: _Zygote | None = None
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def shutdown() -> None:
+    """Stop the clinic's helper process (the zygote that forks one-process runs), if it runs. Runs again on demand.
+
+    Introduced in notebook 13.
+    """
+    global _ZYGOTE
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE is not None:
+            _ZYGOTE.stop()
+            _ZYGOTE = None
+
+
+atexit.register(shutdown)
+
+
+def _run_process(module: str, args: list[str], env: dict[str, str], timeout: float,
+                 echo: Callable[[str], None] | None) -> tuple[int | None, str, bool]:
+    """Run a one-process case module: forked from the zygote on Linux, else (or if it cannot start) a new Python."""
+    global _ZYGOTE
+    if sys.platform != "linux":
+        return _run_single(module, args, env, timeout, echo)
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE is None or not _ZYGOTE.alive():
+            try:
+                _ZYGOTE = _Zygote()
+            except (OSError, RuntimeError):
+                _ZYGOTE = None
+                return _run_single(module, args, env, timeout, echo)
+        return _ZYGOTE.run(module, args, env, timeout, echo)
+
+
 def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str] | None = None,
              stream: bool = False, timeout: float | None = None, fresh: bool = False) -> CaseRun:
     """Run case ``key`` with the settings in ``fix`` changed (``None``: the broken run) and return its :class:`CaseRun`.
@@ -266,7 +392,8 @@ def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str]
     cache_key = (key, json.dumps(cfg, sort_keys=True), tuple(sorted(extra.items())))
     if not fresh and cache_key in _CACHE:
         return _CACHE[cache_key]
-    # every process gets its own random hash seed, as a fresh `python` does, even where the caller pinned one
+    # a freshly started process gets its own random hash seed, as `python` does, even where the caller pinned one
+    # (case 8's two runs depend on it; forked one-process runs share the zygote's, and none depends on it)
     run_env = {"PYTHONHASHSEED": "random", **extra}
     echo = print if stream else None
     with contextlib.ExitStack() as stack:
@@ -275,7 +402,7 @@ def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str]
         args = ["--config", json.dumps(cfg)]
         t0 = time.perf_counter()
         if case.nproc == 1:
-            rc, log, timed_out = _run_single(case.module, args, run_env, float(limit), echo)
+            rc, log, timed_out = _run_process(case.module, args, run_env, float(limit), echo)
             error = "" if rc == 0 else ("stopped at the runner's timeout" if timed_out else _traceback(log))
         else:
             lines: list[str] = []
@@ -300,19 +427,55 @@ def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str]
     return run
 
 
-def run_cases(requests: list[Any], *, stream: bool = False) -> list[CaseRun]:
-    """Run several one-process cases in one Python process, one after the other; return their runs in order.
+def _run_batch(todo: list[tuple[Case, dict[str, Any], Any]], stream: bool) -> None:
+    """Run one-process cases one after the other in one Python process; remember each case's run."""
+    arg = json.dumps([[case.module, cfg] for case, cfg, _ in todo])
+    t0 = time.perf_counter()
+    rc, log, timed_out = _run_process("labkit.clinic._batch", ["--plan", arg], {},
+                                      sum(case.timeout_s for case, _, _ in todo), print if stream else None)
+    seconds = time.perf_counter() - t0
+    parts: dict[int, list[str]] = {}
+    status: dict[int, int] = {}
+    current = None
+    for line in log.splitlines():
+        if line.startswith(_batch.BEGIN):
+            current = int(line[len(_batch.BEGIN):])
+            parts[current] = []
+        elif line.startswith(_batch.END):
+            i, code = line[len(_batch.END):].split()
+            status[int(i)] = int(code)
+            current = None
+        elif current is not None:
+            parts[current].append(line)
+    for i, (case, cfg, ck) in enumerate(todo):
+        text = "\n".join(parts.get(i, []))
+        code = status.get(i)
+        error = "" if code == 0 else (_traceback(text) if code is not None else
+                                      "the batch process ended before this case finished"
+                                      + (" (stopped at the runner's timeout)" if timed_out else ""))
+        _CACHE[ck] = CaseRun(case.key, cfg, {}, 1, parse_result(text) if code == 0 else None, text, error, code,
+                             timed_out and code is None, seconds / len(todo))
 
-    ``requests`` holds case keys (the broken run) or ``(key, fix)`` pairs. Runs already made are taken from the
-    memory of :func:`run_case`, and the new ones are remembered there too, so a later ``run_case`` with the same
-    settings returns at once. Each case is its script's ``main``, as in its own process; one start-up of Python and
-    torch is shared. Two-rank cases raise ``ValueError`` (they need torchrun: use :func:`run_case`).
+
+def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -> list[CaseRun]:
+    """Run several cases and return their runs, in the order asked; the runs are remembered as :func:`run_case`'s.
+
+    ``requests`` holds case keys (the broken run) or ``(key, fix)`` pairs. The one-process cases run one after the
+    other in a single Python process (each is its script's ``main``, as in a process of its own; they share one
+    start-up of Python and torch). Each 2-rank case is its own torchrun launch. ``parallel`` (1 or 2) is how many of
+    these jobs (the one-process batch counting as one) run at a time: with 2, a launch that mostly waits (for a
+    timeout, a rendezvous) overlaps with another one's work. Every job has finished, and left no process behind,
+    when this returns. Runs already made are not made again.
 
     Introduced in notebook 13.
     """
     if isinstance(requests, (str, bytes)) or not isinstance(requests, (list, tuple)):
         raise TypeError("requests must be a list of case keys or (key, fix) pairs")
-    plan: list[tuple[Case, dict[str, Any], tuple[str, str, tuple[tuple[str, str], ...]]]] = []
+    if isinstance(parallel, bool) or parallel not in (1, 2):
+        raise ValueError(f"parallel must be 1 or 2 (jobs at a time on a small machine), got {parallel!r}")
+    if not isinstance(stream, bool):
+        raise TypeError("stream must be True or False")
+    plan: list[tuple[Case, dict[str, Any], Any]] = []
     for req in requests:
         if isinstance(req, str):
             key, fix = req, None
@@ -321,45 +484,34 @@ def run_cases(requests: list[Any], *, stream: bool = False) -> list[CaseRun]:
         else:
             raise TypeError(f"each request is a case key or a (key, fix) pair, got {req!r}")
         case = _case(key)
-        if case.nproc != 1:
-            raise ValueError(f"case {key!r} runs on {case.nproc} ranks: run it with run_case")
         cfg = merge_config(settings(key), fix)
         plan.append((case, cfg, (key, json.dumps(cfg, sort_keys=True), ())))
-    if not isinstance(stream, bool):
-        raise TypeError("stream must be True or False")
     todo, seen = [], set()
     for case, cfg, ck in plan:
         if ck not in _CACHE and ck not in seen:
             seen.add(ck)
             todo.append((case, cfg, ck))
-    if todo:
-        arg = json.dumps([[case.module, cfg] for case, cfg, _ in todo])
-        t0 = time.perf_counter()
-        rc, log, timed_out = _run_single("labkit.clinic._batch", ["--plan", arg], {"PYTHONHASHSEED": "random"},
-                                         sum(case.timeout_s for case, _, _ in todo), print if stream else None)
-        seconds = time.perf_counter() - t0
-        parts: dict[int, list[str]] = {}
-        status: dict[int, int] = {}
-        current = None
-        for line in log.splitlines():
-            if line.startswith(_batch.BEGIN):
-                current = int(line[len(_batch.BEGIN):])
-                parts[current] = []
-            elif line.startswith(_batch.END):
-                i, code = line[len(_batch.END):].split()
-                status[int(i)] = int(code)
-                current = None
-            elif current is not None:
-                parts[current].append(line)
-        for i, (case, cfg, ck) in enumerate(todo):
-            text = "\n".join(parts.get(i, []))
-            code = status.get(i)
-            error = "" if code == 0 else (_traceback(text) if code is not None else
-                                          "the batch process ended before this case finished"
-                                          + (" (stopped at the runner's timeout)" if timed_out else ""))
-            _CACHE[ck] = CaseRun(case.key, cfg, {}, 1, parse_result(text) if code == 0 else None, text, error, code,
-                                 timed_out and code is None, seconds / len(todo))
+    jobs: list[Callable[[], Any]] = []
+    single = [t for t in todo if t[0].nproc == 1]
+    if single:
+        jobs.append(lambda: _run_batch(single, stream))
+    for case, cfg, _ in todo:
+        if case.nproc > 1:
+            jobs.append(lambda key=case.key, cfg=cfg: run_case(key, _changes(key, cfg), stream=stream))
+    if parallel == 1 or len(jobs) < 2:
+        for job in jobs:
+            job()
+    else:
+        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="labkit-clinic") as pool:
+            for future in [pool.submit(job) for job in jobs]:
+                future.result()
     return [_CACHE[ck] for _, _, ck in plan]
+
+
+def _changes(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The settings of ``cfg`` that differ from the case's defaults (what run_case takes as a fix)."""
+    defaults = settings(key)
+    return {k: v for k, v in cfg.items() if defaults[k] != v or type(defaults[k]) is not type(v)}
 
 
 def _letter(answer: Any) -> str | None:

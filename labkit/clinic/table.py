@@ -272,8 +272,8 @@ _ROWS = (
                   "The learning rate is the recipe's. Look at the norm the clip saw: tens of thousands for a model "
                   "whose loss is below 1. Those are scaled gradients, and the clip shrinks them."),
             Cause("clip_grad_norm_ runs on the scaled gradients, before scaler.unscale_: it sees the norm times the "
-                  "loss scale, clips that to 1.0, and the true gradients end up about 65536 times too small.",
-                  "The clip saw about 65536 x the true norm; after scaler.step unscales, the update is tiny."),
+                  "loss scale, clips that to 1.0, and the true gradients end up tens of thousands of times too small.",
+                  "The clip saw 65536 x the true norm; after scaler.step unscales, the update is tiny."),
             Cause("fp16 gradients underflow to zero.",
                   "Then the clip would have seen a small or zero norm, not tens of thousands, and the scaler "
                   "would have nothing to do with it."),
@@ -309,9 +309,9 @@ _ROWS = (
                   "A zero last layer only blocks the gradient to the layers below it. Its own gradient, the output "
                   "gradient times the hidden activations, is not zero, yet it is 0 here too."),
             Cause("The gradients are below fp16's smallest subnormal (about 6e-8) and flush to zero: the loss is "
-                  "about 1e-9, averaged over 128 x 256 outputs, and nothing scales it up before backward.",
-                  "Exactly 0 everywhere, from the first step: the gradient of the output, 2(pred - y)/N, is a few "
-                  "times 1e-9 and becomes 0 when it is cast to fp16."),
+                  "a few times 1e-9, averaged over 128 x 256 outputs, and nothing scales it up before backward.",
+                  "Exactly 0 everywhere, from the first step: the gradient of the output, 2(pred - y)/N, is at most "
+                  "about 2e-8, less than half the smallest subnormal, and rounds to 0 when it is cast to fp16."),
             Cause("The data loader returns the same batch every step.",
                   "Training on one batch over and over still gives non-zero gradients and a falling loss; these "
                   "gradients are exactly 0."),
@@ -474,8 +474,8 @@ _ROWS = (
         symptom="the profiler's top row is the DataLoader's __next__: every step waits as long as reading a batch takes",
         causes=(
             Cause("The model is too slow: compute dominates.",
-                  "'compute: forward, backward, step' is about a quarter of the time; the DataLoader's __next__ is "
-                  "the top row."),
+                  "'compute: forward, backward, step' takes a minority of the time; the DataLoader's __next__ is the "
+                  "top row."),
             Cause("The training process reads and collates every batch itself, record after record, while the model "
                   "waits (num_workers=0: no background workers, no prefetching).",
                   "_SingleProcessDataLoaderIter.__next__ holds most of the self CPU time: the reads happen in the "

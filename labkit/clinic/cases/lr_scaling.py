@@ -77,6 +77,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from labkit.dist import run_rank_main
+    from labkit.clinic._script import run_rank
 
-    run_rank_main(main)
+    run_rank(main)  # records a failure for torchrun, then ends the process at once
