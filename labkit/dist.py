@@ -730,7 +730,7 @@ def emit_result(result: dict[str, Any]) -> None:
     print(RESULT_PREFIX + json.dumps(result, allow_nan=True), flush=True)
 
 
-def run_rank_main(main: Callable[[], int]) -> NoReturn:
+def run_rank_main(main: Callable[[], int], *, exit_on_error: bool = False) -> NoReturn:
     """Run a recipe's ``main`` on one rank, flush its output, and end the process without C++ teardown.
 
     With gloo (and DeepSpeed), a rank that has already printed its result and destroyed its process
@@ -739,11 +739,23 @@ def run_rank_main(main: Callable[[], int]) -> NoReturn:
     that teardown with ``os._exit`` after flushing is safe here: results, checkpoints and logs are all
     written before ``main`` returns. A Python exception still propagates (and torchrun's ``record``
     writes its error file) because it happens inside ``main``.
+
+    ``exit_on_error=True`` also ends a rank that raised at once (exit status 1), after ``record`` has written
+    the error file and the traceback is printed: a rank whose process group broke can otherwise spend seconds in
+    C++ teardown (gloo and store threads). Notebook 13's clinic cases, which fail on purpose, use it.
     Introduced in notebook 09.
     """
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    rc = record(main)()
+    if not isinstance(exit_on_error, bool):
+        raise TypeError(f"exit_on_error must be True or False, got {exit_on_error!r}")
+    try:
+        rc = record(main)()
+    except BaseException:
+        if not exit_on_error:
+            raise
+        sys.excepthook(*sys.exc_info())
+        rc = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(rc or 0))

@@ -93,6 +93,35 @@ def test_launch_returns_rank0_result_and_streams_every_rank(tmp_path, watch_proc
     assert w.leftovers() == []
 
 
+# A rank that raises while a non-daemon thread still runs (as gloo's and the store's threads do after a broken
+# process group): without exit_on_error the interpreter would wait 120 s for that thread before the rank ended.
+RAISE_WITH_THREAD_SCRIPT = """
+import os, threading, time
+from labkit.dist import run_rank_main
+
+def main():
+    threading.Thread(target=time.sleep, args=(120,)).start()
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("rank one broke on purpose")
+    return 0
+
+run_rank_main(main, exit_on_error=True)
+"""
+
+
+def test_run_rank_main_exit_on_error_ends_a_failing_rank_at_once(tmp_path, watch_processes):
+    script = _write(tmp_path, "raise_thread.py", RAISE_WITH_THREAD_SCRIPT)
+    t0 = time.monotonic()
+    with watch_processes() as w, pytest.raises(LaunchError) as info:
+        launch(script, nproc=2, timeout=90, stream=False)
+    assert not isinstance(info.value, LaunchTimeout)
+    assert info.value.rank == 1 and "rank one broke on purpose" in info.value.rank_traceback
+    assert time.monotonic() - t0 < 60, "the failing rank waited for its thread"
+    assert w.leftovers() == []
+    with pytest.raises(TypeError, match="exit_on_error"):
+        dist.run_rank_main(lambda: 0, exit_on_error="yes")
+
+
 def test_launch_without_result_line_returns_none(tmp_path):
     script = _write(tmp_path, "quiet.py", "print('no result here')\n")
     assert launch(script, nproc=1, timeout=60, stream=False) is None

@@ -15,11 +15,10 @@ import argparse
 import json
 import math
 import os
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["finish", "merge_config", "read_config", "run_rank"]
+__all__ = ["finish", "merge_config", "read_config"]
 
 
 def _same_kind(default: Any, value: Any) -> bool:
@@ -78,25 +77,3 @@ def finish(evidence: dict[str, Any]) -> None:
 
     if int(os.environ.get("RANK", "0")) == 0:
         emit_result(evidence)
-
-
-def run_rank(main: Callable[[], int]) -> None:
-    """Run a 2-rank case's ``main`` on this rank, as :func:`labkit.dist.run_rank_main` does, and end at once either way.
-
-    Like ``run_rank_main`` it records the error for torchrun (the error file that :func:`labkit.dist.launch` reads
-    to name the failing rank) and ends with ``os._exit``. Unlike it, a rank that raised also ends at once, after
-    printing its traceback: the clinic's cases fail on purpose, and a rank whose process group broke spends
-    seconds in C++ teardown (gloo and store threads) before it exits. Introduced in notebook 13.
-    """
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    try:
-        rc = record(main)()
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(int(rc or 0))

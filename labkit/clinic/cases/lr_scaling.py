@@ -77,6 +77,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from labkit.clinic._script import run_rank
+    from labkit.dist import run_rank_main
 
-    run_rank(main)  # records a failure for torchrun, then ends the process at once
+    run_rank_main(main, exit_on_error=True)  # records a failure for torchrun, then ends the process at once
