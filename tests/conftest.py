@@ -16,10 +16,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from needs import IN_CI
 
 ROOT = Path(__file__).resolve().parents[1]
 
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
 @pytest.hookimpl(hookwrapper=True)

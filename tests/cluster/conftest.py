@@ -21,27 +21,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from classenv import ClassEnv
+from needs import require_root_and_tools
 from nscluster import APT_PACKAGES, MARKER, ClusterError, ClusterUser, NsCluster, cleanup_stale, missing_tools
 
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 REPO = Path(__file__).resolve().parents[2]
-
-
-def unavailable(reason: str) -> None:
-    """Fail in CI, skip elsewhere: a missing tool must never pass silently in CI."""
-    if IN_CI:
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[NsCluster]:
     """The running namespace cluster; torn down at the end of the session (and checked to be gone)."""
-    missing = missing_tools()
-    if missing:
-        unavailable(f"the namespace cluster needs {', '.join(missing)} (apt-get install -y {APT_PACKAGES})")
-    if os.geteuid() != 0:
-        unavailable("the namespace cluster needs root")
+    require_root_and_tools("the namespace cluster", missing_tools(), APT_PACKAGES)
     stale = cleanup_stale()
     if stale:
         print(f"\nremoved the leftovers of earlier cluster runs: {', '.join(stale)}")

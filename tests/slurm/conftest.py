@@ -7,7 +7,6 @@ Where they are missing the tests skip; in CI (``CI=true``) the fixture fails ins
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import sys
@@ -20,26 +19,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_cluster import APT_PACKAGES, ClusterUnavailable, LocalCluster, missing_tools
+from needs import require_root_and_tools
 
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def unavailable(reason: str) -> None:
-    """Fail in CI, skip elsewhere: a missing tool must never pass silently in CI."""
-    if IN_CI:
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[LocalCluster]:
     """A running single-node Slurm with 8 CPUs and 4 fake GPUs; stopped (and its jobs killed) at the end."""
-    missing = missing_tools()
-    if missing:
-        unavailable(f"the local Slurm needs {', '.join(missing)} (apt-get install -y {APT_PACKAGES})")
-    if os.geteuid() != 0:
-        unavailable("the local Slurm needs root")
+    require_root_and_tools("the local Slurm", missing_tools(), APT_PACKAGES)
     # Not under pytest's basetemp: that is mode 0700, and munged runs as user munge.
     base = Path(tempfile.mkdtemp(prefix="labkit-slurm-"))
     cluster = LocalCluster(base, cpus=8, gpus=4)

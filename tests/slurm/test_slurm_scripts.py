@@ -16,8 +16,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI, ROOT, node_is_loopback
+from conftest import ROOT, node_is_loopback
 from local_cluster import MARKER, LocalCluster
+from needs import IN_CI
 
 SLURM = ROOT / "slurm"
 SCRIPTS = sorted(SLURM.glob("*.sbatch")) + [SLURM / "env.sh"]
