@@ -6,11 +6,51 @@ Shared by tests/test_student.py and tests/test_workspace.py (a helper module, no
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def cells(path: Path) -> list[dict]:
+    """A notebook's cells, each source joined into one string."""
+    return [{**c, "source": "".join(c["source"])} for c in json.loads(path.read_text())["cells"]]
+
+
+def strings(value) -> list[str]:
+    """Every string inside a JSON value (a cell output, a whole notebook)."""
+    if isinstance(value, str):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return [s for item in items for s in strings(item)]
+
+
+def file_text(path: Path) -> str:
+    """A file's text; for a notebook also every JSON string decoded (a source line appears unescaped)."""
+    raw = path.read_bytes().decode("utf-8", "replace")
+    return raw + "\n" + "\n".join(strings(json.loads(raw))) if path.suffix == ".ipynb" else raw
+
+
+def public_text() -> str:
+    """What the reference notebooks show outside any solution: the teaching text and the outputs of cells without
+    a solution, cut here with a plain line scan (not labkit.student), so that a line the lesson itself shows
+    (``scaler.update()``, the ssh example) does not count as a leak."""
+    parts = []
+    for path in NOTEBOOKS:
+        for c in cells(path):
+            lines = c["source"].splitlines()
+            marked = [i for i, ln in enumerate(lines) if "BEGIN SOLUTION" in ln or "END SOLUTION" in ln]
+            if not marked:
+                parts += [c["source"], *(s for o in c.get("outputs", []) for s in strings(o))]
+                continue
+            hidden = {i for a, b in zip(marked[::2], marked[1::2]) for i in range(a, b + 1)}
+            parts.append("\n".join(ln for i, ln in enumerate(lines) if i not in hidden))
+    return "\n".join(parts)
 
 
 def trivial(line: str) -> bool:

@@ -17,7 +17,15 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from solution_text import reference_lines, solution_lines, trivial
+from solution_text import (
+    NOTEBOOKS,
+    cells,
+    file_text,
+    public_text,
+    reference_lines,
+    solution_lines,
+    trivial,
+)
 
 import labkit.student as student
 from labkit.exercises import all_exercises
@@ -32,12 +40,7 @@ from labkit.student import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CHECK = re.compile(r"""check\(\s*["']([^"']+)["']""")
-
-
-def cells(path: Path) -> list[dict]:
-    return [{**c, "source": "".join(c["source"])} for c in json.loads(path.read_text())["cells"]]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -349,43 +352,13 @@ def test_tree_notebooks_are_the_student_build(tree, tmp_path):
     assert set(json.loads((tree / MARKER).read_text())["files"]) == set(snapshot(tree)) - {MARKER}
 
 
-def _strings(value) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
-    return [s for item in items for s in _strings(item)]
-
-
-def _text(path: Path) -> str:
-    """A file's text; for a notebook also every JSON string decoded (a source line appears unescaped)."""
-    raw = path.read_bytes().decode("utf-8", "replace")
-    return raw + "\n" + "\n".join(_strings(json.loads(raw))) if path.suffix == ".ipynb" else raw
-
-
-def _public_text() -> str:
-    """What the instructor notebooks show outside any solution: the teaching text and the outputs of cells
-    without a solution, cut here with a plain line scan (not labkit.student), so that a line the lesson
-    itself shows (``scaler.update()``, the ssh example) does not count as a leak."""
-    parts = []
-    for path in NOTEBOOKS:
-        for c in cells(path):
-            lines = c["source"].splitlines()
-            marked = [i for i, ln in enumerate(lines) if "BEGIN SOLUTION" in ln or "END SOLUTION" in ln]
-            if not marked:
-                parts += [c["source"], *(s for o in c.get("outputs", []) for s in _strings(o))]
-                continue
-            hidden = {i for a, b in zip(marked[::2], marked[1::2]) for i in range(a, b + 1)}
-            parts.append("\n".join(ln for i, ln in enumerate(lines) if i not in hidden))
-    return "\n".join(parts)
-
-
 def test_tree_holds_no_solution_and_no_reference_answer(tree):
-    public = _public_text()
+    public = public_text()
     solutions = {s for s in solution_lines() if s not in public}
     references = {s: k for k, ex in all_exercises().items() for ln in reference_lines(ex.reference)
                   if not trivial(s := ln) and s not in public}
     # the search finds what it looks for: each secret is in the instructor notebooks or the exercise modules
-    instructor = "\n".join(_text(p) for p in NOTEBOOKS)
+    instructor = "\n".join(file_text(p) for p in NOTEBOOKS)
     # reference functions live in the exercise modules or in the labkit module that teaches them (labkit.handpar)
     graders = "\n".join(p.read_text() for p in (ROOT / "labkit").rglob("*.py"))
     assert len(solutions) >= 40 and all(s in instructor for s in solutions)
@@ -395,7 +368,7 @@ def test_tree_holds_no_solution_and_no_reference_answer(tree):
     leaks = []
     for path in sorted(tree.rglob("*")):
         if path.is_file():
-            text = _text(path)
+            text = file_text(path)
             leaks += [f"{path.relative_to(tree)}: solution line {s!r}" for s in solutions if s in text]
             leaks += [f"{path.relative_to(tree)}: reference of {k}: {s!r}"
                       for s, k in references.items() if s in text]

@@ -18,7 +18,16 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from solution_text import reference_lines, solution_lines, trivial
+from solution_text import (
+    NOTEBOOKS,
+    cells,
+    file_text,
+    public_text,
+    reference_lines,
+    solution_lines,
+    strings,
+    trivial,
+)
 
 from labkit.exercises import all_exercises
 from labkit.student import _student_notebook, shows_a_verdict, solution_blocks
@@ -34,14 +43,8 @@ from labkit.workspace import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CHECK = re.compile(r"""(?:check|predict|reveal)\(\s*["']([^"']+)["']""")
 VERDICT = re.compile(r"^[✓✗✎] \d\d\.\S+:", re.M)  # what check, predict and reveal print for an answer
-
-
-def cells(path: Path) -> list[dict]:
-    return [{**c, "source": "".join(c["source"]) if isinstance(c["source"], list) else c["source"]}
-            for c in json.loads(path.read_text())["cells"]]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -145,39 +148,11 @@ def test_the_progress_cell_of_notebook_00_is_cleared():
     ref = ROOT / "notebooks" / "00_environment.ipynb"
     tagged = [c for c in cells(ref) if CLEAR_TAG in c["metadata"].get("tags", []) and "progress()" in c["source"]]
     assert len(tagged) == 1 and tagged[0]["outputs"]
-    assert "record no progress" in "".join(_strings(tagged[0]["outputs"])), \
+    assert "record no progress" in "".join(strings(tagged[0]["outputs"])), \
         "the reference notebooks record nothing, so the stored output does not depend on anyone's progress"
 
 
 # --- no solution in the workspace ------------------------------------------------------------------------------
-
-def _strings(value) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
-    return [s for item in items for s in _strings(item)]
-
-
-def _public_text() -> str:
-    """What the reference notebooks show outside any solution block (teaching text, outputs of other cells):
-    a line the lesson itself shows is no leak."""
-    parts = []
-    for path in NOTEBOOKS:
-        for c in cells(path):
-            lines = c["source"].splitlines()
-            marked = [i for i, ln in enumerate(lines) if "BEGIN SOLUTION" in ln or "END SOLUTION" in ln]
-            if not marked:
-                parts += [c["source"], *(s for o in c.get("outputs", []) for s in _strings(o))]
-                continue
-            hidden = {i for a, b in zip(marked[::2], marked[1::2]) for i in range(a, b + 1)}
-            parts.append("\n".join(ln for i, ln in enumerate(lines) if i not in hidden))
-    return "\n".join(parts)
-
-
-def _text(path: Path) -> str:
-    raw = path.read_bytes().decode("utf-8", "replace")
-    return raw + "\n" + "\n".join(_strings(json.loads(raw))) if path.suffix == ".ipynb" else raw
-
 
 def test_no_solution_text_in_the_workspace(checkout):
     update_workspace(checkout)
@@ -186,7 +161,7 @@ def test_no_solution_text_in_the_workspace(checkout):
     _learner_edits(edited)
     _edit_upstream(checkout / "notebooks" / NOTEBOOKS[1].name, "A new paragraph upstream.")
     assert update_workspace(checkout).beside
-    public = _public_text()
+    public = public_text()
     solutions = {s for s in solution_lines() if s not in public}
     references = {s: k for k, ex in all_exercises().items() for ln in reference_lines(ex.reference)
                   if not trivial(s := ln) and s not in public}
@@ -195,7 +170,7 @@ def test_no_solution_text_in_the_workspace(checkout):
     def leaks(files: list[Path]) -> list[str]:
         found = []
         for path in files:
-            text = _text(path)
+            text = file_text(path)
             found += [f"{path.name}: solution line {s!r}" for s in solutions if s in text]
             found += [f"{path.name}: reference of {k}: {s!r}" for s, k in references.items() if s in text]
         return found
@@ -208,10 +183,10 @@ def test_no_solution_text_in_the_workspace(checkout):
     assert len([p for p in files if p.suffix == ".ipynb"]) == len(NOTEBOOKS) + 1
     assert not leaks(files), "\n".join(leaks(files))
     # nor a verdict on a reference answer: a stored "✓ 00.x: correct. ..." (of a reveal cell) tells the answer
-    assert any(VERDICT.search(_text(p)) for p in NOTEBOOKS), "the reference notebooks show verdicts"
+    assert any(VERDICT.search(file_text(p)) for p in NOTEBOOKS), "the reference notebooks show verdicts"
     shown = [f"{p.name}: {m[0]}" for p in files if p.suffix == ".ipynb"
              for c in cells(p) if c["cell_type"] == "code" for o in c["outputs"]
-             for m in [VERDICT.search("".join(_strings(o)))] if m]
+             for m in [VERDICT.search("".join(strings(o)))] if m]
     assert not shown, shown
 
 
