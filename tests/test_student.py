@@ -17,15 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from solution_text import (
-    NOTEBOOKS,
-    cells,
-    file_text,
-    public_text,
-    reference_lines,
-    solution_lines,
-    trivial,
-)
+from solution_text import NOTEBOOKS, cells, file_text, public_text, reference_lines, solution_lines, trivial
 
 import labkit.student as student
 from labkit.exercises import all_exercises
