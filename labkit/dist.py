@@ -476,6 +476,51 @@ def _quiet_failure_detail(logs: Path, rank: int | None, lines: list[str]) -> str
     return "\n".join(parts)
 
 
+class _LineReader:
+    """A child's output pipe, read on a daemon thread: each line kept in ``lines`` and echoed as it arrives.
+
+    Call :meth:`poll` in the supervising loop and :meth:`finish` once the child's processes are gone (after a
+    kill, too): it collects what was still queued. Shared by :func:`launch` and the clinic's runner.
+    """
+
+    def __init__(self, stream: Any, echo: Callable[[str], None] | None, name: str) -> None:
+        self.lines: list[str] = []
+        self.eof = False
+        self._echo = echo
+        self._q: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._pump, args=(stream,), name=name, daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: Any) -> None:
+        for line in stream:
+            self._q.put(line.rstrip("\n"))
+        self._q.put(None)
+
+    def _keep(self, item: str | None) -> None:
+        if item is None:
+            self.eof = True  # every process that held the pipe has closed it
+        elif item:
+            self.lines.append(item)
+            if self._echo is not None:
+                self._echo(item)
+
+    def poll(self, timeout: float = 0.1) -> None:
+        """Wait up to ``timeout`` seconds for the next line (or the end of the output) and keep it."""
+        try:
+            self._keep(self._q.get(timeout=timeout))
+        except queue.Empty:
+            pass
+
+    def finish(self) -> str:
+        """Stop reading (the pipe's writers are gone), keep what is still queued, and return the whole log."""
+        self._thread.join(timeout=5)
+        while True:
+            try:
+                self._keep(self._q.get_nowait())
+            except queue.Empty:
+                return "\n".join(self.lines)
+
+
 def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[str] = (),
            timeout: float = 120.0, *, stream: bool | Callable[[str], None] = True,
            env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
@@ -533,44 +578,24 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
         child_env.pop(k, None)  # a launch from inside a rank must not inherit that rank's layout
     child_env.update(env or {})
 
-    lines: list[str] = []
-    q: queue.Queue[str | None] = queue.Queue()
     started = time.time()  # wall clock: compared with the mtime of shm buffers the ranks create
     proc = subprocess.Popen(cmd, cwd=str(work), env=child_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1, start_new_session=True)
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            q.put(line.rstrip("\n"))
-        q.put(None)
-
-    reader = threading.Thread(target=pump, name="labkit-launch-reader", daemon=True)
-    reader.start()
+    reader = _LineReader(proc.stdout, echo, "labkit-launch-reader")
     known: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
     timed_out = False
     last_scan = 0.0
     try:
-        eof = False
         while True:
-            try:
-                item = q.get(timeout=0.1)
-            except queue.Empty:
-                item = ""
-            if item is None:
-                eof = True
-            elif item:
-                lines.append(item)
-                if echo is not None:
-                    echo(item)
+            reader.poll()
             now = time.monotonic()
             if now - last_scan > 0.5:  # remember every process the launch starts, to kill them later
                 for p in _descendants(proc.pid):
                     known.setdefault(p.pid, p)
                 last_scan = now
-            if eof and proc.poll() is not None:
+            if reader.eof and proc.poll() is not None:
                 break
             if now > deadline:
                 timed_out = True
@@ -579,20 +604,10 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
         # Runs on success, failure, timeout and KeyboardInterrupt alike.
         leftover = _kill_all(proc, known)
         _remove_launch_shm("127.0.0.1", port, nproc, started)  # a killed rank cannot remove its own
-        reader.join(timeout=5)
-        while True:
-            try:
-                item = q.get_nowait()
-            except queue.Empty:
-                break
-            if item:
-                lines.append(item)
-                if echo is not None:
-                    echo(item)
+        log = reader.finish()
         if proc.stdout is not None:
             proc.stdout.close()
     try:
-        log = "\n".join(lines)
         if timed_out:
             tails = []
             for r in range(nproc):
@@ -619,7 +634,7 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
                 head = f"{who} killed by {sig}" + (f" ({hint})" if hint else "") + (f": {last}" if last else "")
             else:
                 head = f"{where} failed: {last or f'torchrun exit status {rc}'}"
-            detail = tb or _quiet_failure_detail(logs, rank, lines)
+            detail = tb or _quiet_failure_detail(logs, rank, reader.lines)
             raise LaunchError(f"{head}\n\n{detail}".rstrip(), rank=rank, returncode=rc,
                               rank_traceback=tb, log=log, leftover=leftover, signal_name=sig)
         return parse_result(_read(_rank_files(logs, 0, "stdout.log")))

@@ -41,7 +41,7 @@ from typing import Any
 from labkit.clinic import _batch
 from labkit.clinic._script import merge_config
 from labkit.clinic.table import CASES, Case, Finding
-from labkit.dist import LaunchError, LaunchTimeout, launch, parse_result
+from labkit.dist import LaunchError, LaunchTimeout, _LineReader, launch, parse_result
 
 __all__ = ["CaseRun", "causes", "clear_cache", "grade_cause", "grade_fix", "run_case", "run_cases", "settings",
            "shutdown", "source"]
@@ -196,31 +196,14 @@ def _run_single(module: str, args: list[str], env: dict[str, str], timeout: floa
     proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                             bufsize=1, start_new_session=True, env=child_env)
-    lines: list[str] = []
-    q: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            q.put(line.rstrip("\n"))
-        q.put(None)
-
-    reader = threading.Thread(target=pump, name="labkit-clinic-reader", daemon=True)
-    reader.start()
+    reader = _LineReader(proc.stdout, echo, "labkit-clinic-reader")
     deadline = time.monotonic() + timeout
     timed_out, exited_at = False, None
     try:
         while True:
-            try:
-                item = q.get(timeout=0.1)
-            except queue.Empty:
-                item = ""
-            if item is None:
+            reader.poll()
+            if reader.eof:
                 break  # every process that held the log pipe has closed it
-            if item:
-                lines.append(item)
-                if echo is not None:
-                    echo(item)
             now = time.monotonic()
             if exited_at is None and _leader_exited(proc.pid):
                 exited_at = now
@@ -233,19 +216,10 @@ def _run_single(module: str, args: list[str], env: dict[str, str], timeout: floa
         with contextlib.suppress(ProcessLookupError):  # the whole session had already ended
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        reader.join(timeout=5)
+        log = reader.finish()
         if proc.stdout is not None:
             proc.stdout.close()
-    while True:
-        try:
-            item = q.get_nowait()
-        except queue.Empty:
-            break
-        if item:
-            lines.append(item)
-            if echo is not None:
-                echo(item)
-    return (None if timed_out else proc.returncode), "\n".join(lines), timed_out
+    return (None if timed_out else proc.returncode), log, timed_out
 
 
 class _Zygote:
