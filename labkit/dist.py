@@ -476,6 +476,11 @@ def _quiet_failure_detail(logs: Path, rank: int | None, lines: list[str]) -> str
     return "\n".join(parts)
 
 
+#: The variables that place a process in a torchrun job: a launch's children must not inherit an outer launch's.
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "TORCHELASTIC_RUN_ID", "GROUP_RANK")
+
+
 class _LineReader:
     """A child's output pipe, read on a daemon thread: each line kept in ``lines`` and echoed as it arrives.
 
@@ -573,8 +578,7 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
            "--log-dir", str(logs), "--redirects", "3", "--tee", "3", *target, *args]
     child_env = dict(os.environ)
     child_env.update({"OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"})
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID", "GROUP_RANK"):
+    for k in _RANK_VARS:
         child_env.pop(k, None)  # a launch from inside a rank must not inherit that rank's layout
     child_env.update(env or {})
 

@@ -41,15 +41,12 @@ from typing import Any
 from labkit.clinic import _batch
 from labkit.clinic._script import merge_config
 from labkit.clinic.table import CASES, Case, Finding
-from labkit.dist import LaunchError, LaunchTimeout, _LineReader, launch, parse_result
+from labkit.dist import _RANK_VARS, LaunchError, LaunchTimeout, _LineReader, launch, parse_result
 
 __all__ = ["CaseRun", "causes", "clear_cache", "grade_cause", "grade_fix", "run_case", "run_cases", "settings",
            "shutdown", "source"]
 
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
-#: Variables of an outer launch that a case's own processes must not inherit.
-_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID", "GROUP_RANK")
 _GRACE_S = 2.0
 
 
