@@ -272,11 +272,13 @@ def amp_benchmark(
     """Measure lower-precision vs fp32 for a square matmul and a tiny-GPT train step, interleaved.
 
     Returns ``{"matmul": Comparison, "train_step": Comparison}`` with fp32 as the baseline.
-    ``matmul_size`` defaults to 1024 on CPU and 4096 on CUDA. Introduced in notebook 04.
+    ``matmul_size`` defaults to 4096 on CUDA and 1024 on CPU, or 512 where the CPU only emulates one of the dtypes
+    (``labkit.device.fast``; emulated fp16 runs ~100x slower than fp32). Introduced in notebook 04.
     """
     dev = dev_gate.resolve(device)
     dtypes = list(dict.fromkeys(["fp32", *dtypes]))
-    n = matmul_size if matmul_size is not None else (4096 if dev.type == "cuda" else 1024)
+    emulated = any(not dev_gate.fast(PEAK_DTYPES[d], dev) for d in _dtypes_for(dev, dtypes))
+    n = matmul_size if matmul_size is not None else (4096 if dev.type == "cuda" else 512 if emulated else 1024)
     mm = compare(matmul_candidates(n, dtypes, dev), baseline="fp32", warmup=warmup, repeats=repeats, device=dev)
     mm.extra["n"] = n
     mm.extra["flops"] = 2 * n**3
@@ -328,14 +330,26 @@ class PeakFlops:
     flops_per_s: float
     shape: tuple[int, int, int]
     per_shape: dict[tuple[int, int, int], float]
+    #: True where ``labkit.device.fast`` says the hardware only emulates ``dtype``: a floor, not a ceiling.
+    emulated: bool = False
 
 
-def default_peak_shapes(device: torch.device | str | None = None) -> tuple[tuple[int, int, int], ...]:
-    """Return the (m, n, k) matmul shapes :func:`peak_matmul_flops` searches by default on ``device``.
+#: The one shape an emulated dtype is measured on: emulated fp16 on a CPU without AVX512-FP16 runs ~100x slower
+#: than fp32, so a 2048^3 matmul would take minutes; 256^3 takes well under a second and still says "emulated".
+EMULATED_PEAK_SHAPE: tuple[int, int, int] = (256, 256, 256)
 
-    Square powers of two and a tall-skinny shape: small enough for 2 CPU cores, large enough to fill a GPU.
-    Introduced in notebook 07.
+
+def default_peak_shapes(device: torch.device | str | None = None,
+                        dtype: str | torch.dtype = "fp32") -> tuple[tuple[int, int, int], ...]:
+    """Return the (m, n, k) matmul shapes :func:`peak_matmul_flops` searches by default on ``device`` for ``dtype``.
+
+    Square powers of two and a tall-skinny shape: small enough for 2 CPU cores, large enough to fill a GPU. A dtype
+    the device only emulates (``labkit.device.fast`` says no) gets one small shape, :data:`EMULATED_PEAK_SHAPE`: its
+    peak is a floor, not a ceiling, and a search over large shapes would take minutes. Introduced in notebook 07.
     """
+    _, dt = _peak_dtype(dtype)
+    if not dev_gate.fast(dt, device):
+        return (EMULATED_PEAK_SHAPE,)
     if dev_gate.is_cuda(device):
         return ((4096, 4096, 4096), (8192, 8192, 8192), (6144, 6144, 6144), (16384, 4096, 4096))
     return ((512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 1024))
@@ -356,7 +370,7 @@ def peak_matmul_flops(dtype: str | torch.dtype = "fp32", device: torch.device | 
         raise ValueError(f"{dev} does not compute in {name}; measure fp32 instead")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
-    shapes = tuple(default_peak_shapes(dev) if shapes is None else shapes)
+    shapes = tuple(default_peak_shapes(dev, name) if shapes is None else shapes)
     if not shapes:
         raise ValueError("shapes must list at least one (m, n, k)")
     per: dict[tuple[int, int, int], float] = {}
@@ -370,7 +384,7 @@ def peak_matmul_flops(dtype: str | torch.dtype = "fp32", device: torch.device | 
         mm = functools.partial(torch.mm, a, b, out=out)
         per[(m, n, k)] = 2.0 * m * n * k / time_fn(mm, warmup=1, repeats=repeats, device=dev).median
     best = max(per, key=per.__getitem__)
-    return PeakFlops(name, per[best], best, per)
+    return PeakFlops(name, per[best], best, per, emulated=not dev_gate.fast(dt, dev))
 
 
 @dataclass(frozen=True)
@@ -534,7 +548,8 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
                 bandwidth_bytes: int = 512 * 2**20, shapes: Sequence[tuple[int, int, int]] | None = None) -> str:
     """Return a printable report: measured vs theoretical peak per dtype, and the measured copy bandwidth.
 
-    dtypes the device cannot compute in are listed as skipped. Introduced in notebook 07.
+    dtypes the device cannot compute in are listed as skipped; a dtype it only emulates is measured on one small
+    shape (unless ``shapes`` is given) and labelled emulated. Introduced in notebook 07.
     """
     dev = dev_gate.resolve(device)
     lines = [f"labkit peak report on {dev} ({dev_gate.capabilities(dev).device_name})", ""]
@@ -544,6 +559,9 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
             lines.append(f"{name}: skipped ({dev} does not compute in {name})")
             continue
         meas = peak_matmul_flops(name, dev, shapes)
+        if meas.emulated:
+            lines.append(f"{name}: emulated here (no native {name} units), so measured on "
+                         f"{len(meas.per_shape)} shape(s) only: a floor, not a ceiling")
         try:
             theo: TheoreticalPeak | None = theoretical_peak(name, dev)
         except ValueError as exc:

@@ -283,14 +283,22 @@ def deepspeed_accepts(dtype: torch.dtype) -> bool:
     """Ask DeepSpeed's own accelerator whether it accepts ``dtype`` (its ``is_fp16/bf16_supported``).
 
     DeepSpeed's CPU accelerator asks oneDNN, so it refuses fp16 where torch's autocast still computes it.
-    Raises ``ModuleNotFoundError`` when DeepSpeed is not installed. Introduced in notebook 10.
+    Raises ``ModuleNotFoundError`` naming the install command when DeepSpeed is not installed. Introduced in
+    notebook 10.
     """
     dtype = _check_autocast_dtype(dtype)
     if dtype == torch.float32:
         return True
     if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"  # say it, rather than let DeepSpeed guess and warn
-    from deepspeed.accelerator import get_accelerator
+    try:
+        from deepspeed.accelerator import get_accelerator
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "deepspeed":
+            raise
+        raise ModuleNotFoundError("DeepSpeed is not installed in this kernel's environment. `make lab` installs it; "
+                                  "by hand: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8",
+                                  name="deepspeed") from None
 
     acc = get_accelerator()
     return bool(acc.is_fp16_supported() if dtype == torch.float16 else acc.is_bf16_supported())
@@ -319,6 +327,8 @@ def cpu_class() -> str:
     """
     flags = set(cpu_isa_flags())
     aten = str(torch.backends.cpu.get_cpu_capability()).upper()
+    if aten.startswith("AVX512") and "avx512f" not in flags:
+        aten = "AVX2" if "avx2" in flags else "DEFAULT"  # $ATEN_CPU_CAPABILITY=avx512 is echoed, not checked
     if aten.startswith("AVX512") and "amx_bf16" in flags and _onednn_allows("AVX512_CORE_AMX") \
             and _cpu_fast(torch.bfloat16):
         return "amx"
@@ -491,19 +501,35 @@ def reset_peak_memory_stats(device: torch.device | str | None = None) -> None:
         torch.cuda.reset_peak_memory_stats(dev)
 
 
-def event_timer(device: torch.device | str | None = None) -> Callable[[Callable[[], object]], float] | None:
+#: Bytes written between timed runs to evict the GPU's L2 cache (H100/H200: 50 MB; B200: 126 MB), as
+#: ``triton.testing.do_bench`` does.
+L2_FLUSH_BYTES = 256 * 2**20
+
+
+def event_timer(device: torch.device | str | None = None,
+                flush_bytes: int = L2_FLUSH_BYTES) -> Callable[[Callable[[], object]], float] | None:
     """Return ``timer(fn) -> seconds`` that times ``fn()`` with CUDA events on a CUDA device, else ``None``.
 
-    Events measure the GPU's time for the queued work; the timer synchronises on the end event.
+    Done the way ``triton.testing.do_bench`` does it, so the figure is the GPU's time, not the launcher's: before
+    each run a ``flush_bytes`` buffer is zeroed (a cold L2, as in a real step), then the start event is queued,
+    then ``fn``. The GPU is still busy with the flush while Python checks ``fn``'s arguments and launches its
+    kernels, so that host-side overhead is hidden instead of counted as an idle gap between the events (a
+    4096² softmax is ~30 µs of HBM time on an H200, the same order as a launch). The timer synchronises on the
+    end event. ``flush_bytes=0`` skips the flush (then a warm cache and the launch gap are in the figure).
     Introduced in notebook 04.
     """
     dev = _present(device)
+    if isinstance(flush_bytes, bool) or not isinstance(flush_bytes, int) or flush_bytes < 0:
+        raise ValueError(f"flush_bytes must be an int >= 0, got {flush_bytes!r}")
     if dev.type != "cuda":
         return None
+    cache = torch.empty(flush_bytes // 4, dtype=torch.int32, device=dev) if flush_bytes else None
 
     def timer(fn: Callable[[], object]) -> float:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        if cache is not None:
+            cache.zero_()  # queued first: evicts L2 and keeps the GPU busy while fn() is launched
         start.record()
         fn()
         end.record()

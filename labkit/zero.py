@@ -28,6 +28,7 @@ __all__ = [
     "CATEGORIES",
     "DTYPES",
     "OFFLOAD_DEVICES",
+    "RECORDED_FP16_RUN",
     "STAGES",
     "batch_triple",
     "config",
@@ -47,6 +48,19 @@ OFFLOAD_DEVICES = ("none", "cpu")
 CATEGORIES = ("params", "grads", "master", "optimizer", "buffers", "other")
 
 _MODEL_STATES = ("params", "grads", "master", "optimizer")
+
+#: A real DeepSpeed fp16 run, recorded where DeepSpeed accepts fp16 on the CPU, for the machines where it does not
+#: (its CPU accelerator refuses fp16 without AVX512-FP16/AMX). Notebook 10's section 3 run ``2:fp16``: ZeRO-2,
+#: 2 gloo ranks, 8 steps, ``initial_scale_power`` 21, ``loss_scale_window`` 2, ``hysteresis`` 1, as printed by the
+#: stored notebook 10 at commit 6d68e78 (DeepSpeed 0.19.8, torch 2.13.0+cpu). ``loss_scales`` is the scale after
+#: each step. Notebook 10 replays DeepSpeed's rule on ``overflow`` and asserts it gives these scales.
+RECORDED_FP16_RUN: dict[str, Any] = {
+    "recorded_on": "an AMX Xeon (AVX512-FP16, AMX-FP16), DeepSpeed 0.19.8",
+    "stage": 2, "dtype": "fp16", "initial_scale_power": 21, "loss_scale_window": 2, "hysteresis": 1,
+    "overflow": [True, True, True, False, False, False, True, False],
+    "loss_scales": [2.0**20, 2.0**19, 2.0**18, 2.0**18, 2.0**18, 2.0**19, 2.0**18, 2.0**18],
+    "skipped_steps": 4,
+}
 
 
 def _int(name: str, value: Any, minimum: int) -> int:

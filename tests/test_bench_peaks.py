@@ -139,6 +139,26 @@ def test_default_peak_shapes():
     cpu = bench.default_peak_shapes("cpu")
     assert len(cpu) >= 3 and all(len(s) == 3 for s in cpu)
     assert max(m * n * k for m, n, k in cpu) <= 2048**3  # about a second per shape on 2 cores
+    for name, dt in bench.PEAK_DTYPES.items():  # what the gate says this CPU emulates gets one small shape
+        shapes = bench.default_peak_shapes("cpu", name)
+        assert (shapes == (bench.EMULATED_PEAK_SHAPE,)) == (not dev_gate.fast(dt, "cpu")), (name, shapes)
+
+
+def test_an_emulated_dtype_is_measured_on_one_small_shape_and_labelled(monkeypatch):
+    """On a CPU that emulates fp16 (~100x slower than fp32), `peak` must not time 2048^3 fp16 matmuls."""
+    real_fast = dev_gate.fast
+    monkeypatch.setattr(dev_gate, "fast", lambda dt, d=None: dt == torch.float32 or (
+        dt != torch.float16 and real_fast(dt, d)))
+    assert bench.default_peak_shapes("cpu", "fp16") == (bench.EMULATED_PEAK_SHAPE,)
+    assert len(bench.default_peak_shapes("cpu", "fp32")) >= 3
+    seen = []
+    real_mm = bench.time_fn
+    monkeypatch.setattr(bench, "time_fn", lambda fn, **kw: (seen.append(fn.args[0].shape), real_mm(fn, **kw))[1])
+    r = bench.peak_matmul_flops("fp16", "cpu", repeats=1)
+    assert r.emulated and r.shape == bench.EMULATED_PEAK_SHAPE and seen == [torch.Size([256, 256])]
+    assert not bench.peak_matmul_flops("fp32", "cpu", ((64, 64, 64),), repeats=1).emulated
+    text = bench.peak_report(("fp32", "fp16"), "cpu", 2**20, shapes=((64, 64, 64),))
+    assert "fp16: emulated here" in text and "fp32: emulated" not in text
 
 
 def test_python_m_labkit_bench_peak_prints_measured_and_theoretical():

@@ -38,6 +38,8 @@ CAPS = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     # the CPU class of the machine that first failed: AVX-512 (with VNNI) but no AVX512-BF16/FP16, no AMX
     "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},
+    # AMD EPYC (Zen 4) and Cooper Lake: AVX512-BF16 but neither AVX512-FP16 nor AMX; DeepSpeed refuses fp16 there
+    "avx512-bf16": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
 }
 
 
@@ -78,6 +80,20 @@ def test_avx512_without_bf16_cap_takes_effect():
         assert got["class"] in {"avx2", "baseline"}, got
 
 
+@pytest.mark.slow
+def test_avx512_bf16_cap_takes_effect():
+    """bf16 native, fp16 not: oneDNN, DeepSpeed and the gate all say so; torch's autocast still computes fp16."""
+    got = _probe(CAPS["avx512-bf16"])
+    assert not got["fast_fp16"] and not got["mkldnn_fp16"] and not got["ds_fp16"] and got["computes_fp16"], got
+    assert got["class"] != "amx", got
+    hardware = _class_from_flags()
+    if hardware in {"amx", "avx512-bf16"}:  # the cap can only lower the class, never raise it
+        assert got["class"] == "avx512-bf16" and got["aten"] == "AVX512", got
+        assert got["fast_bf16"] and got["mkldnn_bf16"] and got["ds_bf16"], got
+    else:
+        assert ORDER.index(got["class"]) <= ORDER.index(hardware) and not got["fast_bf16"], got
+
+
 def _class_from_flags() -> str:
     """The class the hardware flags alone predict for an uncapped torch (independent of labkit.device)."""
     flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
@@ -115,5 +131,6 @@ def test_this_run_is_the_class_it_claims():
     # a machine below the requested class runs as itself; never above it
     assert ORDER.index(have) <= ORDER.index(want), f"capped run expected class {want}, torch reports {have}"
     if ORDER.index(want) < ORDER.index("avx512-bf16"):
-        assert not dev_gate.fast(torch.bfloat16, "cpu") and not dev_gate.fast(torch.float16, "cpu")
-        assert not dev_gate.deepspeed_accepts(torch.float16)
+        assert not dev_gate.fast(torch.bfloat16, "cpu")
+    if ORDER.index(want) < ORDER.index("amx"):  # no class below AMX has native fp16, so DeepSpeed refuses it
+        assert not dev_gate.fast(torch.float16, "cpu") and not dev_gate.deepspeed_accepts(torch.float16)

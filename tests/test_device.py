@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,6 +142,22 @@ def test_computes_rejects_bad_dtypes():
         dev_gate.deepspeed_accepts(torch.float64)
 
 
+def test_deepspeed_accepts_without_deepspeed_names_the_install_command():
+    """A learner whose kernel lacks DeepSpeed is told what installs it, not only 'No module named'."""
+    probe = ("import sys, torch\n"
+             "class Absent:\n"  # as in a venv without DeepSpeed
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.partition('.')[0] == 'deepspeed': raise ModuleNotFoundError(name, name=name)\n"
+             "sys.meta_path.insert(0, Absent())\n"
+             "from labkit import device\n"
+             "try: device.deepspeed_accepts(torch.float16)\n"
+             "except ModuleNotFoundError as e: print(e.name, '|', e)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("deepspeed |") and "make lab" in out.stdout and "pip install" in out.stdout
+
+
 def test_set_tf32_roundtrip():
     before = dev_gate.set_tf32(True)
     try:
@@ -182,3 +201,38 @@ def test_only_the_gate_touches_torch_cuda():
 def test_allocator_queries_off_cuda():
     assert dev_gate.memory_reserved("cpu") is None and dev_gate.memory_allocated("cpu") is None
     assert dev_gate.empty_cache("cpu") is None  # a no-op, no error
+
+
+def test_event_timer_flushes_l2_before_the_start_event_and_times_between_events(monkeypatch):
+    """do_bench's order, checked without a GPU: flush queued, start event, fn, end event, then synchronise."""
+    calls: list[str] = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.name = "start" if not any(c.startswith("new") for c in calls) else "end"
+            calls.append(f"new {self.name}")
+
+        def record(self) -> None:
+            calls.append(f"record {self.name}")
+
+        def synchronize(self) -> None:
+            calls.append(f"sync {self.name}")
+
+        def elapsed_time(self, other: FakeEvent) -> float:
+            return 2.5  # ms
+
+    class FakeBuffer:
+        def zero_(self) -> None:
+            calls.append("flush")
+
+    made = []
+    monkeypatch.setattr(dev_gate, "_present", lambda d=None: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch, "empty", lambda n, dtype, device: made.append((n, dtype, device)) or FakeBuffer())
+    timer = dev_gate.event_timer("cuda")
+    assert made == [(dev_gate.L2_FLUSH_BYTES // 4, torch.int32, torch.device("cuda", 0))]
+    assert timer(lambda: calls.append("fn")) == 0.0025
+    assert [c for c in calls if not c.startswith("new")] == ["flush", "record start", "fn", "record end", "sync end"]
+    with pytest.raises(ValueError):
+        dev_gate.event_timer("cuda", flush_bytes=-1)

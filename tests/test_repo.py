@@ -147,7 +147,8 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in ci and "CI=true" in ci and "set -euo pipefail" in ci
     makefile = (ROOT / "Makefile").read_text()
     assert "--nbval" in makefile and "tests notebooks" in makefile
-    assert re.search(r"^test: lint test-native test-capped$", makefile, re.M), "make test: lint, native, capped"
+    assert re.search(r"^test: lint test-native test-capped test-capped-bf16$", makefile, re.M), \
+        "make test: lint, native, capped (avx2: nbval), capped (avx512-bf16: the CPU-dependent notebooks in a browser)"
     assert re.search(r"^\t\$\(BIN\)/ruff check labkit tests tools$", makefile, re.M), "make lint covers the tree"
 
 
@@ -199,3 +200,16 @@ def test_gpu_check_without_a_gpu_says_so_and_exits_0(tmp_path):
     assert out.stdout.strip().count("\n") == 0 and "no CUDA GPU" in out.stdout
     assert not list(tmp_path.iterdir())
     assert "gpu-check:" in (ROOT / "Makefile").read_text()
+
+
+def test_gpu_check_reports_one_gpu_nccl_as_not_measurable(load_tool):
+    """busbw is 0 by definition with one rank: the report says "not measurable", and that neither passes nor fails."""
+    gc = load_tool("gpu_check")
+    nbs = [{"notebook": "03_loss_scaling.ipynb", "seconds": 1.0, "error": None}]
+    one_gpu = {"device": {}, "nccl_allreduce": {"ok": None, "gpus": 1, "status": "not measurable: ..."},
+               "peak_memory": {"ok": True}}
+    assert gc.overall(nbs, one_gpu)
+    assert not gc.overall(nbs, {**one_gpu, "peak_memory": {"ok": False}})
+    assert not gc.overall([{**nbs[0], "error": "boom"}], one_gpu)
+    md = gc.markdown({"device_name": "GPU", "notebooks": nbs, "cuda": one_gpu, "passed": True, "seconds": 1})
+    assert "| nccl_allreduce | not measurable |" in md and "| nccl_allreduce | True |" not in md

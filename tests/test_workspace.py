@@ -341,7 +341,7 @@ def test_workspace_notebook_runs_top_to_bottom_unanswered(checkout, number, monk
     progress record; 12 finds slurm/ above it), run in the workspace: no error, every check "not attempted".
 
     The other workspace notebooks are the student build's copies plus one markdown cell (checked above), and
-    tests/test_student.py runs every student copy top to bottom."""
+    tests/browser/test_notebooks.py runs every workspace copy top to bottom."""
     monkeypatch.delenv("LABKIT_PROGRESS", raising=False)  # the kernel records where a learner's would
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     update_workspace(checkout)

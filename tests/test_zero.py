@@ -186,8 +186,11 @@ def test_losses_equal_across_stages_to_bf16_rounding(launched):
         assert got[0] == ref[0]  # same data, same init: the first loss is identical
         for a, b in zip(got, ref):
             assert abs(a - b) <= 2e-3 * abs(b), (stage, got, ref)
-    # stages 0 and 1 hold different state but do the same arithmetic on the same gradients
-    assert _run(res, 1)["losses"][:2] == ref[:2]
+    # stages 0 and 1 hold different state but do the same arithmetic on the same gradients, up to the order in
+    # which fp32 partial sums meet: bitwise on an AMX Xeon, 2.6e-6 apart at step 2 where bf16 is emulated (AVX2),
+    # both far inside bf16's rounding (3.9e-3)
+    one = _run(res, 1)["losses"]
+    assert one[0] == ref[0] and abs(one[1] - ref[1]) <= 1e-5 * abs(ref[1]), (one, ref)
 
 
 @pytest.mark.slow

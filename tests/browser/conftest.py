@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,9 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
+from lab_env import blocker_env
 from labdriver import (
     ARTIFACTS,
     BROWSER_DIR,
@@ -48,14 +51,22 @@ def lab_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def lab_server(tmp_path_factory: pytest.TempPathFactory, lab_home: Path) -> Iterator[LabServer]:
-    """JupyterLab on 127.0.0.1:<free port> with a token, serving a temporary copy of notebooks/.
+    """JupyterLab on 127.0.0.1:<free port> with a token, serving the learner's workspace of a copy of the checkout.
 
-    The copy sits inside a copy of the checkout, so a notebook that reads ../slurm/ finds it.
+    What a learner runs after `make lab`: the workspace copies (``python -m labkit workspace``: no solutions,
+    exercise outputs cleared) inside a copy of the checkout, so a notebook that reads ../slurm/ finds it, and
+    kernels that can import only what `make lab` installs (tests/lab_env.py). The reference notebooks, with
+    their solutions, are run by strict nbval.
     """
     _require_browser()
     base = tmp_path_factory.mktemp("lab-root")
-    root = mirror_worktree(base / "checkout")
-    server = LabServer.start(root=root, home=lab_home, log_path=base / "jupyter-server.log")
+    checkout = mirror_worktree(base / "checkout").parent
+    made = subprocess.run([sys.executable, "-m", "labkit", "workspace", "--dir", str(checkout / "work")],
+                          cwd=checkout, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    blocker = blocker_env(base / "lab_env", {})
+    server = LabServer.start(root=checkout / "work", home=lab_home, log_path=base / "jupyter-server.log",
+                             extra_env=blocker)
     try:
         yield server
     finally:

@@ -191,9 +191,10 @@ class LabServer:
         return f"http://127.0.0.1:{self.port}"
 
     @classmethod
-    def start(cls, root: Path, home: Path, log_path: Path, timeout_s: float = 90.0) -> LabServer:
-        """Start JupyterLab serving ``root`` and wait until its API answers."""
-        env = private_env(home)
+    def start(cls, root: Path, home: Path, log_path: Path, timeout_s: float = 90.0,
+              extra_env: dict[str, str] | None = None) -> LabServer:
+        """Start JupyterLab serving ``root`` and wait until its API answers; ``extra_env`` reaches its kernels."""
+        env = {**private_env(home), **(extra_env or {})}
         write_lab_settings(Path(env["JUPYTERLAB_SETTINGS_DIR"]))
         token = secrets.token_hex(24)
         last_error = ""

@@ -1,9 +1,20 @@
-"""Every notebook, opened and run in JupyterLab in headless Chromium: no errors, every figure rendered."""
+"""Every notebook, as the learner has it, opened and run in JupyterLab in headless Chromium.
+
+The server serves the workspace that `make lab` creates (the notebooks without solutions), and its kernels can
+import only what `make lab` installs (tests/lab_env.py): no errors, every stored figure rendered, and every
+exercise left open reports "not attempted yet".
+"""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from labdriver import IMAGE_MIMES, NOTEBOOKS, Lab, error_outputs, notebook_names, stored_cells
+
+from labkit.student import solution_blocks
+
+CHECK = re.compile(r"""check\(\s*["']([^"']+)["']""")
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
@@ -23,7 +34,7 @@ def test_notebooks_found() -> None:
 
 @pytest.mark.parametrize("notebook", NAMES)
 def test_run_all_in_browser(lab: Lab, notebook: str) -> None:
-    """Run All in JupyterLab: every code cell runs, no error/stderr output, every stored figure renders."""
+    """Run All of the learner's copy: every code cell runs, no error output, every stored figure renders."""
     run = lab.run_notebook(notebook)
     print(f"{notebook}: opened in {run.open_seconds:.1f} s, Run All took {run.seconds:.1f} s")
     state = run.state
@@ -57,3 +68,11 @@ def test_run_all_in_browser(lab: Lab, notebook: str) -> None:
             missing.append(f"cell {index}: {want} stored figure(s), {got_outputs} produced, "
                            f"{len(rendered)} rendered")
     assert not missing, f"{notebook}: figures missing in the browser: " + "; ".join(missing)
+
+    # every exercise of the reference notebook is open in the learner's copy, and its check says so
+    reference = stored_cells(notebook, NOTEBOOKS)
+    n_checks = len({i for c in reference if c["cell_type"] == "code" and solution_blocks("".join(c["source"]))
+                    for i in CHECK.findall("".join(c["source"]))})
+    printed = "".join(out.get("text", "") for c in live if c["type"] == "code" for out in c["outputs"]
+                      if out.get("output_type") == "stream")
+    assert printed.count("not attempted yet") >= n_checks, f"{notebook}: fewer open checks than exercises"

@@ -257,29 +257,31 @@ assert res["shm_files_left"] == []
 print(f"torch autocast computes fp16 here: {device.computes(torch.float16)}; DeepSpeed accepts fp16 here: {ds_fp16}")
 if fp16_ok:
     fp = runs[(2, "none", "fp16")]
+    assert fp["checksums"][0] == fp["checksums"][1]  # the ranks agree in fp16 too
     print("overflow:", fp["overflow"])
     print("scale after each step:", [f"2^{int(s).bit_length() - 1}" for s in fp["loss_scales"]])
 else:
     fp = None
     print(f"So the fp16 run did not go: DeepSpeed refuses fp16 on this {device.cpu_class()} CPU (no AVX512-FP16/AMX "
-          "for oneDNN), and section 3 trained in bf16 only. On a GPU or an AMX Xeon the trace appears here.")
+          "for oneDNN), and section 3 trained in bf16 only. The trace below is a stored example: the same run, "
+          f"recorded on {zero.RECORDED_FP16_RUN['recorded_on']}. On a GPU or an AMX Xeon it is this machine's own.")
 
 # %% [markdown]
 # Every overflowing step is skipped (the weights do not move), and the scale halves. After 2 clean steps it
 # doubles, and if the doubled scale overflows again it halves straight back. The scale settles at the largest
 # power of two at which this model's gradients fit in fp16. The trace is exactly DeepSpeed's rule replayed on the
-# observed overflows (`labkit.scaling.deepspeed_scale_sequence`):
+# observed overflows (`labkit.scaling.deepspeed_scale_sequence`). Where DeepSpeed refused fp16, the figure is labelled
+# as the stored example (`labkit.zero.RECORDED_FP16_RUN`), and the same replay is checked against it:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-if fp is not None:  # the figure exists only where DeepSpeed ran fp16
-    replay = scaling.deepspeed_scale_sequence(fp["overflow"], initial_scale_power=21, loss_scale_window=2,
-                                              hysteresis=1)
-    assert fp["loss_scales"] == replay[1:] and fp["skipped_steps"] == sum(fp["overflow"])
-    assert fp["checksums"][0] == fp["checksums"][1]
-    plots.scale_history(replay[:-1], fp["overflow"], title="DeepSpeed fp16 loss scale (ZeRO-2, 2 ranks)")
-    plt.show()
-print("DeepSpeed's trace == the replayed rule:", fp is not None or "not run (DeepSpeed refuses fp16 here)")
+source = "this machine" if fp is not None else "stored example, " + zero.RECORDED_FP16_RUN["recorded_on"]
+fp = fp if fp is not None else zero.RECORDED_FP16_RUN  # DeepSpeed refused fp16 here: the recorded run
+replay = scaling.deepspeed_scale_sequence(fp["overflow"], initial_scale_power=21, loss_scale_window=2, hysteresis=1)
+assert fp["loss_scales"] == replay[1:] and fp["skipped_steps"] == sum(fp["overflow"])
+plots.scale_history(replay[:-1], fp["overflow"], title=f"DeepSpeed fp16 loss scale (ZeRO-2, 2 ranks)\n{source}")
+plt.show()
+print(f"DeepSpeed's trace ({source}) == the replayed rule: True")
 
 # %% [markdown]
 # Compared with GradScaler: both halve on overflow and double after a run of clean steps. With `hysteresis: 2`
