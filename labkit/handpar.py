@@ -246,7 +246,8 @@ class ShardedAdamW:
         align = 2 * self.world
         self.padded = -(-self.numel // align) * align
         self.part = self.padded // self.world
-        self.flat = torch.zeros(self.padded, dtype=self.params[0].dtype)
+        first = self.params[0]  # every buffer follows the parameters: their device (CPU, or a rank's GPU) and dtype
+        self.flat = torch.zeros(self.padded, dtype=first.dtype, device=first.device)
         self.flat[:self.numel] = torch.cat([p.detach().reshape(-1) for p in self.params])
         lo = self.rank * self.part
         self.shard = self.flat[lo:lo + self.part].clone().requires_grad_(True)  # fp32 master slice
@@ -254,7 +255,7 @@ class ShardedAdamW:
 
     def step(self) -> None:
         """Average the gradients, update this rank's slice, and write the new parameters into the model."""
-        grad = torch.zeros(self.padded, dtype=self.flat.dtype)
+        grad = torch.zeros(self.padded, dtype=self.flat.dtype, device=self.flat.device)
         grad[:self.numel] = torch.cat([p.grad.reshape(-1) for p in self.params])
         self.step_fn(self.flat, grad, self.shard, self.optimizer)
         offset = 0
@@ -376,12 +377,15 @@ def gpipe_step(stage: nn.Module, inputs: Sequence[torch.Tensor] | None, targets:
         raise ValueError("the first stage needs its micro-batch inputs, the last stage its targets "
                          "(non-empty lists of tensors)")
     m = len(source)
+    param = next(stage.parameters(), None)  # received activations follow the stage's device and dtype
+    if param is None:
+        raise ValueError("the stage must have parameters (its device and dtype are the activations')")
     ins, outs, sends = [], [], []
     for i in range(m):  # forward every micro-batch, sending activations on
         if first:
             x = inputs[i]
         else:
-            x = torch.empty(tuple(act_shape))
+            x = torch.empty(tuple(act_shape), dtype=param.dtype, device=param.device)
             dist.recv(x, rank - 1)
             x.requires_grad_(True)
         y = stage(x)

@@ -182,8 +182,9 @@ def race(name: str, rows: int = 4096, cols: int = 4096, dtype: Any = "fp32", rep
     if name == "adamw":
         step = kernels.adamw_torch(**inputs, impl="single")
         fns["eager unfused"], fns["eager library"] = step, kernels.adamw_torch(**inputs, impl="fused")
-        if compile:
-            fns["torch.compile"] = torch.compile(step)
+        if compile:  # on a GPU the compiled step keeps its step counter on the GPU, beside the parameters
+            on_gpu = inputs["p"].device.type == "cuda"
+            fns["torch.compile"] = torch.compile(kernels.adamw_torch(**inputs, impl="single", capturable=on_gpu))
     else:
         args = tuple(inputs.values())
         fns["eager unfused"] = lambda: run_unfused(name, inputs)

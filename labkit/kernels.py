@@ -104,9 +104,9 @@ def install_hint() -> str:
 
     Introduced in notebook 08.
     """
-    return ("Triton is not installed. In this workbook's environment run  pip install -e '.[kernels]'  "
-            "(or  pip install triton==3.9.0 ; triton has no dependencies, so the torch build you have stays: "
-            "check with  pip install --dry-run triton==3.9.0  that nothing else would be installed). "
+    return ("Triton is not installed. `make lab` installs it; in this workbook's environment run  "
+            "pip install -e '.[kernels]'  (or  pip install triton==3.7.1 , the version torch 2.13.0's CUDA build "
+            "requires; triton has no dependencies, so the torch build you have stays). "
             "Triton ships wheels for Linux only; on macOS or Windows use a Linux machine, WSL or a container.")
 
 
@@ -547,13 +547,14 @@ def adamw_step(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tenso
 
 def adamw_torch(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int, lr: float = 1e-3,
                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
-                impl: str = "single") -> Callable[[], None]:
+                impl: str = "single", capturable: bool = False) -> Callable[[], None]:
     """Return a function that applies the same AdamW step with ``torch.optim.AdamW`` to ``p``, ``m``, ``v`` in place.
 
     ``impl``: "single" (``foreach=False``: op by op, the unfused sequence), "foreach" or "fused" (``fused=True``:
     PyTorch's own fused kernel). The optimizer is built here with ``m``, ``v`` as its state at ``step - 1``, so
     the returned function is just ``optimizer.step()``: call it once. p, m, v may also be float64 (a reference).
-    Introduced in notebook 08.
+    ``capturable=True`` (CUDA only) keeps the step counter on ``p``'s device, as ``torch.compile`` and CUDA graphs
+    need: no host-device copy inside the step. Introduced in notebook 08.
     """
     step, lr, b1, b2, eps, wd = _adamw_args(p, g, m, v, step, lr, betas, eps, weight_decay,
                                             (torch.float32, torch.float64))
@@ -562,10 +563,17 @@ def adamw_torch(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tens
     param = torch.nn.Parameter(p, requires_grad=True)  # shares p's storage: the step updates p
     param.grad = g.to(p.dtype) if g.dtype != p.dtype else g
     flags = {"single": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
+    if not isinstance(capturable, bool):
+        raise TypeError(f"capturable must be True or False, got {type(capturable).__name__}")
+    if capturable and p.device.type != "cuda":
+        raise ValueError(f"capturable=True keeps the step on a CUDA device; p is on {p.device}")
+    if capturable:
+        flags["capturable"] = True
     opt = torch.optim.AdamW([param], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd, **flags)
-    opt.state[param] = {"step": torch.tensor(float(step - 1)), "exp_avg": m, "exp_avg_sq": v}  # step: fp32, as torch
-    if impl == "fused":
-        opt.state[param]["step"] = opt.state[param]["step"].to(p.device)
+    # the step counter: fp32, as torch keeps it; on the host unless the step is fused or capturable
+    on_device = impl == "fused" or capturable
+    opt.state[param] = {"step": torch.tensor(float(step - 1), device=p.device if on_device else "cpu"),
+                        "exp_avg": m, "exp_avg_sq": v}
 
     def run() -> None:
         opt.step()

@@ -216,6 +216,56 @@ def test_with_three_ranks_only_ddps_scaling_and_bucket_layout_give_its_bits():
 
 
 # --------------------------------------------------------------------------------------------------
+# float64 parameters: every buffer follows the parameters (the CPU proxy for "allocates on the GPU")
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_every_strategy_follows_float64_parameters_on_two_ranks():
+    res = launch(ROOT / "tests" / "handpar_float64_ranks.py", 2, timeout=240, stream=False)
+    assert res["world_size"] == 2
+    for rank, parts in enumerate(res["ranks"]):
+        assert set(parts) == {"ddp_naive", "ddp_overlap", "ddp_bucketed", "zero1", "tp", "pp"}
+        for name, got in parts.items():
+            assert got["dtypes"] == ["torch.float64"], (rank, name, got)
+            assert got["max_diff"] < 1e-12, (rank, name, got)  # float32 anywhere would leave ~1e-7
+    assert res["ranks"][1]["pp"]["loss_is_float"]
+
+
+# Code that runs on ranks: every tensor it creates names its device, so that it lands where the parameters are.
+RANK_CODE = ["labkit/handpar.py", "labkit/recipes/handpar.py", "labkit/recipes/handpar_grade.py",
+             "labkit/recipes/ddp.py", "labkit/recipes/allreduce.py", "labkit/recipes/zero.py"]
+FACTORIES = {"empty", "zeros", "ones", "full", "rand", "randn", "randint", "arange", "tensor"}
+
+
+def _bare_factories(path: Path) -> list[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    bad = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FACTORIES
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                and not any(k.arg == "device" for k in node.keywords)):
+            bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: torch.{node.func.attr}(...) without device=")
+    return bad
+
+
+def test_rank_code_allocates_with_an_explicit_device():
+    bad = [line for f in RANK_CODE for line in _bare_factories(ROOT / f)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_allocation_lint_catches_a_bare_factory(tmp_path):
+    probe = ROOT / "build" / "lint_probe.py"
+    probe.parent.mkdir(exist_ok=True)
+    try:
+        probe.write_text("import torch\nx = torch.empty((2, 3))\ny = torch.zeros(3, device=x.device)\n")
+        assert _bare_factories(probe) == ["build/lint_probe.py:2: torch.empty(...) without device="]
+    finally:
+        probe.unlink()
+
+
+# --------------------------------------------------------------------------------------------------
 # the graders: more typical mistakes, in one launch
 # --------------------------------------------------------------------------------------------------
 

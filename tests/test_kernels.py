@@ -21,6 +21,7 @@ import tomllib
 import torch
 import torch.nn.functional as F
 import triton.language as tl
+from lab_env import makefile_var
 
 from labkit import kernelbench as KB
 from labkit import kernels
@@ -29,6 +30,8 @@ from labkit.check import evaluate
 from labkit.exercises import get_exercise
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The Triton torch 2.13.0's Linux CUDA wheels declare (Requires-Dist: triton==3.7.1).
+TORCH_CUDA_TRITON = "3.7.1"
 MODE = kernels.setup()
 K = kernels.load()
 
@@ -66,14 +69,16 @@ def test_kernels_imported_before_setup_are_redecorated_by_load():
     assert out.stdout.split() == ["JITFunction", "InterpretedFunction"]
 
 
-def test_the_kernels_extra_pins_triton_and_the_dev_install_installs_it():
+def test_the_kernels_extra_pins_torchs_triton_and_make_lab_installs_it():
+    """The pin is the Triton that torch 2.13.0's CUDA wheels require (tests/test_cuda_install.py resolves that
+    install against the package index), so a GPU machine's install resolves and the CPU runs the same Triton."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert extras["kernels"] == ["triton==3.9.0; sys_platform == 'linux'"]
-    assert '".[dev,deepspeed,kernels]"' in (ROOT / "Makefile").read_text()
+    assert extras["kernels"] == [f"triton=={TORCH_CUDA_TRITON}; sys_platform == 'linux'"]
+    assert "kernels" in makefile_var("LAB_EXTRAS").split(",")
     assert kernels.triton_available() and "pip install -e '.[kernels]'" in kernels.install_hint()
     import triton
 
-    assert triton.__version__ == "3.9.0" and torch.__version__.startswith("2.13.0")
+    assert triton.__version__ == TORCH_CUDA_TRITON and torch.__version__.startswith("2.13.0")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -296,3 +301,14 @@ def test_graders_catch_writes_past_the_end_and_unwritten_kernels():
     assert v.status == "wrong" and "mask" in v.message
     assert evaluate("08.bias-gelu", _quiet).status == "not attempted"
     assert evaluate("08.bias-gelu", K.bias_gelu_kernel).status == "correct"
+
+
+def test_adamw_torch_keeps_the_step_where_the_step_runs():
+    """Eager single/foreach: the step counter on the host, as torch keeps it; capturable (compiled, on a GPU) on the
+    parameters' device; capturable on a CPU is refused with the reason."""
+    ins = KB.make_inputs("adamw", 4, 8)
+    kernels.adamw_torch(**ins, impl="single")()
+    with pytest.raises(ValueError, match="CUDA"):
+        kernels.adamw_torch(**ins, impl="single", capturable=True)
+    with pytest.raises(TypeError):
+        kernels.adamw_torch(**ins, impl="single", capturable="yes")

@@ -1,17 +1,18 @@
-"""The GPU acceptance run: notebooks 03-10 on a CUDA GPU, plus every CUDA-only result, in one report.
+"""The GPU acceptance run: notebooks 03-11 on a CUDA GPU, plus every CUDA-only result, in one report.
 
     python tools/gpu_check.py [--out DIR] [--notebooks 03,04,...] [--timeout-per-notebook 300]
     make gpu-check
 
 On a machine without a CUDA GPU it says so in one line and exits 0 without running anything. On a GPU it:
 
-1. runs notebooks 03-10 top to bottom with nbclient (in notebooks/, as nbval and JupyterLab do; the stored copies
+1. runs notebooks 03-11 top to bottom with nbclient (in notebooks/, as nbval and JupyterLab do; the stored copies
    are not touched) and records each one's wall time and first error; notebook 08 then runs its Triton kernels
    compiled for the GPU (on a CPU they run in Triton's interpreter);
 2. measures what only a GPU can show, with labkit's own functions:
    - the CUDA autocast op table, compared with PyTorch's documented lists (``train.CUDA_AUTOCAST_REFERENCE``);
    - TF32 and FP8 matmul timings (``tf32.time_tf32``, ``fp8.time_fp8_matmul``; ``None`` where the GPU lacks them);
-   - NCCL all-reduce bus bandwidth over the GPUs present (``labkit.recipes.allreduce`` under torchrun);
+   - NCCL all-reduce bus bandwidth over the GPUs present (``labkit.recipes.allreduce`` under torchrun); with one
+     GPU it is not measurable (bus bandwidth is 0 by definition with one rank), and the report says so (ok: None);
    - CUDA peak memory of a tiny-GPT run against ``labkit.memory``'s prediction of its model states;
    - the AMP speed-up over fp32 for a matmul and the tiny-GPT train step (``bench.amp_benchmark``);
    - notebook 08's Triton kernels compiled: each checked against torch (fp32 and bf16), the bf16 cast rounding to
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ("03", "04", "05", "06", "07", "08", "09", "10")
+NOTEBOOKS = ("03", "04", "05", "06", "07", "08", "09", "10", "11")
 
 
 def no_gpu_line() -> str | None:
@@ -107,6 +108,9 @@ def cuda_results() -> dict[str, Any]:
 
     def nccl() -> dict[str, Any]:
         n = torch.cuda.device_count()
+        if n < 2:
+            return {"ok": None, "gpus": n, "status": "not measurable: bus bandwidth needs 2 or more GPUs "
+                    "(with one rank nothing crosses a link, so busbw is 0 by definition)"}
         res = launch("labkit.recipes.allreduce", nproc=n, timeout=300, stream=False,
                      args=["--device", "cuda", "--sizes", "1M,16M,256M", "--iters", "10"])
         rows = res["rows"]
@@ -155,6 +159,15 @@ def cuda_results() -> dict[str, Any]:
     return out
 
 
+def overall(notebooks: list[dict[str, Any]], cuda: dict[str, Any]) -> bool:
+    """Whether the run passed: no notebook error and no check with ok False.
+
+    ok None means not measurable on this machine (NCCL bandwidth on one GPU): reported, neither pass nor failure.
+    """
+    return all(r["error"] is None for r in notebooks) and all(v.get("ok") is not False for k, v in cuda.items()
+                                                              if k != "device")
+
+
 def markdown(report: dict[str, Any]) -> str:
     """A short human summary of the report."""
     lines = [f"# GPU check: {report['device_name']}", "", "| notebook | seconds | result |", "|---|---|---|"]
@@ -164,7 +177,8 @@ def markdown(report: dict[str, Any]) -> str:
         if k == "device":
             continue
         detail = {a: b for a, b in v.items() if a not in ("ok", "ops", "timings")}
-        lines.append(f"| {k} | {v.get('ok')} | {json.dumps(detail)[:300]} |")
+        ok = "not measurable" if v.get("ok") is None else v.get("ok")
+        lines.append(f"| {k} | {ok} | {json.dumps(detail)[:300]} |")
     triton = report["cuda"].get("triton_kernels", {}).get("timings")
     if triton:  # notebook 08's kernels: time per kernel, and each torch variant's time as a ratio to it
         lines += ["", "| Triton kernel (4096 x 4096, fp32) | Triton µs | other / Triton |", "|---|---|---|"]
@@ -177,7 +191,7 @@ def markdown(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path.cwd(), help="folder for gpu-report.json/.md (default: .)")
-    ap.add_argument("--notebooks", default=",".join(NOTEBOOKS), help="number prefixes (default: 03-10)")
+    ap.add_argument("--notebooks", default=",".join(NOTEBOOKS), help="number prefixes (default: 03-11)")
     ap.add_argument("--timeout-per-notebook", type=int, default=300)
     args = ap.parse_args(argv)
     why = no_gpu_line()
@@ -195,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.name}: {nbs[-1]['seconds']} s {'ok' if nbs[-1]['error'] is None else 'FAILED: ' + nbs[-1]['error']}",
               flush=True)
     cuda = cuda_results()
-    passed = all(r["error"] is None for r in nbs) and all(v.get("ok") for k, v in cuda.items() if k != "device")
+    passed = overall(nbs, cuda)
     report = {"device_name": torch.cuda.get_device_name(0), "torch": torch.__version__, "notebooks": nbs,
               "cuda": cuda, "passed": passed, "seconds": round(time.perf_counter() - t0, 1)}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -141,7 +141,7 @@ def run_benchmark(sizes: Sequence[int], iters: int = 20, warmup: int = 5, repeat
     rank, n = dist.get_rank(), dist.get_world_size()
     backend = dist.get_backend()
     device = torch.device("cpu") if device is None else torch.device(device)
-    elem = torch.tensor([], dtype=dtype).element_size()
+    elem = dtype.itemsize
     rows = []
     for size in sizes:
         count = max(1, int(size) // elem)

@@ -20,8 +20,9 @@ Parts (``--parts``, comma-separated), each checked against the real thing in the
 Learners' exercises run on the ranks through :mod:`labkit.recipes.handpar_grade`, which reuses this module's
 setups.
 
-DeepSpeed runs on its CPU accelerator (``DS_ACCELERATOR=cpu``) with gloo and torch's AdamW (no C++ compile).
-Introduced in notebook 11.
+Every tensor lives on ``--device`` (default: :func:`labkit.device.pick_device`; on CUDA each rank's own GPU) and
+the backend comes from the device gate: gloo on the CPU, NCCL on CUDA. DeepSpeed runs on the matching accelerator
+(its CPU accelerator on the CPU) with torch's AdamW (no C++ compile). Introduced in notebook 11.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PARTS", "build_parser", "main"]
+__all__ = ["PARTS", "build_parser", "main", "rank_device"]
 
 #: What ``--parts`` runs.
 PARTS = ("ddp", "zero1", "tp", "pp", "fsdp")
@@ -47,6 +48,8 @@ IN, HIDDEN, DEPTH, ROWS = 64, 256, 3, 64          # the data-parallel MLP: 148,4
 TP_TOKENS, TP_D = 256, 128                        # the tensor-parallel MLP: d -> 4d -> d on 256 tokens
 PP_BATCH, PP_WIDTH, PP_LAYERS = 256, 1024, 3      # the 2-stage pipeline: batch, width, linear layers per stage
 LR, WD = 1e-3, 0.01
+#: This rank's device, set by :func:`main` from ``--device`` before any part runs.
+_DEV: Any = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-deepspeed", dest="deepspeed", action="store_false",
                     help="skip the DeepSpeed runs of zero1 and fsdp")
     ap.add_argument("--pg-timeout", type=_cli.pg_timeout, default=60.0, help="collective timeout, s (default: 60)")
+    ap.add_argument("--device", type=_cli.device, default=None,
+                    help="cpu or cuda (default: labkit.device.pick_device()); on cuda each rank uses its local GPU")
     return ap
 
 
@@ -80,15 +85,15 @@ def _check_micro(args: argparse.Namespace) -> None:
 def _mlp(seed: int = 0) -> Any:
     from labkit import models
 
-    return models.MLP(IN, HIDDEN, 1, depth=DEPTH, activation="gelu", seed=seed)
+    return models.MLP(IN, HIDDEN, 1, depth=DEPTH, activation="gelu", seed=seed).to(_DEV)
 
 
 def _batch(step: int, rank: int, rows: int = ROWS) -> tuple[Any, Any]:
     """This rank's batch for ``step``: the same on every run, different on every rank."""
     import torch
 
-    g = torch.Generator().manual_seed(1000 * step + rank + 17)
-    x = torch.randn(rows, IN, generator=g)
+    g = torch.Generator().manual_seed(1000 * step + rank + 17)  # drawn on the host: the same bits everywhere
+    x = torch.randn(rows, IN, generator=g, device="cpu").to(_DEV)
     return x, torch.tanh(x[:, :8].sum(1, keepdim=True))
 
 
@@ -106,7 +111,7 @@ def _flat(tensors: Any) -> Any:
 
 
 def _digest(t: Any) -> str:
-    return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def _gather(obj: Any) -> list[Any]:
@@ -180,6 +185,7 @@ def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from labkit import device as dev_gate
     from labkit import handpar
 
     rank = dist.get_rank()
@@ -212,10 +218,12 @@ def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
         for name, (model, front, sync) in variants.items():
             for p in model.parameters():
                 p.grad = None
+            dev_gate.synchronize(_DEV)
             dist.barrier()
             t0 = time.perf_counter()
             _mse(front(x), y).backward()
             sync()
+            dev_gate.synchronize(_DEV)  # on a GPU: the step's kernels, not their launch
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v[2:]) for k, v in times.items()}
     slowest = {k: max(d[k] for d in _gather(med)) for k in med}
@@ -291,16 +299,19 @@ def _sharded(steps: int, step_fn: Any = None) -> tuple[Any, Any, list[float], An
 
 
 def _deepspeed() -> Any:
-    """Import DeepSpeed on its CPU accelerator, collectives on the process group already joined (gloo)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    """Import DeepSpeed on the accelerator of this run's device, on the process group already joined."""
+    from labkit import device as dev_gate
+
+    if not dev_gate.is_cuda(_DEV):
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
         os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
     import deepspeed
     import deepspeed.ops
 
-    # no shared-memory all-reduce (a one-minute compile, and /dev/shm files): gloo, like every other part
+    # no shared-memory all-reduce (a one-minute compile, and /dev/shm files): gloo or NCCL, like every other part
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend=dev_gate.dist_backend(_DEV))
     return deepspeed
 
 
@@ -382,10 +393,10 @@ def _tp_case(f: Any = None, g: Any = None) -> dict[str, Any]:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(5)
-    fc1, fc2 = nn.Linear(TP_D, 4 * TP_D), nn.Linear(4 * TP_D, TP_D)
+    fc1, fc2 = nn.Linear(TP_D, 4 * TP_D).to(_DEV), nn.Linear(4 * TP_D, TP_D).to(_DEV)
     gen = torch.Generator().manual_seed(6)
-    x0 = torch.randn(TP_TOKENS, TP_D, generator=gen)
-    target = torch.randn(TP_TOKENS, TP_D, generator=gen)
+    x0 = torch.randn(TP_TOKENS, TP_D, generator=gen, device="cpu").to(_DEV)
+    target = torch.randn(TP_TOKENS, TP_D, generator=gen, device="cpu").to(_DEV)
     tp = handpar.TensorParallelMLP(fc1, fc2, f=f, g=g)
     x = x0.clone().requires_grad_(True)
     with handpar.recorded_collectives() as fwd:
@@ -427,14 +438,15 @@ def _pp_model(width: int = PP_WIDTH, layers: int = PP_LAYERS) -> list[Any]:
 
     torch.manual_seed(7)
     seq = [m for _ in range(2 * layers) for m in (nn.Linear(width, width), nn.GELU())][:-1]
-    return [nn.Sequential(*seq[:2 * layers]), nn.Sequential(*seq[2 * layers:])]
+    return [nn.Sequential(*seq[:2 * layers]).to(_DEV), nn.Sequential(*seq[2 * layers:]).to(_DEV)]
 
 
 def _pp_data(batch: int = PP_BATCH, width: int = PP_WIDTH) -> tuple[Any, Any]:
     import torch
 
     g = torch.Generator().manual_seed(8)
-    return torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+    return (torch.randn(batch, width, generator=g, device="cpu").to(_DEV),
+            torch.randn(batch, width, generator=g, device="cpu").to(_DEV))
 
 
 def _pp_reference(batch: int = PP_BATCH, width: int = PP_WIDTH, layers: int = PP_LAYERS) -> tuple[float, list[Any]]:
@@ -463,10 +475,18 @@ class _Timeline:
             p.register_post_accumulate_grad_hook(lambda p: self._accumulated())
 
     def _begin(self) -> None:
+        self._sync()
         self._start = time.perf_counter()
 
     def _end(self, kind: str) -> None:
+        self._sync()
         self.spans.append((kind, self._start, time.perf_counter()))
+
+    def _sync(self) -> None:
+        """On a GPU, wait for the queued kernels, so a span is compute, not the launch (a no-op on the CPU)."""
+        from labkit import device as dev_gate
+
+        dev_gate.synchronize(self._params[0].device if self._params else _DEV)
 
     def _begin_backward(self) -> None:
         self._left = len(self._params)
@@ -552,7 +572,7 @@ def _pipelining(m: int, ref_loss: float, ref_grads: list[Any]) -> dict[str, Any]
     stage_mod = _pp_model()[rank]
     x, y = _pp_data()
     try:
-        stage = PipelineStage(stage_mod, rank, world, torch.device("cpu"))
+        stage = PipelineStage(stage_mod, rank, world, torch.device(_DEV))
         schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=_mse)
         losses: list[Any] = []
         if rank == 0:
@@ -657,6 +677,20 @@ def part_fsdp(args: argparse.Namespace) -> dict[str, Any]:
 # main
 # ---------------------------------------------------------------------------------------------------------
 
+def rank_device(requested: str | None = None) -> Any:
+    """This rank's device: ``requested`` (or the device gate's pick); on CUDA, the GPU of its local rank, made
+    current so that object collectives and barriers use it. Introduced in notebook 11."""
+    import torch
+
+    from labkit import device as dev_gate
+
+    dev = dev_gate.pick_device(requested)
+    if dev_gate.is_cuda(dev):
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        dev_gate.set_current_device(dev)
+    return dev
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the requested parts on this rank; rank 0 prints the result.
 
@@ -671,15 +705,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from labkit import device as dev_gate
     from labkit import dist as ldist
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
     t_start = time.perf_counter()
-    ldist.init_process_group("gloo", timeout_s=args.pg_timeout)
+    global _DEV
+    _DEV = rank_device(args.device)
+    ldist.init_process_group(dev_gate.dist_backend(_DEV), timeout_s=args.pg_timeout,
+                             device=_DEV if dev_gate.is_cuda(_DEV) else None)
     rank = dist.get_rank()
     try:
         result: dict[str, Any] = {"world_size": dist.get_world_size(), "backend": dist.get_backend(),
-                                  "torch": torch.__version__}
+                                  "device": str(_DEV), "torch": torch.__version__}
         parts = {"ddp": part_ddp, "zero1": part_zero1, "tp": part_tp, "pp": part_pp, "fsdp": part_fsdp}
         timings = {}
         for name in args.parts:

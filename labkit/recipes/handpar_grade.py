@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--file", action="append", default=[], required=True,
                     help=f"EXERCISE=PATH, EXERCISE one of {', '.join(GRADES)} (repeatable)")
     ap.add_argument("--pg-timeout", type=_cli.pg_timeout, default=30.0, help="collective timeout, s (default: 30)")
+    ap.add_argument("--device", type=_cli.device, default=None,
+                    help="cpu or cuda (default: labkit.device.pick_device()); on cuda each rank uses its local GPU")
     return ap
 
 
@@ -100,7 +102,7 @@ def _grade_zero1(mod: Any) -> dict[str, Any]:
     init = H._flat(H._mlp().parameters())
     mine, theirs = H._flat(model.parameters()), H._flat(ref.parameters())
     lo, hi = opt.rank * opt.part, min(opt.numel, (opt.rank + 1) * opt.part)
-    outside = torch.ones(opt.numel, dtype=torch.bool)
+    outside = torch.ones(opt.numel, dtype=torch.bool, device=mine.device)
     outside[lo:hi] = False
     return {"bitwise": torch.equal(mine, theirs), "rel": H._rel(mine, theirs),
             "summed": torch.equal(mine, H._flat(summed.parameters())),
@@ -181,10 +183,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from labkit import device as dev_gate
     from labkit import dist as ldist
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
-    ldist.init_process_group("gloo", timeout_s=args.pg_timeout)
+    H._DEV = H.rank_device(args.device)  # the setups follow it; the backend comes from the device gate
+    ldist.init_process_group(dev_gate.dist_backend(H._DEV), timeout_s=args.pg_timeout,
+                             device=H._DEV if dev_gate.is_cuda(H._DEV) else None)
     try:
         grades = [{"exercise": n, "file": f, "ranks": H._gather(grade(n, f))} for n, f in jobs]
         if dist.get_rank() == 0:

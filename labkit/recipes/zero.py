@@ -234,7 +234,7 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
     stopped_at = None
     for step in range(args.steps):
         ts = time.perf_counter()
-        acc = torch.zeros((), dtype=torch.float64)
+        acc = torch.zeros((), dtype=torch.float64, device="cpu")  # .cpu() below syncs: step_s is GPU time
         for m in range(ga):
             x, y = batches(step * ga + m, rank=rank, world_size=world)
             logits = engine(x.to(engine.device))

@@ -49,6 +49,7 @@ torch.set_num_threads(1)  # steadier timings on a shared machine (raise it on yo
 K = kernels.load()  # labkit's reference kernels, decorated in the mode chosen above
 dev = MODE.device
 print(MODE)
+print(f"Triton {triton.__version__}: section 4's findings about the interpreter's numerics are this version's")
 
 # %% [markdown]
 # ## 1. Triton's programming model
@@ -526,8 +527,8 @@ xs = kernels.randn(4096, seed=0)
 got, want = kernels.cast(xs, torch.bfloat16), xs.to(torch.bfloat16)
 ulps = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()  # same sign: bit distance = ulps
 truncated = (xs.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)  # low 16 bits dropped
-print(f"Triton cast vs torch: {int((ulps > 0).sum())} of 4096 values differ, by at most {int(ulps.max())} ulp; "
-      f"equal to plain truncation everywhere: {torch.equal(got, truncated)}")
+print(f"Triton {triton.__version__}, {MODE.name}: its cast vs torch's: {int((ulps > 0).sum())} of 4096 values "
+      f"differ, by at most {int(ulps.max())} ulp; equal to plain truncation everywhere: {torch.equal(got, truncated)}")
 
 # %%
 if MODE.interpreted:
@@ -538,7 +539,7 @@ else:  # compiled for a GPU: round to nearest even, as torch
 # %% [markdown]
 # The interpreter **truncates** (rounds toward zero): about half of random values land one ulp below torch's
 # result, and the error is biased, always toward zero. Asking for round-to-nearest in the kernel
-# (`x.to(tl.bfloat16, fp_downcast_rounding="rtne")`) changes nothing in this version. The second difference is
+# (`x.to(tl.bfloat16, fp_downcast_rounding="rtne")`) changes nothing in the Triton printed above. The second difference is
 # worse. The interpreter stores bf16 values as 16-bit integers, and arithmetic on them without a conversion to fp32
 # first is integer arithmetic on bit patterns. The same sum of 4096 bf16 values near 3, with and without
 # `.to(tl.float32)` before `tl.sum`:
