@@ -344,11 +344,11 @@ def default_peak_shapes(device: torch.device | str | None = None,
     """Return the (m, n, k) matmul shapes :func:`peak_matmul_flops` searches by default on ``device`` for ``dtype``.
 
     Square powers of two and a tall-skinny shape: small enough for 2 CPU cores, large enough to fill a GPU. A dtype
-    the device only emulates (``labkit.device.fast`` says no) gets one small shape, :data:`EMULATED_PEAK_SHAPE`: its
+    a CPU only emulates (``labkit.device.fast`` says no) gets one small shape, :data:`EMULATED_PEAK_SHAPE`: its
     peak is a floor, not a ceiling, and a search over large shapes would take minutes. Introduced in notebook 07.
     """
     _, dt = _peak_dtype(dtype)
-    if not dev_gate.fast(dt, device):
+    if not dev_gate.is_cuda(device) and not dev_gate.fast(dt, device):  # a GPU is launch-bound at 256^3: not there
         return (EMULATED_PEAK_SHAPE,)
     if dev_gate.is_cuda(device):
         return ((4096, 4096, 4096), (8192, 8192, 8192), (6144, 6144, 6144), (16384, 4096, 4096))
@@ -560,8 +560,9 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
             continue
         meas = peak_matmul_flops(name, dev, shapes)
         if meas.emulated:
-            lines.append(f"{name}: emulated here (no native {name} units), so measured on "
-                         f"{len(meas.per_shape)} shape(s) only: a floor, not a ceiling")
+            lines.append(f"{name}: not native here (no {name} units, or capped by ONEDNN_MAX_CPU_ISA/"
+                         f"ATEN_CPU_CAPABILITY), so measured on {len(meas.per_shape)} shape(s) only: a floor, "
+                         "not a ceiling")
         try:
             theo: TheoreticalPeak | None = theoretical_peak(name, dev)
         except ValueError as exc:

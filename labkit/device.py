@@ -510,13 +510,14 @@ def event_timer(device: torch.device | str | None = None,
                 flush_bytes: int = L2_FLUSH_BYTES) -> Callable[[Callable[[], object]], float] | None:
     """Return ``timer(fn) -> seconds`` that times ``fn()`` with CUDA events on a CUDA device, else ``None``.
 
-    Done the way ``triton.testing.do_bench`` does it, so the figure is the GPU's time, not the launcher's: before
-    each run a ``flush_bytes`` buffer is zeroed (a cold L2, as in a real step), then the start event is queued,
-    then ``fn``. The GPU is still busy with the flush while Python checks ``fn``'s arguments and launches its
-    kernels, so that host-side overhead is hidden instead of counted as an idle gap between the events (a
-    4096² softmax is ~30 µs of HBM time on an H200, the same order as a launch). The timer synchronises on the
-    end event. ``flush_bytes=0`` skips the flush (then a warm cache and the launch gap are in the figure).
-    Introduced in notebook 04.
+    Done the way ``triton.testing.do_bench`` does it: before each run a ``flush_bytes`` buffer is zeroed (a cold
+    L2, as in a real step), then the start event is queued, then ``fn``. The GPU is still busy with the flush while
+    Python checks ``fn``'s arguments and launches its first kernel, so that host-side overhead (a 4096² softmax is
+    ~30 µs of HBM time on an H200, the same order as a launch) is hidden rather than counted as an idle gap after
+    the start event, up to the flush's own length (~60 µs for 256 MiB on an H200). Gaps between the kernels of a
+    multi-op ``fn`` are still counted: they are part of what eager multi-op code costs. Events and flush are on
+    ``device``'s current stream. The timer synchronises on the end event. ``flush_bytes=0`` skips the flush (then
+    a warm cache and the launch gap are in the figure). Introduced in notebook 04.
     """
     dev = _present(device)
     if isinstance(flush_bytes, bool) or not isinstance(flush_bytes, int) or flush_bytes < 0:
@@ -526,13 +527,14 @@ def event_timer(device: torch.device | str | None = None,
     cache = torch.empty(flush_bytes // 4, dtype=torch.int32, device=dev) if flush_bytes else None
 
     def timer(fn: Callable[[], object]) -> float:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        if cache is not None:
-            cache.zero_()  # queued first: evicts L2 and keeps the GPU busy while fn() is launched
-        start.record()
-        fn()
-        end.record()
+        with torch.cuda.device(dev):  # the events record on this device's stream, where fn's kernels go
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            if cache is not None:
+                cache.zero_()  # queued first: evicts L2 and keeps the GPU busy while fn() is launched
+            start.record()
+            fn()
+            end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1000.0
 

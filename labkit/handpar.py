@@ -44,6 +44,7 @@ __all__ = [
     "allreduce_gradients",
     "bubble_fraction",
     "bucket_layout",
+    "collective_name",
     "gpipe_step",
     "overlap_gradients",
     "pipeline_p2p_bytes",
@@ -250,7 +251,7 @@ class ShardedAdamW:
         self.flat = torch.zeros(self.padded, dtype=first.dtype, device=first.device)
         self.flat[:self.numel] = torch.cat([p.detach().reshape(-1) for p in self.params])
         lo = self.rank * self.part
-        self.shard = self.flat[lo:lo + self.part].clone().requires_grad_(True)  # fp32 master slice
+        self.shard = self.flat[lo:lo + self.part].clone().requires_grad_(True)  # the master slice (params' dtype)
         self.optimizer = torch.optim.AdamW([self.shard], **{"foreach": False, **adamw_kwargs})
 
     def step(self) -> None:
@@ -432,7 +433,18 @@ def recorded_collectives() -> Iterator[list[tuple[str, int]]]:
                     key=lambda e: e.time_range.start)
     for e in events:
         shape = e.input_shapes[0] if e.input_shapes else None  # [] is a 0-d tensor: one element
-        found.append((e.name.split(":", 1)[1], int(math.prod(shape)) if shape is not None else 0))
+        found.append((collective_name(e.name), int(math.prod(shape)) if shape is not None else 0))
+
+
+def collective_name(event: str) -> str:
+    """The collective a profiler event names, the same for both backends: ``"gloo:all_reduce"`` and
+    ``"nccl:all_reduce"`` are ``"all_reduce"``; NCCL's ``"nccl:_reduce_scatter_base"`` is ``"reduce_scatter"`` and
+    its ``"nccl:send 0->1"`` is ``"send"``. Introduced in notebook 11.
+    """
+    name = event.split(":", 1)[-1].split(" ", 1)[0]
+    if name.startswith("_") and name.endswith("_base"):
+        name = name[1:-len("_base")]
+    return name
 
 
 _RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,

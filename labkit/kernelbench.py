@@ -180,10 +180,11 @@ def race(name: str, rows: int = 4096, cols: int = 4096, dtype: Any = "fp32", rep
     if not kernels.mode().interpreted:
         fns["triton"] = lambda: run_fused(name, inputs)
     if name == "adamw":
-        step = kernels.adamw_torch(**inputs, impl="single")
+        # on a GPU the step counter lives beside the parameters (capturable) for the eager and the compiled step alike
+        on_gpu = inputs["p"].device.type == "cuda"
+        step = kernels.adamw_torch(**inputs, impl="single", capturable=on_gpu)
         fns["eager unfused"], fns["eager library"] = step, kernels.adamw_torch(**inputs, impl="fused")
-        if compile:  # on a GPU the compiled step keeps its step counter on the GPU, beside the parameters
-            on_gpu = inputs["p"].device.type == "cuda"
+        if compile:
             fns["torch.compile"] = torch.compile(kernels.adamw_torch(**inputs, impl="single", capturable=on_gpu))
     else:
         args = tuple(inputs.values())

@@ -553,8 +553,8 @@ def adamw_torch(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tens
     ``impl``: "single" (``foreach=False``: op by op, the unfused sequence), "foreach" or "fused" (``fused=True``:
     PyTorch's own fused kernel). The optimizer is built here with ``m``, ``v`` as its state at ``step - 1``, so
     the returned function is just ``optimizer.step()``: call it once. p, m, v may also be float64 (a reference).
-    ``capturable=True`` (CUDA only) keeps the step counter on ``p``'s device, as ``torch.compile`` and CUDA graphs
-    need: no host-device copy inside the step. Introduced in notebook 08.
+    ``capturable=True`` (CUDA only) keeps the step counter on ``p``'s device, as CUDA graphs need (torch.compile
+    would move a host counter there itself): no host-device copy inside the step. Introduced in notebook 08.
     """
     step, lr, b1, b2, eps, wd = _adamw_args(p, g, m, v, step, lr, betas, eps, weight_decay,
                                             (torch.float32, torch.float64))

@@ -158,7 +158,7 @@ def test_an_emulated_dtype_is_measured_on_one_small_shape_and_labelled(monkeypat
     assert r.emulated and r.shape == bench.EMULATED_PEAK_SHAPE and seen == [torch.Size([256, 256])]
     assert not bench.peak_matmul_flops("fp32", "cpu", ((64, 64, 64),), repeats=1).emulated
     text = bench.peak_report(("fp32", "fp16"), "cpu", 2**20, shapes=((64, 64, 64),))
-    assert "fp16: emulated here" in text and "fp32: emulated" not in text
+    assert "fp16: not native here" in text and "fp32: not native" not in text
 
 
 def test_python_m_labkit_bench_peak_prints_measured_and_theoretical():

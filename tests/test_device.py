@@ -226,13 +226,22 @@ def test_event_timer_flushes_l2_before_the_start_event_and_times_between_events(
         def zero_(self) -> None:
             calls.append("flush")
 
+    import contextlib
+
+    @contextlib.contextmanager
+    def on_device(d):
+        calls.append(f"on {d}")
+        yield
+
     made = []
     monkeypatch.setattr(dev_gate, "_present", lambda d=None: torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "device", on_device)
     monkeypatch.setattr(torch, "empty", lambda n, dtype, device: made.append((n, dtype, device)) or FakeBuffer())
     timer = dev_gate.event_timer("cuda")
     assert made == [(dev_gate.L2_FLUSH_BYTES // 4, torch.int32, torch.device("cuda", 0))]
     assert timer(lambda: calls.append("fn")) == 0.0025
-    assert [c for c in calls if not c.startswith("new")] == ["flush", "record start", "fn", "record end", "sync end"]
+    assert [c for c in calls if not c.startswith("new")] == ["on cuda:0", "flush", "record start", "fn", "record end",
+                                                              "sync end"]
     with pytest.raises(ValueError):
         dev_gate.event_timer("cuda", flush_bytes=-1)

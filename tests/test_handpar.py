@@ -37,6 +37,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # in this process: formulas, layouts, validation, a 1-rank group
 # --------------------------------------------------------------------------------------------------
 
+def test_collective_names_are_the_same_for_gloo_and_nccl():
+    """The profiler names NCCL's collectives differently (its *_base ops, ranks in p2p names); the counts must not
+    depend on the backend."""
+    names = {"gloo:all_reduce": "all_reduce", "nccl:all_reduce": "all_reduce", "gloo:all_gather": "all_gather",
+             "nccl:_all_gather_base": "all_gather", "nccl:_reduce_scatter_base": "reduce_scatter",
+             "gloo:send": "send", "nccl:send 0->1": "send", "nccl:recv 0<-1": "recv", "gloo:recv": "recv"}
+    assert {k: handpar.collective_name(k) for k in names} == names
+
+
 def test_bucket_layout_is_the_one_torch_ddp_rebuilds():
     """torch's own bucket assignment (what DDP calls when it rebuilds buckets in gradient-ready order)."""
     numels = [16384, 256, 65536, 256, 65536, 256, 256, 1]
@@ -127,8 +136,8 @@ def test_on_one_rank_every_strategy_is_the_plain_model(one_rank_group):
 
 @pytest.fixture(scope="module")
 def launched():
-    return launch("labkit.recipes.handpar", 2, ["--reps", "2", "--micro", "1,4", "--steps", "3"], timeout=400,
-                  stream=False)
+    return launch("labkit.recipes.handpar", 2, ["--reps", "2", "--micro", "1,4", "--steps", "3", "--device", "cpu"],
+                  timeout=400, stream=False)
 
 
 @pytest.mark.slow
@@ -348,7 +357,7 @@ def test_graders_name_more_typical_mistakes(tmp_path):
         path = tmp_path / f"{name}.py"
         path.write_text("import torch\nimport torch.distributed as dist\n" + body)
         files += ["--file", f"{exercise}={path}"]
-    res = launch("labkit.recipes.handpar_grade", 2, files, timeout=300, stream=False)
+    res = launch("labkit.recipes.handpar_grade", 2, [*files, "--device", "cpu"], timeout=300, stream=False)
     judges = {"ddp": nb11._judge_ddp, "zero1": nb11._judge_zero1, "tp": nb11._judge_tp}
     for (name, (exercise, _, said)), graded in zip(MORE_MISTAKES.items(), res["grades"]):
         assert graded["exercise"] == exercise

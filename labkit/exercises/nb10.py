@@ -180,7 +180,7 @@ EXERCISES = [
         grade=_grade_config,
         hint="Go through the setup phrase by phrase and find the config key for each (zero.explain shows them all).",
         method="zero.config(stage, dtype, ...) takes micro_batch, grad_accum, world_size and the fp16 knobs: "
-               "initial_scale_power (k in 2**k), hysteresis (overflows tolerated before halving), "
+               "initial_scale_power (k in 2**k), hysteresis (the overflow that halves: h-1 are tolerated), "
                "loss_scale_window (clean steps before doubling), gradient_clipping, overlap_comm.",
         solution="zero.config(3, 'fp16', micro_batch=2, grad_accum=4, world_size=16, initial_scale_power=12, "
                  "hysteresis=1, loss_scale_window=500, gradient_clipping=1.0, overlap_comm=True)",

@@ -105,7 +105,7 @@ def _launch(grade: str, text: str) -> tuple[dict[str, Any] | None, str]:
         path.write_text(text)
         try:
             res = launch("labkit.recipes.handpar_grade", nproc=2, timeout=180, stream=False,
-                         args=["--file", f"{grade}={path}", "--pg-timeout", "30"])
+                         args=["--file", f"{grade}={path}", "--pg-timeout", "30", "--device", "cpu"])
         except LaunchTimeout:
             return None, ("The ranks did not finish: one of them waited for ever, e.g. a recv without its send, or a "
                           "collective that only one rank calls.")
@@ -329,7 +329,8 @@ EXERCISES = [
         reference=_hp.gpipe_step,
         wrong=_mistake.gpipe_step,
         method="m = len(inputs) on rank 0, len(targets) on rank 1. Forward loop: rank 0 runs stage(inputs[i]) and "
-               "sends; rank 1 receives into torch.empty(act_shape), sets requires_grad_, runs the stage and "
+               "sends; rank 1 receives into torch.empty(act_shape) on the stage's device and dtype (take them from "
+               "next(stage.parameters())), sets requires_grad_, runs the stage and "
                "loss_fn(out, targets[i]) / m. Backward loop: rank 1 calls backward and sends x.grad; rank 0 receives "
                "the gradient and calls out.backward(grad).",
         solution="See labkit.handpar.gpipe_step: two loops over the micro-batches; dist.send/dist.recv (or isend) "

@@ -82,6 +82,13 @@ def _check_micro(args: argparse.Namespace) -> None:
 # helpers
 # ---------------------------------------------------------------------------------------------------------
 
+def _device() -> Any:
+    """This rank's device as a torch.device (the CPU before :func:`main` has set one)."""
+    import torch
+
+    return torch.device("cpu") if _DEV is None else torch.device(_DEV)
+
+
 def _mlp(seed: int = 0) -> Any:
     from labkit import models
 
@@ -168,6 +175,8 @@ def _ddp_step(front: Any, sync: Any, x: Any, y: Any) -> dict[str, Any]:
     while backward was still running (torch's ``c10d::`` ops are recorded where they are called)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from labkit import handpar
+
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         with record_function("labkit::backward"):
             _mse(front(x), y).backward()
@@ -175,7 +184,7 @@ def _ddp_step(front: Any, sync: Any, x: Any, y: Any) -> dict[str, Any]:
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     bwd = next(e.time_range for e in events if e.name == "labkit::backward")
     issued = [e for e in events if e.name.startswith("c10d::") and "broadcast" not in e.name]
-    executed = [(e.name.split(":", 1)[1], int(math.prod(e.input_shapes[0])) if e.input_shapes else 0)
+    executed = [(handpar.collective_name(e.name), int(math.prod(e.input_shapes[0])) if e.input_shapes else 0)
                 for e in events if e.name.startswith(("gloo:", "nccl:"))]
     return {"issued_in_backward": sum(bwd.start <= e.time_range.start <= bwd.end for e in issued),
             "issued": len(issued), **_calls(executed)}
@@ -228,7 +237,7 @@ def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
     med = {k: statistics.median(v[2:]) for k, v in times.items()}
     slowest = {k: max(d[k] for d in _gather(med)) for k in med}
     numels = [p.numel() for p in variants["naive"][0].parameters()]
-    elems = max(1, int(bucket_mb * 2**20) // 4)
+    elems = max(1, int(bucket_mb * 2**20) // next(variants["naive"][0].parameters()).element_size())
     return {
         "n_params": sum(numels), "numels": numels, "bucket_mb": bucket_mb,
         "bucket_layout": handpar.bucket_layout(numels, elems),
@@ -302,8 +311,7 @@ def _deepspeed() -> Any:
     """Import DeepSpeed on the accelerator of this run's device, on the process group already joined."""
     from labkit import device as dev_gate
 
-    if not dev_gate.is_cuda(_DEV):
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ["DS_ACCELERATOR"] = "cuda" if dev_gate.is_cuda(_DEV) else "cpu"  # the accelerator of --device
     if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
         os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
     import deepspeed
@@ -483,10 +491,14 @@ class _Timeline:
         self.spans.append((kind, self._start, time.perf_counter()))
 
     def _sync(self) -> None:
-        """On a GPU, wait for the queued kernels, so a span is compute, not the launch (a no-op on the CPU)."""
-        from labkit import device as dev_gate
+        """On a GPU, wait for this stage's compute stream, so a span is compute, not the launch (a no-op on the CPU).
 
-        dev_gate.synchronize(self._params[0].device if self._params else _DEV)
+        Not the whole device: that would also wait for NCCL's stream and turn every isend into a rendezvous."""
+        import torch
+
+        dev = self._params[0].device if self._params else _device()
+        if dev.type == "cuda":
+            torch.cuda.current_stream(dev).synchronize()
 
     def _begin_backward(self) -> None:
         self._left = len(self._params)
@@ -564,7 +576,6 @@ def part_pp(args: argparse.Namespace) -> dict[str, Any]:
 
 def _pipelining(m: int, ref_loss: float, ref_grads: list[Any]) -> dict[str, Any]:
     """The same GPipe step with torch.distributed.pipelining (PipelineStage + ScheduleGPipe)."""
-    import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
@@ -572,7 +583,7 @@ def _pipelining(m: int, ref_loss: float, ref_grads: list[Any]) -> dict[str, Any]
     stage_mod = _pp_model()[rank]
     x, y = _pp_data()
     try:
-        stage = PipelineStage(stage_mod, rank, world, torch.device(_DEV))
+        stage = PipelineStage(stage_mod, rank, world, _device())
         schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=_mse)
         losses: list[Any] = []
         if rank == 0:
@@ -633,13 +644,16 @@ def _fsdp2(steps: int) -> dict[str, Any]:
 
     rank = dist.get_rank()
     try:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # the mesh names --device: without it FSDP2 picks the machine's accelerator, a GPU even for a CPU run
+        mesh = init_device_mesh(_device().type, (dist.get_world_size(),))
         model = _mlp()
         for layer in model.net:
             if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=False)
         losses, events, snap = [], [], {}
         for step in range(steps):
@@ -686,7 +700,11 @@ def rank_device(requested: str | None = None) -> Any:
 
     dev = dev_gate.pick_device(requested)
     if dev_gate.is_cuda(dev):
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local, visible = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local >= visible:
+            raise ValueError(f"local rank {local} has no GPU of its own ({visible} visible): start one rank per GPU, "
+                             "or pass --device cpu")
+        dev = torch.device("cuda", local)
         dev_gate.set_current_device(dev)
     return dev
 

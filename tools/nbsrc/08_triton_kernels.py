@@ -49,7 +49,8 @@ torch.set_num_threads(1)  # steadier timings on a shared machine (raise it on yo
 K = kernels.load()  # labkit's reference kernels, decorated in the mode chosen above
 dev = MODE.device
 print(MODE)
-print(f"Triton {triton.__version__}: section 4's findings about the interpreter's numerics are this version's")
+if MODE.interpreted:
+    print(f"Triton {triton.__version__}: section 4's findings about the interpreter's numerics are this version's")
 
 # %% [markdown]
 # ## 1. Triton's programming model
@@ -537,9 +538,10 @@ else:  # compiled for a GPU: round to nearest even, as torch
     assert torch.equal(got, want)
 
 # %% [markdown]
-# The interpreter **truncates** (rounds toward zero): about half of random values land one ulp below torch's
-# result, and the error is biased, always toward zero. Asking for round-to-nearest in the kernel
-# (`x.to(tl.bfloat16, fp_downcast_rounding="rtne")`) changes nothing in the Triton printed above. The second difference is
+# The interpreter **truncates** (rounds toward zero): about half of random values land one ulp closer to zero than
+# torch's result, and the error is biased, always toward zero. Asking for round-to-nearest in the kernel
+# (`x.to(tl.bfloat16, fp_downcast_rounding="rtne")`) changes nothing in the Triton printed above: "rtne" is already
+# the default, and its interpreter casts both the same way. The second difference is
 # worse. The interpreter stores bf16 values as 16-bit integers, and arithmetic on them without a conversion to fp32
 # first is integer arithmetic on bit patterns. The same sum of 4096 bf16 values near 3, with and without
 # `.to(tl.float32)` before `tl.sum`:

@@ -14,7 +14,8 @@
 # **Estimated time:** 40 min
 #
 # Everything below runs for real: DeepSpeed 0.19 on its CPU accelerator, 2 processes talking over gloo. On a GPU
-# node the same recipe runs on CUDA with NCCL.
+# node the same recipe runs on CUDA with NCCL. One exception, labelled where it appears: where DeepSpeed refuses fp16
+# on this CPU, section 4's fp16 trace is a run recorded on a CPU that has fp16.
 
 # %%
 # %matplotlib inline
@@ -244,13 +245,13 @@ assert res["shm_files_left"] == []
 # |---|---|---|
 # | `loss_scale: 0` | (enabled) | dynamic scaling; a positive value is a static scale |
 # | `initial_scale_power: k` | `init_scale=2**k` | the first scale |
-# | `loss_scale_window` | `growth_interval` | clean steps before the scale doubles |
-# | `hysteresis` | (always 1) | overflows tolerated before halving; every overflowing step is skipped |
+# | `loss_scale_window` | `growth_interval` | the scale doubles every `window` clean steps; after an overflow (and at the start) on clean step window+1 (GradScaler: on clean step `growth_interval`) |
+# | `hysteresis: h` | (always 1) | the h-th overflow halves the scale, h−1 are tolerated; every overflowing step is skipped; refilled only when the scale grows (unless `consecutive_hysteresis`) |
 # | `min_loss_scale` | (none) | a floor; DeepSpeed stops if it overflows there |
 #
-# The fp16 run of section 3 started deliberately too high (2**21), with window 2 and hysteresis 1, so the trace
-# shows both directions. Whether it ran on this machine came from the device gate and from DeepSpeed, never from an
-# assumption:
+# The fp16 run (section 3's, where DeepSpeed accepts fp16 here; otherwise the recording of the same run) starts
+# deliberately too high (2**21), with window 2 and hysteresis 1, so the trace shows both directions. Whether it ran
+# on this machine came from the device gate and from DeepSpeed, never from an assumption:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -267,8 +268,8 @@ else:
           f"recorded on {zero.RECORDED_FP16_RUN['recorded_on']}. On a GPU or an AMX Xeon it is this machine's own.")
 
 # %% [markdown]
-# Every overflowing step is skipped (the weights do not move), and the scale halves. After 2 clean steps it
-# doubles, and if the doubled scale overflows again it halves straight back. The scale settles at the largest
+# Every overflowing step is skipped (the weights do not move), and the scale halves. After 3 clean steps (window + 1)
+# it doubles, and if the doubled scale overflows again it halves straight back. The scale settles at the largest
 # power of two at which this model's gradients fit in fp16. The trace is exactly DeepSpeed's rule replayed on the
 # observed overflows (`labkit.scaling.deepspeed_scale_sequence`). Where DeepSpeed refused fp16, the figure is labelled
 # as the stored example (`labkit.zero.RECORDED_FP16_RUN`), and the same replay is checked against it:
@@ -277,7 +278,8 @@ else:
 # NBVAL_IGNORE_OUTPUT
 source = "this machine" if fp is not None else "stored example, " + zero.RECORDED_FP16_RUN["recorded_on"]
 fp = fp if fp is not None else zero.RECORDED_FP16_RUN  # DeepSpeed refused fp16 here: the recorded run
-replay = scaling.deepspeed_scale_sequence(fp["overflow"], initial_scale_power=21, loss_scale_window=2, hysteresis=1)
+knobs = {k: fp.get(k, v) for k, v in {"initial_scale_power": 21, "loss_scale_window": 2, "hysteresis": 1}.items()}
+replay = scaling.deepspeed_scale_sequence(fp["overflow"], **knobs)  # the recording carries its own settings
 assert fp["loss_scales"] == replay[1:] and fp["skipped_steps"] == sum(fp["overflow"])
 plots.scale_history(replay[:-1], fp["overflow"], title=f"DeepSpeed fp16 loss scale (ZeRO-2, 2 ranks)\n{source}")
 plt.show()
@@ -286,8 +288,10 @@ print(f"DeepSpeed's trace ({source}) == the replayed rule: True")
 # %% [markdown]
 # Compared with GradScaler: both halve on overflow and double after a run of clean steps. With `hysteresis: 2`
 # (DeepSpeed's default) the first overflow only uses up one unit of hysteresis: the step is skipped but the scale
-# stays. DeepSpeed also counts its window from the step after an overflow, so its first growth comes one step
-# later than GradScaler's (see `labkit.scaling.DEEPSPEED_KNOBS`). bf16 needs none of this: it has fp32's
+# stays; every later overflow halves, until the next growth refills it. DeepSpeed grows when the clean steps
+# *before* the current one, counted since the last overflow, are a multiple of the window, so each first growth
+# (after an overflow, and at the start) comes one step later than GradScaler's (see
+# `labkit.scaling.DEEPSPEED_KNOBS`). bf16 needs none of this: it has fp32's
 # exponent range.
 #
 # ## 5. Optimizer offload: what moves, and what it costs

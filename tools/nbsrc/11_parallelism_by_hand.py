@@ -16,8 +16,11 @@
 # **Estimated time:** 60 min
 #
 # Everything runs for real on 2 ranks: two processes started by `torchrun`, talking over gloo. They are CPU
-# processes wherever this notebook runs, because the point is the mechanism. On GPUs the same code runs with NCCL,
-# and the messages go over NVLink or InfiniBand instead of loopback TCP.
+# processes wherever this notebook runs (`--device cpu`), because the point is the mechanism. The code follows its
+# parameters' device and dtype and takes its backend from the device gate, so on a node with 2 GPUs
+# `torchrun --nproc_per_node 2 -m labkit.recipes.handpar --device cuda` runs the same strategies on NCCL, and the
+# messages go over NVLink or PCIe within a node and InfiniBand between nodes instead of loopback TCP. What then
+# differs: NCCL has a real reduce-scatter (section 3 counts gloo's emulation), and the timings are the GPU's.
 
 # %%
 # %matplotlib inline
@@ -153,7 +156,7 @@ predict("11.allreduce-count", prediction)
 # returned.
 
 # %%
-res = launch("labkit.recipes.handpar", nproc=2, timeout=600, stream=False)
+res = launch("labkit.recipes.handpar", nproc=2, timeout=600, stream=False, args=["--device", "cpu"])
 print(f"{res['world_size']} ranks, backend {res['backend']}; ran {', '.join(res['timings_s'])}")
 ddp = res["ddp"]
 print(f"{'version':<10}{'all-reduces/step':>18}{'during backward':>17}{'bytes/step':>12}")
@@ -454,12 +457,13 @@ def gpipe_step(stage, inputs, targets, loss_fn, act_shape):
     rank, world = dist.get_rank(), dist.get_world_size()
     first, last = rank == 0, rank == world - 1
     m = len(inputs if first else targets)
+    p = next(stage.parameters())  # received activations live where the stage does, in its dtype
     ins, outs = [], []
     for i in range(m):
         if first:
             x = inputs[i]
         else:
-            x = torch.empty(act_shape)
+            x = torch.empty(act_shape, dtype=p.dtype, device=p.device)
             dist.recv(x, rank - 1)
             x.requires_grad_(True)
         y = stage(x)
