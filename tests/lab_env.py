@@ -12,8 +12,8 @@ as in a venv that lacks them. Put :func:`blocker_env`'s ``PYTHONPATH`` on a kern
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -55,13 +55,15 @@ sys.meta_path[:] = [_OnlyWhatMakeLabInstalls if f is importlib.machinery.PathFin
 '''
 
 
-def makefile_var(name: str) -> str:
-    """The value of a ``NAME := value`` (or ``?=``) line in the Makefile."""
-    text = (ROOT / "Makefile").read_text()
-    m = re.search(rf"^{re.escape(name)}\s*[:?]?=\s*(.*)$", text, re.M)
-    if not m:
-        raise ValueError(f"the Makefile defines no {name}")
-    return m.group(1).strip()
+def _cuda_install_tool():
+    """tools/cuda_install.py as a module (tools/ is not a package): the one reader of the Makefile's settings."""
+    spec = importlib.util.spec_from_file_location("labkit_tool_cuda_install", ROOT / "tools" / "cuda_install.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+makefile_var = _cuda_install_tool().makefile_var
 
 
 def lab_requirements() -> list[Requirement]:

@@ -31,6 +31,7 @@ LOCAL_ONLY = ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_CONFIG_FILE", "PIP_NO_IND
 
 
 def makefile_var(name: str) -> str:
+    """The value of a ``NAME := value`` (or ``?=``) line in the Makefile (also read by tests/lab_env.py)."""
     text = (ROOT / "Makefile").read_text()
     m = re.search(rf"^{re.escape(name)}\s*[:?]?=\s*(.*)$", text, re.M)
     if not m:
