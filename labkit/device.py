@@ -410,10 +410,16 @@ def set_current_device(device: torch.device | str) -> None:
         torch.cuda.set_device(dev)
 
 
-def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for queued work on ``device`` to finish (a no-op on CPU). Introduced in notebook 04."""
+def synchronize(device: torch.device | str | None = None, stream_only: bool = False) -> None:
+    """Wait for queued work on ``device`` to finish (a no-op on CPU).
+
+    ``stream_only``: on CUDA wait for the current (compute) stream only, not for every stream (NCCL's own stream
+    included), so a timing around compute does not turn a pending send into a rendezvous. Introduced in notebook 04.
+    """
     dev = _present(device)
-    if dev.type == "cuda":
+    if dev.type == "cuda" and stream_only:
+        torch.cuda.current_stream(dev).synchronize()
+    elif dev.type == "cuda":
         torch.cuda.synchronize(dev)
     elif dev.type == "mps":
         torch.mps.synchronize()

@@ -494,11 +494,9 @@ class _Timeline:
         """On a GPU, wait for this stage's compute stream, so a span is compute, not the launch (a no-op on the CPU).
 
         Not the whole device: that would also wait for NCCL's stream and turn every isend into a rendezvous."""
-        import torch
+        from labkit import device as dev_gate
 
-        dev = self._params[0].device if self._params else _device()
-        if dev.type == "cuda":
-            torch.cuda.current_stream(dev).synchronize()
+        dev_gate.synchronize(self._params[0].device if self._params else _device(), stream_only=True)
 
     def _begin_backward(self) -> None:
         self._left = len(self._params)
@@ -700,11 +698,12 @@ def rank_device(requested: str | None = None) -> Any:
 
     dev = dev_gate.pick_device(requested)
     if dev_gate.is_cuda(dev):
-        local, visible = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
-        if local >= visible:
-            raise ValueError(f"local rank {local} has no GPU of its own ({visible} visible): start one rank per GPU, "
-                             "or pass --device cpu")
-        dev = torch.device("cuda", local)
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        try:
+            dev = dev_gate.resolve(torch.device("cuda", local))  # the gate checks that this GPU exists
+        except ValueError as exc:
+            raise ValueError(f"local rank {local} has no GPU of its own ({exc}): start one rank per GPU, "
+                             "or pass --device cpu") from None
         dev_gate.set_current_device(dev)
     return dev
 
