@@ -441,6 +441,8 @@ def collective_name(event: str) -> str:
     ``"nccl:all_reduce"`` are ``"all_reduce"``; NCCL's ``"nccl:_reduce_scatter_base"`` is ``"reduce_scatter"`` and
     its ``"nccl:send 0->1"`` is ``"send"``. Introduced in notebook 11.
     """
+    if not isinstance(event, str):
+        raise TypeError(f"event must be a profiler event name such as 'nccl:all_reduce', got {type(event).__name__}")
     name = event.split(":", 1)[-1].split(" ", 1)[0]
     if name.startswith("_") and name.endswith("_base"):
         name = name[1:-len("_base")]
