@@ -92,12 +92,15 @@ def adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, lr, beta1, beta2, eps, weight_de
 
 @triton.jit
 def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_len, scale, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr):
+                           BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                           DOT_16BIT: tl.constexpr = False):
     """FlashAttention's forward pass: one program per (block of BLOCK_M queries, head); K and V in tiles.
 
     q, k, v, o are contiguous (heads, seq_len, HEAD_DIM). The (BLOCK_M, BLOCK_N) scores live in registers only:
-    the running max m_i, the running sum l_i and the accumulator acc are rescaled when the max grows. The tiles are
-    fp32 (the interpreter cannot multiply bf16 tiles) and tl.dot is told IEEE fp32: on a GPU it would use TF32.
+    the running max m_i, the running sum l_i and the accumulator acc are rescaled when the max grows. By default
+    the tiles are fp32 (the interpreter cannot multiply bf16 tiles) and tl.dot is told IEEE fp32. ``DOT_16BIT``
+    (compiled, bf16/fp16 inputs) feeds tl.dot the 16-bit tiles as loaded, and P cast to V's dtype, with fp32
+    accumulation: the tensor-core path a real kernel takes; the softmax statistics stay fp32.
     """
     start_m = tl.program_id(0)
     head = tl.program_id(1)
@@ -106,7 +109,8 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_len, scale, BLOCK_M: 
     offs_d = tl.arange(0, HEAD_DIM)
     m_mask = offs_m < seq_len
     q = tl.load(q_ptr + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=m_mask[:, None], other=0.0)
-    q = q.to(tl.float32)
+    if not DOT_16BIT:
+        q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -114,9 +118,13 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_len, scale, BLOCK_M: 
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_mask = offs_n < seq_len
         kv_offs = base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(k_ptr + kv_offs, mask=n_mask[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + kv_offs, mask=n_mask[:, None], other=0.0).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BLOCK_M, BLOCK_N) scores: never in memory
+        k = tl.load(k_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
+        if DOT_16BIT:  # tensor cores: 16-bit tiles in, fp32 out
+            s = tl.dot(q, tl.trans(k)) * scale
+        else:
+            k, v = k.to(tl.float32), v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BLOCK_M, BLOCK_N) scores: never in memory
         keep = n_mask[None, :]
         if CAUSAL:
             keep = keep & (offs_m[:, None] >= offs_n[None, :])
@@ -125,7 +133,10 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_len, scale, BLOCK_M: 
         alpha = tl.exp(m_i - m_new)  # how much the old max overstated: rescale what was summed so far
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        if DOT_16BIT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
     o = acc / l_i[:, None]
     tl.store(o_ptr + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], o.to(o_ptr.dtype.element_ty),

@@ -595,7 +595,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """Return softmax(q k^T / sqrt(d)) v for ``(batch, heads, seq, d)`` tensors from one FlashAttention kernel.
 
     The grid is ``(cdiv(seq, block_m), batch * heads)``; each program walks K and V in tiles of ``block_n`` keys
-    with an online softmax, so no (seq, seq) matrix is ever stored. ``d`` must be a power of two >= 16.
+    with an online softmax, so no (seq, seq) matrix is ever stored. ``d`` must be a power of two >= 16. Compiled
+    for a GPU with bf16/fp16 inputs, labkit's kernel feeds ``tl.dot`` the 16-bit tiles (tensor cores, fp32
+    accumulation); in the interpreter, or with a ``kernel`` of your own, the tiles are fp32.
     Introduced in notebook 08.
     """
     q, k, v = (_tensor(n, t, 4) for n, t in (("q", q), ("k", k), ("v", v)))
@@ -610,7 +612,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     _on_mode_device(q, k, v)
     o = _out("out", out, q)
     kern = as_kernel(load().flash_attention_kernel if kernel is None else kernel)
-    kern[(math.ceil(n / bm), b * h)](q, k, v, o, n, d**-0.5, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, CAUSAL=causal)
+    extra = {}
+    if kernel is None and not mode().interpreted and q.dtype in (torch.bfloat16, torch.float16):
+        extra["DOT_16BIT"] = True  # the reference kernel's tensor-core path (a learner's kernel has no such flag)
+    kern[(math.ceil(n / bm), b * h)](q, k, v, o, n, d**-0.5, BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, CAUSAL=causal,
+                                     **extra)
     return o
 
 

@@ -17,6 +17,7 @@ On a machine without a CUDA GPU it says so in one line and exits 0 without runni
    - the AMP speed-up over fp32 for a matmul and the tiny-GPT train step (``bench.amp_benchmark``);
    - notebook 08's Triton kernels compiled: each checked against torch (fp32 and bf16), the bf16 cast rounding to
      nearest even, and each timed against torch eager and ``torch.compile`` (``kernelbench.race``), as ratios;
+     FlashAttention on bf16 tiles (tensor cores) checked and timed against ``scaled_dot_product_attention``;
 3. writes ``gpu-report.json`` and ``gpu-report.md`` to ``--out`` (default: the current folder) and exits non-zero
    if any notebook or any check failed.
 
@@ -151,8 +152,22 @@ def cuda_results() -> dict[str, Any]:
             t = kernelbench.race(n, 4096, 4096, repeats=10)
             timing[n] = {"triton_us": round(t["triton"] * 1e6, 1),
                          **{f"{k} / triton": round(v / t["triton"], 2) for k, v in t.items() if k != "triton"}}
-        return {"ok": mode.name == "compiled" and all(checks.values()) and rne, "mode": mode.name,
-                "bf16_cast_round_to_nearest": rne, "checks": checks, "timings": timing}
+        # FlashAttention compiled: bf16 tiles into tl.dot (tensor cores), against PyTorch's SDPA on the same inputs
+        g = torch.Generator(device=dev).manual_seed(0)
+        q, k, v = (torch.randn(4, 16, 4096, 64, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(3))
+        ours = kernels.flash_attention(q, k, v, block_m=64, block_n=64)
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        err = float((ours.float() - ref.float()).abs().max())
+        fa = bench.compare({"triton": lambda: kernels.flash_attention(q, k, v, block_m=64, block_n=64),
+                            "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)},
+                           baseline="triton", device=dev)
+        timing["flash_attention bf16 (4x16x4096x64)"] = {
+            "triton_us": round(fa.timings["triton"].median * 1e6, 1), "sdpa / triton": round(fa.ratio("sdpa"), 2),
+            "max_abs_err_vs_sdpa": err}
+        fa_ok = err < 3e-2  # bf16 output: a few ulps of values of order 1
+        return {"ok": mode.name == "compiled" and all(checks.values()) and rne and fa_ok, "mode": mode.name,
+                "bf16_cast_round_to_nearest": rne, "flash_attention_matches_sdpa": fa_ok, "checks": checks,
+                "timings": timing}
 
     guarded("amp_speedup", amp_speedup)
     guarded("triton_kernels", triton_kernels)

@@ -434,7 +434,8 @@ else:
 # **08.flash-attention.** Complete the update inside the loop; `tl.dot(p, v, input_precision="ieee")` multiplies
 # a probability tile by a V tile. (The tiles are converted to fp32 after loading, section 4 says why, and `tl.dot`
 # is asked for IEEE fp32 rather than the TF32 a GPU would use by default. A production kernel feeds bf16 tiles to
-# `tl.dot` and lets the tensor cores accumulate in fp32.)
+# `tl.dot` and lets the tensor cores accumulate in fp32: labkit's kernel does that when it is compiled for a GPU
+# with bf16 inputs (its `DOT_16BIT` flag), and `make gpu-check` times it against PyTorch's SDPA.)
 
 # %%
 @triton.jit
