@@ -28,6 +28,7 @@ __all__ = [
     "autocast_dtype",
     "capabilities",
     "computes",
+    "CPU_CLASSES",
     "cpu_class",
     "cpu_isa_flags",
     "cpu_isa_in_use",
@@ -317,6 +318,11 @@ def cpu_isa_in_use() -> tuple[str, ...]:
              "amx_tile": _onednn_allows("AVX512_CORE_AMX"), "amx_bf16": _onednn_allows("AVX512_CORE_AMX"),
              "amx_int8": _onednn_allows("AVX512_CORE_AMX"), "amx_fp16": _onednn_allows("AVX512_CORE_AMX_FP16")}
     return tuple(f for f in cpu_isa_flags() if gates.get(f, True))
+
+
+#: The CPU classes :func:`cpu_class` names, lowest first; a cap ($ATEN_CPU_CAPABILITY, $ONEDNN_MAX_CPU_ISA) can only
+#: move a machine down this list. Introduced in notebook 00.
+CPU_CLASSES: tuple[str, ...] = ("baseline", "avx2", "avx512", "avx512-bf16", "amx")
 
 
 def cpu_class() -> str:

@@ -113,7 +113,7 @@ def test_uncapped_class_follows_the_hardware_flags():
     assert got["fast_fp16"] == got["mkldnn_fp16"] == bool(got["ds_fp16"]), got  # one oneDNN answer, asked thrice
 
 
-ORDER = ["baseline", "avx2", "avx512", "avx512-bf16", "amx"]
+ORDER = dev_gate.CPU_CLASSES
 
 
 def test_this_run_is_the_class_it_claims():

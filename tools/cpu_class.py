@@ -15,7 +15,8 @@ import os
 import subprocess
 import sys
 
-ORDER = ["baseline", "avx2", "avx512", "avx512-bf16", "amx"]
+from labkit.device import CPU_CLASSES as ORDER
+
 CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
