@@ -253,6 +253,8 @@ def test_fp16_is_run_where_supported_and_refused_where_not(launched):
     from labkit import scaling
 
     res, _, _ = launched
+    knobs = ("initial_scale_power", "loss_scale_window", "hysteresis")
+    assert all(_run(res, 2, "bf16")[k] is None for k in knobs)  # no loss scaling in bf16
     if not FP16:  # the device gate says fp16 does not compute here: the recipe must refuse, clearly
         with pytest.raises(dist.LaunchError, match="fp16 is not supported on this device"):
             dist.launch("labkit.recipes.zero", 2, ["--runs", "2:fp16", "--steps", "1"], timeout=120,
@@ -260,8 +262,8 @@ def test_fp16_is_run_where_supported_and_refused_where_not(launched):
         return
     run = _run(res, 2, "fp16")
     assert run["overflow"][0] is True  # 2**24 overflows fp16 gradients of this model
-    replay = scaling.deepspeed_scale_sequence(run["overflow"], initial_scale_power=24, loss_scale_window=2,
-                                              hysteresis=1)
+    assert {k: run[k] for k in knobs} == {"initial_scale_power": 24, "loss_scale_window": 2, "hysteresis": 1}
+    replay = scaling.deepspeed_scale_sequence(run["overflow"], **{k: run[k] for k in knobs})
     assert run["loss_scales"] == replay[1:]
     assert run["skipped_steps"] == sum(run["overflow"])
     assert run["checksums"][0] == run["checksums"][1]

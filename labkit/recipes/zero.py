@@ -268,6 +268,9 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
         "param_sums": [g["param_sum"] for g in gathered],
         "n_params": sum(numels), "param_numels": numels,
         "config": cfg,
+        # fp16's loss-scale settings, under the names labkit.scaling.deepspeed_scale_sequence takes (None in bf16)
+        **{k: (cfg["fp16"][k] if dtype == "fp16" else None)
+           for k in ("initial_scale_power", "loss_scale_window", "hysteresis")},
         "timings": {"init_s": init_s, "train_s": train_s,
                     "step_s_median": statistics.median(step_s[1:] or step_s)},
     }

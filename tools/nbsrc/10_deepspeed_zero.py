@@ -278,8 +278,8 @@ else:
 # NBVAL_IGNORE_OUTPUT
 source = "this machine" if fp is not None else "stored example, " + zero.RECORDED_FP16_RUN["recorded_on"]
 fp = fp if fp is not None else zero.RECORDED_FP16_RUN  # DeepSpeed refused fp16 here: the recorded run
-knobs = {k: fp.get(k, v) for k, v in {"initial_scale_power": 21, "loss_scale_window": 2, "hysteresis": 1}.items()}
-replay = scaling.deepspeed_scale_sequence(fp["overflow"], **knobs)  # the recording carries its own settings
+knobs = {k: fp[k] for k in ("initial_scale_power", "loss_scale_window", "hysteresis")}  # the run's own settings
+replay = scaling.deepspeed_scale_sequence(fp["overflow"], **knobs)
 assert fp["loss_scales"] == replay[1:] and fp["skipped_steps"] == sum(fp["overflow"])
 plots.scale_history(replay[:-1], fp["overflow"], title=f"DeepSpeed fp16 loss scale (ZeRO-2, 2 ranks)\n{source}")
 plt.show()
