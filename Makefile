@@ -10,6 +10,9 @@ PORT        ?= 8888
 WORKSPACE   ?= work
 NBVAL_ARGS  ?= --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 PYTEST_ARGS ?=
+# make test runs on 2 pytest-xdist workers, by groups (tests/conftest.py: a notebook's cells, a file, the browser
+# tests, the cluster tests): one worker computes while the other waits on a kernel, a browser, a timeout or pip.
+XDIST       ?= -n 2 --dist loadgroup
 # The laptop CPU class that `make test` also checks every notebook under (no AVX-512, no AVX512-BF16/FP16,
 # no AMX), whatever CPU runs the tests. docs/authoring.md lists the other classes.
 CPU_CAP     ?= ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
@@ -77,13 +80,13 @@ lint: $(VENV)/.dev
 # MPLBACKEND=Agg, as cluster batch jobs export it, must not hide any plot (every imports cell sets
 # %matplotlib inline): every run exports it.
 test-native: $(VENV)/.dev
-	MPLBACKEND=Agg $(BIN)/python -m pytest tests notebooks $(NBVAL_ARGS) $(PYTEST_ARGS)
+	MPLBACKEND=Agg $(BIN)/python -m pytest $(XDIST) tests notebooks $(NBVAL_ARGS) $(PYTEST_ARGS)
 
 # tests/test_cpu_cap.py fails first if the cap does not take effect (torch and DeepSpeed must answer
 # "no AVX512-BF16/FP16, no AMX"); LABKIT_EXPECT_CPU_CLASS tells it the highest class to accept.
 test-capped: $(VENV)/.dev
 	@if $(BIN)/python tools/cpu_class.py --above $(CPU_CLASS); then \
-	  env $(CPU_CAP) MPLBACKEND=Agg LABKIT_EXPECT_CPU_CLASS=$(CPU_CLASS) $(BIN)/python -m pytest -p no:cacheprovider \
+	  env $(CPU_CAP) MPLBACKEND=Agg LABKIT_EXPECT_CPU_CLASS=$(CPU_CLASS) $(BIN)/python -m pytest -p no:cacheprovider $(XDIST) \
 	    tests/test_cpu_cap.py::test_this_run_is_the_class_it_claims notebooks $(NBVAL_ARGS) $(PYTEST_ARGS); \
 	else echo "test-capped: the native run was already the $(CPU_CLASS) class (or below): not repeated"; fi
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import threading
 import time
@@ -20,6 +21,58 @@ from needs import IN_CI
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+
+# ------------------------------------------------------------------------------------ make test -n 2
+#: Tests that share one expensive fixture or one machine-wide resource run in one group, on one pytest-xdist worker:
+#: the network-namespace cluster and the test Slurm; the clinic runner's remembered runs.
+_GROUPS = {"cluster": "cluster", "slurm": "cluster", "test_clinic.py": "clinic", "test_exercises.py": "clinic"}
+#: the longest groups start first, then the browser's notebooks, nbval's notebooks, and the rest fill the gaps
+_FIRST = ("clinic", "cluster")
+_NOTEBOOK_IN_ID = re.compile(r"\[(\d\d)[_\]]")
+
+
+def xdist_group_of(nodeid: str) -> str:
+    """The group a test runs in under ``make test`` (``-n 2 --dist loadgroup``): a notebook's nbval cells run in
+    order in one kernel; a file's module fixtures are built once; the groups in ``_GROUPS`` stay together; and a
+    browser test that names a notebook in its id ([NN_...] or [NN]) runs beside that notebook's Run All, whose
+    result the worker's session keeps (each worker runs its own JupyterLab)."""
+    path = nodeid.split("::", 1)[0]
+    parts = Path(path).parts
+    for part in parts:
+        if part in _GROUPS:
+            return _GROUPS[part]
+    if "browser" in parts:
+        m = _NOTEBOOK_IN_ID.search(nodeid)
+        return f"browser:{m.group(1)}" if m else f"browser:{parts[-1]}"
+    return path
+
+
+def _start_order(nodeid: str) -> int:
+    group = xdist_group_of(nodeid)
+    if group in _FIRST:
+        return _FIRST.index(group)
+    return len(_FIRST) + (0 if group.startswith("browser:") else 1 if group.endswith(".ipynb") else 2)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Long groups first (a stable sort: within a group the order is pytest's, or tests/browser/conftest.py's)."""
+    items.sort(key=lambda item: _start_order(item.nodeid))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` by :func:`xdist_group_of`, in collection order. (pytest-xdist's own loadgroup reads
+    ``xdist_group`` marks through ``Item._nodeid``, which pytest 9 no longer uses.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(nodeid)
+
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -64,10 +64,10 @@ class Explorer:
         return float(match["value"])
 
 
-@pytest.mark.notebook("01")
-def test_bit_explorer_clicks_and_typing(lab: Lab) -> None:
+@pytest.mark.parametrize("number", ["01"])  # in the test id: make test runs it beside that notebook's run
+def test_bit_explorer_clicks_and_typing(lab: Lab, number: str) -> None:
     """Clicking bits changes the decoded value correctly; typing a number sets the right bits."""
-    run = lab.run_notebook(_notebook("01"))
+    run = lab.run_notebook(_notebook(number))
     ex = Explorer(run)
     expect(ex.root.locator(".lk-bits")).to_be_visible()
     assert ex.shows("fp16", 0x3C00, 16) == 1.0
@@ -125,10 +125,10 @@ def zero_per_gpu_gb(n_params: float, gpus: int, stage: int, offload_optimizer: b
     return (weights + grads + states) / 1e9
 
 
-@pytest.mark.notebook("06")
-def test_memory_calculator_follows_the_zero_stage(lab: Lab) -> None:
+@pytest.mark.parametrize("number", ["06"])  # in the test id: make test runs it beside that notebook's run
+def test_memory_calculator_follows_the_zero_stage(lab: Lab, number: str) -> None:
     """Changing ZeRO stage, offload and GPU count changes the per-GPU figure to the ZeRO paper's value."""
-    run = lab.run_notebook(_notebook("06"))
+    run = lab.run_notebook(_notebook(number))
     root = run.code_cell_with("widgets.memory_calculator(").locator(".jp-OutputArea-output").first
     result = root.locator(".lk-mem-result")
     stage = root.get_by_label("ZeRO stage", exact=True)
