@@ -63,9 +63,47 @@ def test_registry_covers_every_notebook():
     assert all(len(v) >= 3 for v in per_nb.values()), per_nb
 
 
+#: notebook 11's exercises whose answers run on 2 ranks under torchrun
+ON_RANKS = [i for i in IDS if getattr(EXERCISES[i].grade, "runs_on_ranks", None)]
+
+
+@pytest.fixture(scope="module")
+def nb11_batched():
+    """Notebook 11's reference and typical wrong answers graded in one launch (labkit.exercises.nb11.prefetch):
+    the tests then read the remembered verdicts, one torchrun start-up instead of one per answer."""
+    from labkit.exercises import nb11
+
+    pairs = [(i, getattr(EXERCISES[i], f)) for i in ON_RANKS for f in ("reference", "wrong")]
+    return nb11.prefetch(pairs), len(pairs)
+
+
+def test_nb11_answers_are_graded_in_one_launch(nb11_batched):
+    remembered, asked = nb11_batched
+    assert ON_RANKS and asked == 2 * len(ON_RANKS)
+    assert remembered == asked, "the batch launch failed: every answer would be launched alone"
+
+
+def test_nb11_prefetch_refuses_what_it_cannot_grade_and_runs_no_stub():
+    from labkit.exercises import nb11
+
+    def overlap_gradients(model):
+        ...
+
+    assert nb11.prefetch([(ON_RANKS[0], overlap_gradients)]) == 0  # a stub: not attempted, nothing launched
+    assert nb11.prefetch([]) == 0
+    with pytest.raises(ValueError, match="the ones run on ranks"):
+        nb11.prefetch([("11.predict-nope", overlap_gradients)])
+    with pytest.raises(TypeError):
+        nb11.prefetch("11.gpipe")
+    with pytest.raises(TypeError):
+        nb11.prefetch([("11.gpipe",)])
+
+
 @pytest.mark.parametrize("ex_id", IDS)
-def test_reference_is_correct_and_wrong_is_wrong(ex_id):
+def test_reference_is_correct_and_wrong_is_wrong(ex_id, request):
     ex = EXERCISES[ex_id]
+    if ex_id in ON_RANKS:
+        request.getfixturevalue("nb11_batched")
     assert ex.reference is not NOT_GIVEN, f"{ex_id}: no reference answer"
     assert ex.wrong is not NOT_GIVEN, f"{ex_id}: no typical wrong answer"
     ok = evaluate(ex_id, ex.reference)

@@ -430,7 +430,7 @@ def test_a_stub_cell_is_not_attempted_and_launches_nothing(monkeypatch):
 
 def test_a_filled_cell_goes_to_the_ranks_without_its_check_call(monkeypatch):
     sent = []
-    monkeypatch.setattr(nb11, "_launch", lambda grade, text: (sent.append((grade, text)), (None, "stopped here"))[1])
+    monkeypatch.setattr(nb11, "_launch", lambda jobs: (sent.extend(jobs), (None, "stopped here"))[1])
     ns = _cell("return grad", "<cell-filled>")
     pair = (ns["CopyToTP"], ns["ReduceFromTP"])
     assert not nb11._is_stub(pair[1])

@@ -19,6 +19,7 @@ import hashlib
 import inspect
 import tempfile
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from labkit import handpar as _hp
 from labkit.exercises import _nb11_mistakes as _mistake
 from labkit.exercises._core import Exercise
 
-__all__ = ["EXERCISES", "PREDICT_SETUP", "rank_module"]
+__all__ = ["EXERCISES", "PREDICT_SETUP", "prefetch", "rank_module"]
 
 #: The header of every module file the graders write: what a rank has without the notebook.
 _HEADER = ("# Written by labkit's grader for notebook 11 from your cell's definitions; run on 2 ranks.\n"
@@ -96,16 +97,20 @@ def _is_stub(obj: Any) -> bool:
     return bool(defs) and all(empty(d) for d in defs)
 
 
-def _launch(grade: str, text: str) -> tuple[dict[str, Any] | None, str]:
-    """Run ``text`` as a module on 2 ranks for exercise ``grade``; return (rank results, error message)."""
+def _launch(jobs: list[tuple[str, str]]) -> tuple[list[list[dict[str, Any]]] | None, str]:
+    """Run each ``(grade, module text)`` of ``jobs`` on 2 ranks, all in one launch; return (per job, its rank
+    results; or None and an error message)."""
     from labkit.dist import LaunchError, LaunchTimeout, launch
 
     with tempfile.TemporaryDirectory(prefix="labkit-nb11-") as tmp:
-        path = Path(tmp) / f"nb11_{grade}.py"
-        path.write_text(text)
+        files = []
+        for i, (grade, text) in enumerate(jobs):
+            path = Path(tmp) / f"nb11_{grade}_{i}.py"
+            path.write_text(text)
+            files += ["--file", f"{grade}={path}"]
         try:
-            res = launch("labkit.recipes.handpar_grade", nproc=2, timeout=180, stream=False,
-                         args=["--file", f"{grade}={path}", "--pg-timeout", "30", "--device", "cpu"])
+            res = launch("labkit.recipes.handpar_grade", nproc=2, timeout=120 + 60 * len(jobs), stream=False,
+                         args=[*files, "--pg-timeout", "30", "--device", "cpu"])
         except LaunchTimeout:
             return None, ("The ranks did not finish: one of them waited for ever, e.g. a recv without its send, or a "
                           "collective that only one rank calls.")
@@ -116,38 +121,87 @@ def _launch(grade: str, text: str) -> tuple[dict[str, Any] | None, str]:
                               "the matching recv on the other rank, in the same order.")
             last = (err.rank_traceback.strip().splitlines() or [str(err).splitlines()[0]])[-1]
             return None, f"Your code failed on rank {err.rank}: {last}"
-    if not res or "grades" not in res:
+    if not res or len(res.get("grades", [])) != len(jobs):
         return None, "The ranks returned no result."
-    return res["grades"][0]["ranks"], ""
+    return [g["ranks"] for g in res["grades"]], ""
+
+
+def _module_text(names: tuple[str, ...], answer: Any) -> str | tuple[bool, str] | None:
+    """The module file the ranks run for ``answer``; or, decided without running anything, a ``(False, message)``
+    verdict, or None for a stub (not attempted yet)."""
+    what = " and ".join(f"`{n}`" for n in names)
+    objs = answer if isinstance(answer, tuple) else (answer,)
+    if len(objs) != len(names) or not all(inspect.isfunction(o) or inspect.isclass(o) for o in objs):
+        return False, f"Pass {'the pair ' if len(names) > 1 else ''}{what} itself (not its result)."
+    if all(_is_stub(o) for o in objs):
+        return None
+    try:
+        text = rank_module(objs[0])
+    except (TypeError, ValueError) as exc:
+        return False, str(exc)
+    tree_names = {n.name for n in ast.parse(text).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    missing = [n for n in names if n not in tree_names]
+    if missing:
+        return False, f"The cell must define {', '.join(missing)} (with that name): the ranks look it up by name."
+    return text
+
+
+def _key(grade: str, text: str) -> tuple[str, str]:
+    return grade, hashlib.sha256(text.encode()).hexdigest()
 
 
 def _grader(grade: str, names: tuple[str, ...], judge: Any) -> Any:
     """A grader: the answer is a function (or a tuple of classes) named ``names``, run on 2 ranks, judged."""
-    what = " and ".join(f"`{n}`" for n in names)
 
     def run(answer: Any) -> tuple[bool, str] | None:
-        objs = answer if isinstance(answer, tuple) else (answer,)
-        if len(objs) != len(names) or not all(inspect.isfunction(o) or inspect.isclass(o) for o in objs):
-            return False, f"Pass {'the pair ' if len(names) > 1 else ''}{what} itself (not its result)."
-        if all(_is_stub(o) for o in objs):
-            return None
-        try:
-            text = rank_module(objs[0])
-        except (TypeError, ValueError) as exc:
-            return False, str(exc)
-        tree_names = {n.name for n in ast.parse(text).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-        missing = [n for n in names if n not in tree_names]
-        if missing:
-            return False, f"The cell must define {', '.join(missing)} (with that name): the ranks look it up by name."
-        key = (grade, hashlib.sha256(text.encode()).hexdigest())
+        text = _module_text(names, answer)
+        if not isinstance(text, str):
+            return text
+        key = _key(grade, text)
         if key not in _CACHE:
-            ranks, error = _launch(grade, text)
+            ranks, error = _launch([(grade, text)])
             if ranks is None:
                 return False, error  # not remembered: running it again runs it again
-            _CACHE[key] = judge(ranks)
+            _CACHE[key] = judge(ranks[0])
         return _CACHE[key]
 
+    run.runs_on_ranks = (grade, names, judge)  # type: ignore[attr-defined]  # for prefetch
     return run
+
+
+def prefetch(answers: Sequence[tuple[str, Any]]) -> int:
+    """Grade several answers to this notebook's implement exercises in one torchrun launch and remember the
+    verdicts, so that checking those answers afterwards launches nothing: one launch instead of one per answer
+    (each costs ~10 s of start-up on 2 cores). ``answers`` holds ``(exercise id, answer)`` pairs.
+
+    Returns how many verdicts it remembered. A stub, an answer decided without running, or one already remembered
+    needs no run. If the launch fails (an answer that crashes or hangs a rank takes the whole batch down), nothing
+    is remembered and each answer is graded alone when it is checked, with its own message. Used by the tests;
+    introduced in notebook 11.
+    """
+    if isinstance(answers, (str, bytes)) or not isinstance(answers, Sequence):
+        raise TypeError(f"answers must be a list of (exercise id, answer) pairs, got {type(answers).__name__}")
+    graders = {ex.id: getattr(ex.grade, "runs_on_ranks", None) for ex in EXERCISES}
+    jobs: dict[tuple[str, str], tuple[str, Any]] = {}
+    for pair in answers:
+        if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str):
+            raise TypeError(f"each answer must be an (exercise id, answer) pair, got {pair!r}")
+        spec = graders.get(pair[0])
+        if spec is None:
+            runs = sorted(i for i, g in graders.items() if g is not None)
+            raise ValueError(f"exercise id must be one of {runs} (the ones run on ranks), got {pair[0]!r}")
+        grade, names, judge = spec
+        text = _module_text(names, pair[1])
+        if isinstance(text, str) and _key(grade, text) not in _CACHE:
+            jobs[_key(grade, text)] = (text, judge)
+    if not jobs:
+        return 0
+    ranks, _error = _launch([(key[0], text) for key, (text, _) in jobs.items()])
+    if ranks is None:
+        return 0
+    for (key, (_, judge)), job_ranks in zip(jobs.items(), ranks):
+        _CACHE[key] = judge(job_ranks)
+    return len(jobs)
 
 
 # ---------------------------------------------------------------------------------------------------------
