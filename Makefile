@@ -10,8 +10,9 @@ PORT        ?= 8888
 WORKSPACE   ?= work
 NBVAL_ARGS  ?= --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 PYTEST_ARGS ?=
-# make test runs on 2 pytest-xdist workers, by groups (tests/conftest.py: a notebook's cells, a file, the browser
-# tests, the cluster tests): one worker computes while the other waits on a kernel, a browser, a timeout or pip.
+# make test runs on 2 pytest-xdist workers, by groups (tests/conftest.py: a notebook's nbval cells, a file, a
+# notebook's browser tests, the cluster tests, the clinic): one worker computes while the other waits on a kernel,
+# a browser, a timeout or pip. XDIST= runs in one process.
 XDIST       ?= -n 2 --dist loadgroup
 # The laptop CPU class that `make test` also checks every notebook under (no AVX-512, no AVX512-BF16/FP16,
 # no AMX), whatever CPU runs the tests. docs/authoring.md lists the other classes.

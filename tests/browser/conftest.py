@@ -103,18 +103,13 @@ def lab(lab_server: LabServer, browser: Any) -> Iterator[Lab]:
 
 # ----------------------------------------------------------------------------------------- ordering
 def _notebook_key(item: pytest.Item) -> str:
-    marker = item.get_closest_marker("notebook")
-    if marker and marker.args:
-        return str(marker.args[0])
+    """The notebook a browser test drives, from its parameters (in its id, so that make test's xdist groups see
+    it too: tests/conftest.py); "~" for none."""
     callspec = getattr(item, "callspec", None)
     for param in ("notebook", "number"):
         if callspec is not None and param in callspec.params:
             return str(callspec.params[param])
     return "~"  # tests without a notebook run last
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "notebook(number): the browser test drives notebook NN")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
