@@ -317,6 +317,27 @@ _STATE_JS = r"""
 """
 
 
+#: Close every document in the main area without saving (a Run All leaves its notebook modified; nothing is saved).
+_CLOSE_ALL_JS = r"""
+() => {
+  for (const w of Array.from(window.jupyterapp.shell.widgets('main'))) {
+    if (w.context) w.context.model.dirty = false;
+    w.dispose();
+  }
+  return Array.from(window.jupyterapp.shell.widgets('main')).length;
+}
+"""
+
+#: True once the notebook at path is open, its model loaded and its kernel connected and idle.
+_KERNEL_IDLE_JS = r"""
+(path) => {
+  const w = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === path);
+  const kernel = w && w.context.isReady && w.sessionContext.session ? w.sessionContext.session.kernel : null;
+  return !!kernel && kernel.status === 'idle' && kernel.connectionStatus === 'connected';
+}
+"""
+
+
 def error_outputs(cell: dict[str, Any]) -> list[str]:
     """Describe the error and stderr outputs of one code cell (model outputs and rendered DOM)."""
     found = []
@@ -372,6 +393,9 @@ class Lab:
     pages: list[Any] = field(default_factory=list)
     _runs: dict[str, NotebookRun] = field(default_factory=dict)
     _failed: dict[str, BaseException] = field(default_factory=dict)
+    #: The page of the last Run All: the next Run All opens its notebook in the same JupyterLab, as a learner
+    #: does, instead of loading the whole application again (about 5 s of a 2-core machine per notebook).
+    _app: Any = None
 
     def new_page(self, with_token: bool = True) -> Any:
         """A page in a fresh browser context (no cookies), tracked for failure screenshots."""
@@ -385,14 +409,37 @@ class Lab:
         self.pages.append(page)
         return page
 
-    def close_pages(self) -> None:
-        """Close every open page and shut down all kernels."""
+    def close_pages(self, keep: Any = None) -> None:
+        """Close every open page but ``keep`` and shut down all kernels."""
         for page in self.pages:
-            with contextlib.suppress(Exception):  # a crashed page must not stop the cleanup
-                page.context.close()
-        self.pages.clear()
+            if page is not keep:
+                with contextlib.suppress(Exception):  # a crashed page must not stop the cleanup
+                    page.context.close()
+        self.pages[:] = [keep] if keep is not None and keep in self.pages else []
+        if keep is None:
+            self._app = None
         self.current = None
         self.server.shutdown_sessions()
+
+    def _reopen(self, name: str) -> Any:
+        """Open ``name`` in the last Run All's JupyterLab page after closing its notebooks (their kernels are shut
+        down); None where that page is gone or does not answer (the caller opens a fresh page)."""
+        page = self._app
+        self._app = None
+        if page is None or page not in self.pages or page.is_closed():
+            return None
+        try:
+            page.evaluate(_CLOSE_ALL_JS)
+            self.close_pages(keep=page)
+            page._labkit_console.clear()  # type: ignore[attr-defined]  # this notebook's messages only
+            page.evaluate("(p) => window.jupyterapp.commands.execute('docmanager:open', "
+                          "{path: p, factory: 'Notebook'}).then(() => true)", name)
+            page.wait_for_function(_KERNEL_IDLE_JS, arg=name)
+            page.locator("#jp-main-statusbar").get_by_text(KERNEL_IDLE, exact=False).first.wait_for(state="visible")
+        except Exception:  # any failure here means: start from a fresh page
+            self.close_pages()
+            return None
+        return page
 
     def open_notebook(self, name: str) -> Any:
         """Open ``name`` in a fresh page and wait until its kernel reports idle in the status bar."""
@@ -414,7 +461,6 @@ class Lab:
         cached = self._runs.get(name)
         if cached is not None and self.current is cached:
             return cached
-        self.close_pages()
         self._runs.clear()
         self._failed.clear()
         try:
@@ -428,7 +474,11 @@ class Lab:
 
     def _run(self, name: str) -> NotebookRun:
         t_open = time.monotonic()
-        page = self.open_notebook(name)
+        page = self._reopen(name)
+        if page is None:
+            self.close_pages()
+            page = self.open_notebook(name)
+        self._app = page
         t0 = time.monotonic()
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
         state = page.evaluate(_STATE_JS, [name, True])
