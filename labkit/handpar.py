@@ -43,7 +43,9 @@ __all__ = [
     "TensorParallelMLP",
     "allreduce_gradients",
     "bubble_fraction",
+    "broadcast_parameters",
     "bucket_layout",
+    "clip_sharded_grad_norm_",
     "collective_name",
     "gpipe_step",
     "overlap_gradients",
@@ -78,6 +80,24 @@ def _count(name: str, value: Any, low: int) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # Data parallel, three ways
 # ---------------------------------------------------------------------------------------------------------
+
+def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
+    """DDP step 0: copy rank ``src``'s parameters and buffers to every rank, in place, before training starts.
+
+    ``DistributedDataParallel(model)`` does this in its constructor, so that replicas start equal even where the
+    ranks initialised differently (no common seed, a checkpoint loaded on one rank only). Every rank must call it,
+    with the same model: unlike DDP, it does not first check that the ranks' parameter shapes agree.
+
+    Introduced in notebook 11.
+    """
+    module = _module(model)
+    _need_group()
+    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < dist.get_world_size():
+        raise ValueError(f"src must be a rank in [0, {dist.get_world_size()}), got {src!r}")
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src)
+
 
 def allreduce_gradients(model: nn.Module) -> None:
     """DDP step 1 (naive): after backward, average every gradient over the ranks, one all-reduce per tensor.
@@ -165,6 +185,7 @@ class BucketedGradients:
         self.buckets = [[params[i] for i in b] for b in bucket_layout([p.numel() for p in params], elems)]
         self.ready = [0] * len(self.buckets)
         self.inflight: list[tuple[int, torch.Tensor, Any]] = []
+        self.names = {id(p): name for name, p in _module(model).named_parameters()}
         for i, bucket in enumerate(self.buckets):
             for p in bucket:
                 p.register_post_accumulate_grad_hook(lambda p, i=i: self._grad_ready(i))
@@ -177,7 +198,23 @@ class BucketedGradients:
             self.inflight.append((i, flat, dist.all_reduce(flat, async_op=True)))
 
     def wait(self) -> None:
-        """Wait for every bucket's all-reduce and copy the averaged gradients back into ``p.grad``."""
+        """Wait for every bucket's all-reduce and copy the averaged gradients back into ``p.grad``.
+
+        Raises ``RuntimeError`` naming the parameters that got no gradient this step: their bucket never filled, so
+        it was never sent, while another rank may have sent its own and now waits for this one (DDP raises too,
+        unless it is built with ``find_unused_parameters=True``).
+        """
+        unsent = [b for i, b in enumerate(self.buckets) if self.ready[i] < len(b)]
+        if unsent:
+            for _, _, work in self.inflight:  # leave nothing in flight behind the error
+                work.wait()
+            self.inflight.clear()
+            self.ready = [0] * len(self.buckets)
+            none = [p for b in unsent for p in b if p.grad is None]  # after zero_grad(set_to_none=True): the culprits
+            named = ", ".join(self.names[id(p)] for p in (none or [p for b in unsent for p in b]))
+            raise RuntimeError(f"parameter(s) {named} received no gradient this step, so their bucket was never "
+                               "all-reduced; another rank may be waiting for it. Make every parameter take part in "
+                               "the loss (or exclude it from the buckets).")
         for i, flat, work in self.inflight:
             work.wait()
             offset = 0
@@ -192,13 +229,34 @@ class BucketedGradients:
 # ZeRO-1: a sharded optimizer
 # ---------------------------------------------------------------------------------------------------------
 
+def clip_sharded_grad_norm_(grad_shard: torch.Tensor, max_norm: float) -> float:
+    """Clip gradients that are sharded over the ranks by their *global* 2-norm, in place; return that norm.
+
+    No rank holds the whole gradient, so each sums the squares of its shard and one all-reduce adds the sums:
+    the norm of the whole vector, the same on every rank. Every shard is then scaled by
+    ``min(1, max_norm / (norm + 1e-6))``, the factor ``torch.nn.utils.clip_grad_norm_`` applies to unsharded
+    gradients. Every rank must call it. Introduced in notebook 11.
+    """
+    if not isinstance(grad_shard, torch.Tensor):
+        raise TypeError(f"grad_shard must be a tensor, got {type(grad_shard).__name__}")
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not 0 < max_norm < math.inf:
+        raise ValueError(f"max_norm must be a finite number > 0, got {max_norm!r}")
+    _need_group()
+    squares = grad_shard.detach().double().pow(2).sum().reshape(1)
+    dist.all_reduce(squares)  # the sum over every rank's shard: the squared norm of the whole gradient
+    norm = float(squares.sqrt())
+    grad_shard.mul_(min(1.0, max_norm / (norm + 1e-6)))
+    return norm
+
+
 def zero1_step(flat_param: torch.Tensor, flat_grad: torch.Tensor, shard: torch.Tensor,
-               optimizer: torch.optim.Optimizer) -> None:
+               optimizer: torch.optim.Optimizer, max_norm: float | None = None) -> float | None:
     """One ZeRO-1 step: reduce-scatter the gradients, step this rank's shard, all-gather the parameters.
 
     ``flat_param`` holds every parameter, flattened and padded (the same on every rank); it is overwritten
     with the updated parameters. ``flat_grad`` is this rank's own gradient in the same layout. ``shard`` is
-    this rank's slice of the parameters (a leaf tensor), the only tensor ``optimizer`` updates.
+    this rank's slice of the parameters (a leaf tensor), the only tensor ``optimizer`` updates. ``max_norm``
+    clips the averaged gradient by its global norm first (:func:`clip_sharded_grad_norm_`) and returns that norm.
 
     Introduced in notebook 11.
     """
@@ -213,26 +271,36 @@ def zero1_step(flat_param: torch.Tensor, flat_grad: torch.Tensor, shard: torch.T
         raise ValueError(f"flat_param and flat_grad must have the same shape, world size ({world}) x "
                          f"shard.numel() ({shard.numel()}) elements; got {tuple(flat_param.shape)} and "
                          f"{tuple(flat_grad.shape)}")
-    grad_shard = torch.empty_like(shard)
-    dist.reduce_scatter_single(grad_shard, flat_grad.mul(1.0 / world))  # sum everyone's, keep my slice
+    lo = dist.get_rank() * shard.numel()
+    flat_grad.mul_(1.0 / world)  # scale first, as DDP does, in place: no second copy of the gradients
+    grad_shard = flat_grad[lo:lo + shard.numel()]  # my slice of the reduced gradients lands in place
+    dist.reduce_scatter_single(grad_shard, flat_grad)  # sum everyone's, keep my slice
     shard.grad = grad_shard
+    norm = clip_sharded_grad_norm_(grad_shard, max_norm) if max_norm is not None else None
     optimizer.step()
     dist.all_gather_single(flat_param, shard.detach())  # everyone gets everyone's updated slice
+    return norm
 
 
 class ShardedAdamW:
-    """ZeRO-1 by hand: AdamW whose states (and fp32 master slice) exist for 1/world of the parameters per rank.
+    """ZeRO-1 by hand: AdamW whose states exist for 1/world of the parameters per rank.
 
     The parameters are flattened in ``model.parameters()`` order and padded with zeros to a multiple of
     2 x world size, as DeepSpeed stages 1 and 2 do (:func:`labkit.zero.partition_layout`); rank r owns the
-    r-th equal slice. ``step_fn`` is the step (default :func:`zero1_step`): the notebook's exercise plugs a
-    learner's own in. Keyword arguments go to ``torch.optim.AdamW``.
+    r-th equal slice. Nothing is held twice: every parameter becomes a view into one flat buffer (``flat``),
+    every gradient a view into another (``grad``, which backward accumulates into), the slice this rank
+    updates (``shard``) is its part of ``flat``, and the all-gather writes straight into ``flat``, that is
+    into the parameters. ``step_fn`` is the step (default :func:`zero1_step`): the notebook's exercise plugs a
+    learner's own in. ``max_norm`` clips the gradients by their global norm each step (the norms are kept in
+    ``grad_norms``). Keyword arguments go to ``torch.optim.AdamW``. After a step, ``p.grad`` outside this rank's
+    slice holds scratch values (the scaled local gradients, or what the collective left there): read gradients
+    before :meth:`step`, and zero them with :meth:`zero_grad`.
 
     Introduced in notebook 11.
     """
 
     def __init__(self, params: Iterable[torch.Tensor], step_fn: Callable[..., None] | None = None,
-                 **adamw_kwargs: Any) -> None:
+                 max_norm: float | None = None, **adamw_kwargs: Any) -> None:
         if isinstance(params, (str, bytes, torch.Tensor)) or not isinstance(params, Iterable):
             raise TypeError(f"params must be an iterable of tensors (model.parameters()), got {type(params).__name__}")
         self.params = list(params)
@@ -240,40 +308,79 @@ class ShardedAdamW:
             raise ValueError("params must be a non-empty iterable of tensors (model.parameters())")
         if step_fn is not None and not callable(step_fn):
             raise TypeError(f"step_fn must be a function like zero1_step, got {type(step_fn).__name__}")
+        if max_norm is not None and step_fn not in (None, zero1_step):
+            raise ValueError("max_norm (gradient clipping) works with the default step_fn, zero1_step, only")
+        if max_norm is not None and (isinstance(max_norm, bool) or not isinstance(max_norm, (int, float))
+                                     or not 0 < max_norm < math.inf):
+            raise ValueError(f"max_norm must be a finite number > 0 or None, got {max_norm!r}")
         _need_group()
         self.step_fn = step_fn or zero1_step
+        self.max_norm = max_norm
+        self.grad_norms: list[float] = []  # with max_norm: each step's global gradient norm, before clipping
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.numel = sum(p.numel() for p in self.params)
         align = 2 * self.world
         self.padded = -(-self.numel // align) * align
         self.part = self.padded // self.world
         first = self.params[0]  # every buffer follows the parameters: their device (CPU, or a rank's GPU) and dtype
+        if any(p.dtype != first.dtype or p.device != first.device for p in self.params):
+            raise ValueError("every parameter must have the same dtype and device (one flat buffer holds them all)")
         self.flat = torch.zeros(self.padded, dtype=first.dtype, device=first.device)
-        self.flat[:self.numel] = torch.cat([p.detach().reshape(-1) for p in self.params])
-        lo = self.rank * self.part
-        self.shard = self.flat[lo:lo + self.part].clone().requires_grad_(True)  # the master slice (params' dtype)
-        self.optimizer = torch.optim.AdamW([self.shard], **{"foreach": False, **adamw_kwargs})
-
-    def step(self) -> None:
-        """Average the gradients, update this rank's slice, and write the new parameters into the model."""
-        grad = torch.zeros(self.padded, dtype=self.flat.dtype, device=self.flat.device)
-        grad[:self.numel] = torch.cat([p.grad.reshape(-1) for p in self.params])
-        self.step_fn(self.flat, grad, self.shard, self.optimizer)
+        self.grad = torch.zeros_like(self.flat)
         offset = 0
         with torch.no_grad():
-            for p in self.params:
-                p.copy_(self.flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+            for p in self.params:  # move each parameter into the flat buffer; its gradient into the flat gradient
+                n = p.numel()
+                self.flat[offset:offset + n].copy_(p.reshape(-1))
+                p.data = self.flat[offset:offset + n].view_as(p)
+                p.grad = self.grad[offset:offset + n].view_as(p)
+                offset += n
+        lo = self.rank * self.part
+        self.shard = torch.nn.Parameter(self.flat[lo:lo + self.part])  # my slice of the parameters, not a copy
+        self.optimizer = torch.optim.AdamW([self.shard], **{"foreach": False, **adamw_kwargs})
+
+    def _attach_grads(self) -> None:
+        """Make every ``p.grad`` a view into the flat gradient again, keeping its values (a caller's
+        ``model.zero_grad()`` sets them to None; backward then allocates new ones)."""
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            slot = self.grad[offset:offset + n]
+            g = p.grad
+            if g is None or g.data_ptr() != slot.data_ptr():
+                with torch.no_grad():
+                    if g is None:
+                        slot.zero_()
+                    else:
+                        slot.copy_(g.reshape(-1))
+                p.grad = slot.view_as(p)
+            offset += n
+
+    def step(self) -> None:
+        """Average the gradients, update this rank's slice, and all-gather the parameters (into the model)."""
+        self._attach_grads()
+        if self.max_norm is None:
+            self.step_fn(self.flat, self.grad, self.shard, self.optimizer)
+        else:
+            self.grad_norms.append(self.step_fn(self.flat, self.grad, self.shard, self.optimizer,
+                                                max_norm=self.max_norm))
 
     def zero_grad(self) -> None:
-        """Drop the model's gradients."""
-        for p in self.params:
-            p.grad = None
+        """Zero the gradients in place: they stay views into the flat gradient, where backward accumulates."""
+        self._attach_grads()
+        self.grad.zero_()
 
     def state_bytes(self) -> int:
         """Bytes of AdamW's moment tensors on this rank (``exp_avg`` + ``exp_avg_sq``; the step counter aside)."""
         st = self.optimizer.state.get(self.shard, {})
         return sum(v.untyped_storage().nbytes() for k, v in st.items() if k != "step")
+
+    def memory_bytes(self) -> dict[str, int]:
+        """What this rank holds for the model, in bytes: parameters (the flat buffer), gradients (the flat gradient),
+        optimizer states, and the total. The shard and the gradient shard are views: they add nothing."""
+        out = {"params": self.flat.untyped_storage().nbytes(), "grads": self.grad.untyped_storage().nbytes(),
+               "states": self.state_bytes()}
+        return {**out, "total": sum(out.values())}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -80,6 +80,9 @@ def test_formulas_against_independent_figures():
     (lambda: handpar.ShardedAdamW(nn.Linear(2, 2).parameters()), ValueError),
     (lambda: handpar.TensorParallelMLP(nn.Linear(2, 4), nn.Linear(3, 2)), ValueError),
     (lambda: handpar.zero1_step(torch.ones(4), torch.ones(4), torch.ones(2), "adam"), TypeError),
+    (lambda: handpar.clip_sharded_grad_norm_([1.0], 1.0), TypeError),
+    (lambda: handpar.clip_sharded_grad_norm_(torch.ones(2), 0), ValueError),
+    (lambda: handpar.broadcast_parameters("model"), TypeError),
 ])
 def test_bad_input_and_no_process_group_are_clear_errors(call, exc):
     assert not dist.is_initialized()
@@ -98,6 +101,51 @@ def one_rank_group(monkeypatch):
         yield
     finally:
         dist.destroy_process_group()
+
+
+def test_a_parameter_without_gradient_is_named_and_the_next_step_works(one_rank_group):
+    """The by-hand buckets raise instead of hanging or skipping a bucket silently; step 0 is a no-op on one rank."""
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.out = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.head = nn.Linear(8, 2)  # registered, not called in forward: it never gets a gradient
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.body(x))
+
+    model = Net()
+    before = [p.detach().clone() for p in model.parameters()]
+    handpar.broadcast_parameters(model)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(ValueError, match="src"):
+        handpar.broadcast_parameters(model, src=1)
+    buckets = handpar.BucketedGradients(model, bucket_mb=1e-4)  # 26 elements: several buckets
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    with pytest.raises(RuntimeError, match=r"head\.weight, head\.bias|head\.bias, head\.weight"):
+        buckets.wait()
+    del model.head  # now every parameter takes part: a full step goes through and averages (one rank: unchanged)
+    buckets = handpar.BucketedGradients(model, bucket_mb=1e-4)
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    buckets.wait()
+    assert all(torch.equal(g, p.grad) for g, p in zip(want, model.parameters()))
+
+
+def test_sharded_clipping_on_one_rank_is_clip_grad_norm(one_rank_group):
+    g = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    p = torch.nn.Parameter(torch.zeros(1000))
+    p.grad = g.clone()
+    want = float(torch.nn.utils.clip_grad_norm_([p], 0.5))
+    mine = g.clone()
+    got = handpar.clip_sharded_grad_norm_(mine, 0.5)
+    assert math.isclose(got, want, rel_tol=1e-6) and torch.allclose(mine, p.grad, rtol=1e-6)
+    small = g * 1e-4  # below max_norm: untouched
+    assert handpar.clip_sharded_grad_norm_(small, 0.5) < 0.5 and torch.equal(small, g * 1e-4)
+    with pytest.raises(ValueError, match="default step_fn"):
+        handpar.ShardedAdamW(nn.Linear(2, 2).parameters(), step_fn=lambda *a: None, max_norm=1.0)
 
 
 def test_on_one_rank_every_strategy_is_the_plain_model(one_rank_group):
@@ -164,6 +212,30 @@ def test_zero1_by_hand_is_bitwise_adamw_and_holds_what_memory_and_deepspeed_say(
     assert ds["version"] == "0.19.8" and ds["optimizer"] == "DeepSpeedZeroOptimizer"
     assert ds["bitwise_vs_hand"] and ds["losses"] == z["losses"]
     assert z["collectives"]["all_gather"]["sizes"] == [z["part"]]
+
+
+@pytest.mark.slow
+def test_zero1_by_hand_saves_memory_and_clips_by_the_global_norm(launched):
+    """Nothing held twice (parameters and gradients in the flat buffers): below replicated AdamW's total at 2 ranks;
+    clipping sharded gradients equals clip_grad_norm_ on the whole gradient, and it really clipped."""
+    z = launched["zero1"]
+    mine, full = z["memory_bytes"], z["adamw_memory_bytes"]
+    assert z["params_in_flat"] and mine[0] == mine[1]
+    assert full == {"params": 4 * 148481, "grads": 4 * 148481, "states": 8 * 148481, "total": 16 * 148481}
+    assert mine[0] == {"params": 4 * 148484, "grads": 4 * 148484, "states": 8 * 74242, "total": 12 * 148484}
+    c = z["clip"]
+    assert len(c["norms"]) == len(c["reference_norms"]) == z["steps"] and min(c["norms"]) > c["max_norm"]
+    assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(c["norms"], c["reference_norms"]))
+    assert c["rel_vs_adamw"] < 1e-5 and all(math.isclose(a, c["max_norm"], rel_tol=1e-4) for a in c["norms_after"])
+
+
+@pytest.mark.slow
+def test_ddp_by_hand_broadcasts_first_and_names_an_unused_parameter(launched):
+    d = launched["ddp"]
+    assert d["differed_before_step0"] == [False, True]  # rank 1's own seed ...
+    assert d["start_digests"][0] == d["start_digests"][1]  # ... and step 0 made every model rank 0's
+    assert all("unused.weight" in e and "unused.bias" in e and "never all-reduced" in e
+               for e in d["unused_param_error"])
 
 
 @pytest.mark.slow
@@ -297,6 +369,135 @@ def overlap_gradients(model):
         p.register_post_accumulate_grad_hook(hook)
     return lambda: [w.wait() for w in pending]
 ''', "half of DDP's"),
+    "ddp-blocking": ("ddp", '''
+def overlap_gradients(model):
+    world = dist.get_world_size()
+    def hook(p):
+        p.grad.div_(world)
+        dist.all_reduce(p.grad)  # blocks backward until every rank has reduced this gradient
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    return lambda: None
+''', "without async_op=True"),
+    "gpipe-one-at-a-time": ("gpipe", '''
+def gpipe_step(stage, inputs, targets, loss_fn, act_shape):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == world - 1
+    m = len(inputs if first else targets)
+    p = next(stage.parameters())
+    total = 0.0
+    for i in range(m):  # forward and backward of one micro-batch, then the next: right numbers, no pipelining
+        if first:
+            x = inputs[i]
+        else:
+            x = torch.empty(act_shape, dtype=p.dtype, device=p.device)
+            dist.recv(x, rank - 1)
+            x.requires_grad_(True)
+        y = stage(x)
+        if last:
+            loss = loss_fn(y, targets[i]) / m
+            loss.backward()
+            total += float(loss)
+        else:
+            dist.send(y.detach(), rank + 1)
+            grad = torch.empty_like(y)
+            dist.recv(grad, rank + 1)
+            y.backward(grad)
+        if not first:
+            dist.send(x.grad, rank - 1)
+    return total if last else None
+''', "backward started before every forward"),
+    "ddp-wait-in-hook": ("ddp", '''
+def overlap_gradients(model):
+    world = dist.get_world_size()
+    def hook(p):
+        p.grad.div_(world)
+        dist.all_reduce(p.grad, async_op=True).wait()  # asynchronous in name only
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    return lambda: None
+''', "before backward has issued the last one"),
+    "ddp-one-hook": ("ddp", '''
+def overlap_gradients(model):
+    world, params, pending = dist.get_world_size(), list(model.parameters()), []
+    def hook(p):
+        p.grad.div_(world)
+        pending.append(dist.all_reduce(p.grad, async_op=True))
+    params[-1].register_post_accumulate_grad_hook(hook)  # only the last layer's bias overlaps
+    def wait():
+        for p in params[:-1]:
+            p.grad.div_(world)
+            pending.append(dist.all_reduce(p.grad, async_op=True))
+        for w in pending:
+            w.wait()
+        pending.clear()
+    return wait
+''', "Only 1 of the 8"),
+    "gpipe-no-micro-batches": ("gpipe", '''
+def gpipe_step(stage, inputs, targets, loss_fn, act_shape):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == world - 1
+    p = next(stage.parameters())
+    m = len(inputs if first else targets)
+    if first:
+        x = torch.cat(inputs)
+    else:
+        x = torch.empty((act_shape[0] * m, *act_shape[1:]), dtype=p.dtype, device=p.device)
+        dist.recv(x, rank - 1)
+        x.requires_grad_(True)
+    y = stage(x)
+    if last:
+        loss = loss_fn(y, torch.cat(targets))
+        loss.backward()
+    else:
+        dist.send(y.detach(), rank + 1)
+        grad = torch.empty_like(y)
+        dist.recv(grad, rank + 1)
+        y.backward(grad)
+    if not first:
+        dist.send(x.grad, rank - 1)
+    return float(loss) if last else None
+''', "1 forward(s) and 1 backward(s) for 4"),
+    "gpipe-sends-late": ("gpipe", '''
+def gpipe_step(stage, inputs, targets, loss_fn, act_shape):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == world - 1
+    p = next(stage.parameters())
+    m = len(inputs if first else targets)
+    ins, outs = [], []
+    for i in range(m):
+        if first:
+            x = inputs[i]
+        else:
+            x = torch.empty(act_shape, dtype=p.dtype, device=p.device)
+            dist.recv(x, rank - 1)
+            x.requires_grad_(True)
+        y = stage(x)
+        ins.append(x)
+        outs.append(loss_fn(y, targets[i]) / m if last else y)
+    if not last:
+        for y in outs:  # every forward first, then all the sends: stage 1 waits for the whole batch
+            dist.send(y.detach(), rank + 1)
+    for i in reversed(range(m)):
+        if last:
+            outs[i].backward()
+        else:
+            grad = torch.empty_like(outs[i])
+            dist.recv(grad, rank + 1)
+            outs[i].backward(grad)
+        if not first:
+            dist.send(ins[i].grad, rank - 1)
+    return float(sum(float(y) for y in outs)) if last else None
+''', "sent in this order"),
+    "zero1-all-reduce": ("zero1", '''
+def zero1_step(flat_param, flat_grad, shard, optimizer):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    g = flat_grad / world
+    dist.all_reduce(g)  # the whole gradient, though this rank updates only its slice
+    shard.grad = g[rank * shard.numel():(rank + 1) * shard.numel()].clone()
+    optimizer.step()
+    dist.all_gather_single(flat_param, shard.detach())
+''', "never reduce-scattered"),
     "zero1-summed": ("zero1", '''
 def zero1_step(flat_param, flat_grad, shard, optimizer):
     g = torch.empty_like(shard)
@@ -358,7 +559,7 @@ def test_graders_name_more_typical_mistakes(tmp_path):
         path.write_text("import torch\nimport torch.distributed as dist\n" + body)
         files += ["--file", f"{exercise}={path}"]
     res = launch("labkit.recipes.handpar_grade", 2, [*files, "--device", "cpu"], timeout=300, stream=False)
-    judges = {"ddp": nb11._judge_ddp, "zero1": nb11._judge_zero1, "tp": nb11._judge_tp}
+    judges = {"ddp": nb11._judge_ddp, "zero1": nb11._judge_zero1, "tp": nb11._judge_tp, "gpipe": nb11._judge_gpipe}
     for (name, (exercise, _, said)), graded in zip(MORE_MISTAKES.items(), res["grades"]):
         assert graded["exercise"] == exercise
         ok, message = judges[exercise](graded["ranks"])

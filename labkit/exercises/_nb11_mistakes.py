@@ -75,12 +75,13 @@ def gpipe_step(stage, inputs, targets, loss_fn, act_shape):
     rank, world = dist.get_rank(), dist.get_world_size()
     first, last = rank == 0, rank == world - 1
     m = len(inputs if first else targets)
+    p = next(stage.parameters())
     ins, outs = [], []
     for i in range(m):
         if first:
             x = inputs[i]
         else:
-            x = torch.empty(act_shape)
+            x = torch.empty(act_shape, dtype=p.dtype, device=p.device)
             dist.recv(x, rank - 1)
             x.requires_grad_(True)
         y = stage(x)

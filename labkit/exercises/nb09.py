@@ -136,7 +136,8 @@ def _grade_count(answer: object) -> tuple[bool, str]:
 # ---- 09.average-grads: debug ------------------------------------------------------------------------
 _AVG_WHY = ("all_reduce sums: after it every rank holds the *sum* of the ranks' gradients, world_size times the "
             "mean. Stepping with the sum is like multiplying the learning rate by the number of ranks. Divide by "
-            "world_size after the all-reduce (DDP does exactly that).")
+            "world_size, before or after the sum: DDP scales each gradient bucket by 1/world_size before its "
+            "all-reduce (notebook 11 shows it), which also keeps an fp16 sum from overflowing.")
 
 
 def _rank_all_reduce(group: dict[str, Any], rank: int) -> Callable[..., None]:
@@ -294,7 +295,8 @@ EXERCISES = [
              "Look at the `sync = ...` line of train_loop: on which micro-batches does DDP all-reduce?",
              method="Inside ddp.no_sync() backward only accumulates into .grad; the all-reduce runs on the backward "
                     "of the last micro-batch of each optimizer step.",
-             solution="prediction = 12: one all-reduce per optimizer step (48 without no_sync()).",
+             solution="prediction = 12: one gradient all-reduce per bucket per optimizer step, and this model's gradients "
+                      "fit in one bucket (48 without no_sync()).",
              kind="predict", wrong_why=_COUNT_WHY, reference=(12, 12), wrong=(48, 12)),
     Exercise("09.average-grads",
              "Debug: average_gradients(params, world_size, all_reduce) is meant to leave every rank with the mean "

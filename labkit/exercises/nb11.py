@@ -213,10 +213,23 @@ def _judge_ddp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
     if "returned" in r:
         return False, f"overlap_gradients returned a {r['returned']}; return the function that waits (wait)."
     if all(x["bitwise"] for x in ranks):
-        if min(x["in_backward"] for x in ranks) == 0:
+        started = min(x["in_backward"] for x in ranks)
+        if started == 0:
             return False, ("The gradients equal DDP's, but no all-reduce started while backward was running: that is "
                            "step 1 again. Start each one from a hook (register_post_accumulate_grad_hook) with "
                            "async_op=True, and only wait in wait().")
+        if any(x.get("blocking") for x in ranks):
+            return False, ("Your code (a hook or wait()) calls a collective without async_op=True: each such call "
+                           "blocks backward until that gradient is reduced on every rank, so nothing overlaps (the "
+                           "count of all-reduces issued during backward looks right, the timeline does not). Start it "
+                           "with async_op=True, keep the work object, and wait for it in wait().")
+        if any(x.get("waited_early") for x in ranks):
+            return False, ("You wait for an all-reduce before backward has issued the last one (work.wait() inside the "
+                           "hook): that blocks backward just like a blocking call. Keep the work objects and wait for "
+                           "them all in wait(), after backward.")
+        if started < r["n_tensors"]:
+            return False, (f"Only {started} of the {r['n_tensors']} gradients' all-reduces started during backward; "
+                           "the others waited until wait(). Register the hook on every parameter.")
         return True, ""
     ratio = r["ratio"]
     if abs(ratio - 2.0) < 1e-3:
@@ -229,6 +242,10 @@ def _judge_ddp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
 
 def _judge_zero1(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
     if all(x["bitwise"] for x in ranks) and len({x["digest"] for x in ranks}) == 1:
+        if any(x.get("reduce_scatters") == 0 for x in ranks):
+            return False, ("The weights are right, but you never reduce-scattered: all-reducing the whole gradient "
+                           "moves twice the bytes a rank needs, since each rank updates only its slice. Use "
+                           "dist.reduce_scatter_single.")
         return True, ""
     if any(x["outside_unchanged"] for x in ranks):
         return False, ("Each rank's parameters outside its own slice never change: the updated slices were not "
@@ -259,9 +276,33 @@ def _judge_tp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
     return False, f"These differ from the single-process MLP: {', '.join(bad)}."
 
 
+def _gpipe_order(order: str, m: int, stage: int, stages: int) -> str:
+    """GPipe's order for one stage: every micro-batch forward, each sent on at once ("F" or "FS"), then every
+    backward, each gradient sent back at once ("B" or "BS"); the first stage sends nothing back, the last nothing
+    on. Returns "" where ``order`` is that, else what is wrong with it."""
+    fwd = ("FS" if stage < stages - 1 else "F") * m
+    bwd = ("BS" if stage > 0 else "B") * m
+    if order == fwd + bwd:
+        return ""
+    if order.count("F") != m or order.count("B") != m:
+        return (f"stage {stage} ran {order.count('F')} forward(s) and {order.count('B')} backward(s) for {m} "
+                "micro-batches: run each micro-batch through the stage separately")
+    if order.replace("S", "") != "F" * m + "B" * m:
+        return (f"stage {stage} ran {' '.join(order.replace('S', ''))}: a backward started before every forward was "
+                "done, so the stages take turns instead of working at once. GPipe runs all m forwards, then all m "
+                "backwards (1F1B interleaves them on purpose, with a warm-up; this exercise is GPipe)")
+    return (f"stage {stage} sent in this order: {' '.join(order)} (S = a send). Each micro-batch's activations (or "
+            "gradient) must go to the next stage as soon as they exist, or the other stage waits for the whole batch "
+            "and nothing overlaps")
+
+
 def _judge_gpipe(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
     if any(x.get("missing_grads") for x in ranks):
         return False, "Some stage's parameters got no gradient: every stage must run backward for every micro-batch."
+    for i, x in enumerate(ranks):
+        why = _gpipe_order(x["order"], x.get("m", 4), i, len(ranks)) if "order" in x else ""
+        if why:
+            return False, f"The numbers may be right, but {why}."
     last = ranks[-1]
     if last["loss_rel"] is None:
         return False, "The last stage must return the mean loss (a float)."

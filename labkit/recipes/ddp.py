@@ -14,12 +14,13 @@ Flags: ``--model {mlp,gpt}``, ``--precision {fp32,bf16,fp16}``, ``--steps`` (opt
 ``--sync-every-micro`` (all-reduce on every micro-batch: accumulation without ``no_sync``),
 ``--device``, ``--threads``, ``--pg-timeout``, ``--log-every``.
 
-What happens, in order (the order matters):
+What happens, in order:
 
 1. join the process group with the backend the device gate picks (gloo on CPU, NCCL on CUDA);
-2. build the model (same seed on every rank), then the optimizer;
-3. wrap the model in DDP (which broadcasts rank 0's weights), register an all-reduce-counting hook;
-4. create the GradScaler (fp16 only) *after* DDP, so every rank's scaler starts from the same state;
+2. build the model (same seed on every rank) and move it to its device, then the optimizer;
+3. wrap the model in DDP (which broadcasts rank 0's parameters and buffers), register an all-reduce-counting hook;
+4. create the GradScaler (fp16 only). Its place does not matter: a new scaler's state is a constant, and DDP
+   neither reads it nor replaces the optimizer's parameters (notebook 09 corrects the seed article on this);
 5. with ``--resume``, restore model/optimizer/scaler/step/loss history from ``CKPT_DIR/last.pt``
    (:mod:`labkit.train`'s checkpoint format) if it exists; the sampler then skips the batches already seen;
 6. :func:`train_loop`, the loop itself, as plain as nanoGPT's: each step, ``accum`` micro-batches; all but the
@@ -301,7 +302,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
 
     ddp.register_comm_hook(comm, counting_hook)
-    # 4. the GradScaler after DDP (fp16 only; bf16 has fp32's exponent range and needs none)
+    # 4. the GradScaler (fp16 only; bf16 has fp32's exponent range and needs none); before or after the wrap alike
     scaler = torch.amp.GradScaler(device.type) if policy.scaler else None
     # 5. resume
     start, losses, resumed_from = 0, [], None

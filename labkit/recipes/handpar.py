@@ -48,6 +48,7 @@ IN, HIDDEN, DEPTH, ROWS = 64, 256, 3, 64          # the data-parallel MLP: 148,4
 TP_TOKENS, TP_D = 256, 128                        # the tensor-parallel MLP: d -> 4d -> d on 256 tokens
 PP_BATCH, PP_WIDTH, PP_LAYERS = 256, 1024, 3      # the 2-stage pipeline: batch, width, linear layers per stage
 LR, WD = 1e-3, 0.01
+CLIP_NORM = 0.05  # ZeRO-1 with clipping: below the gradient norms of the first steps, so it clips
 #: This rank's device, set by :func:`main` from ``--device`` before any part runs.
 _DEV: Any = None
 
@@ -152,22 +153,34 @@ def _mse(a: Any, b: Any) -> Any:
 # part ddp
 # ---------------------------------------------------------------------------------------------------------
 
-def _ddp_variants(bucket_mb: float) -> dict[str, Any]:
-    """Fresh models, one per variant: {name: (model, what the forward calls, the gradient sync after backward)}."""
+def _ddp_variants(bucket_mb: float) -> tuple[dict[str, Any], bool]:
+    """Fresh models, one per variant: {name: (model, what the forward calls, the gradient sync after backward)},
+    and whether this rank's models differed from rank 0's before step 0. Every rank initialises with its own seed
+    (as ranks without a common seed would); step 0 (broadcast from rank 0, by hand or in DDP's constructor) makes
+    every replica rank 0's."""
+    import torch
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from labkit import handpar
 
+    rank = dist.get_rank()
+    seed = 0 if rank == 0 else 1000 + rank
     out: dict[str, Any] = {}
-    m = _mlp()
+    m = _mlp(seed)
+    differed = not torch.equal(_flat(m.parameters()), _flat(_mlp(0).parameters()))
+    handpar.broadcast_parameters(m)
     out["naive"] = (m, m, lambda m=m: handpar.allreduce_gradients(m))
-    m = _mlp()
+    m = _mlp(seed)
+    handpar.broadcast_parameters(m)
     out["overlap"] = (m, m, handpar.overlap_gradients(m))
-    m = _mlp()
+    m = _mlp(seed)
+    handpar.broadcast_parameters(m)
     out["bucketed"] = (m, m, handpar.BucketedGradients(m, bucket_mb=bucket_mb).wait)
-    m = _mlp()
+    m = _mlp(seed)
     out["ddp"] = (m, DDP(m), lambda: None)
-    return out
+    digests = {k: _digest(_flat(v[0].parameters())) for k, v in out.items()}  # after step 0, before training
+    return out, {"differed": differed, "digests": digests}
 
 
 def _ddp_step(front: Any, sync: Any, x: Any, y: Any) -> dict[str, Any]:
@@ -199,7 +212,7 @@ def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
 
     rank = dist.get_rank()
     bucket_mb = 0.25
-    variants = _ddp_variants(bucket_mb)
+    variants, start = _ddp_variants(bucket_mb)
     opts = {k: torch.optim.AdamW(v[0].parameters(), lr=LR, weight_decay=WD, foreach=False) for k, v in variants.items()}
     steps = 3
     same = {k: True for k in variants if k != "ddp"}
@@ -220,6 +233,16 @@ def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
             same[k] = same[k] and torch.equal(grads[k], grads["ddp"])
     params_same = {k: torch.equal(_flat(variants[k][0].parameters()), _flat(variants["ddp"][0].parameters()))
                    for k in same}
+    # a parameter that gets no gradient: its bucket never fills; the by-hand buckets raise instead of hanging
+    lame = _mlp()
+    lame.unused = torch.nn.Linear(2, 2).to(_DEV)  # registered, never called in forward
+    buckets = handpar.BucketedGradients(lame, bucket_mb=bucket_mb)
+    _mse(lame(x), y).backward()
+    try:
+        buckets.wait()
+        unused_error = ""
+    except RuntimeError as exc:
+        unused_error = str(exc)
     # timings: one step each, round robin, after a barrier; medians per rank, then the slowest rank
     times: dict[str, list[float]] = {k: [] for k in variants}
     x, y = _batch(99, rank)
@@ -241,7 +264,9 @@ def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "n_params": sum(numels), "numels": numels, "bucket_mb": bucket_mb,
         "bucket_layout": handpar.bucket_layout(numels, elems),
-        "steps": steps, "bitwise_grads_vs_ddp": _gather(same), "bitwise_params_vs_ddp": _gather(params_same),
+        "steps": steps, "differed_before_step0": _gather(start["differed"]),
+        "start_digests": _gather(start["digests"]), "unused_param_error": _gather(unused_error),
+        "bitwise_grads_vs_ddp": _gather(same), "bitwise_params_vs_ddp": _gather(params_same),
         "collectives": counts, "step_s": slowest, "reps": args.reps,
     }
 
@@ -250,10 +275,13 @@ def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
 # part zero1
 # ---------------------------------------------------------------------------------------------------------
 
-def _replicated_adamw(steps: int, average: bool = True) -> tuple[Any, list[float]]:
+def _replicated_adamw(steps: int, average: bool = True, memory: dict[str, int] | None = None,
+                      max_norm: float | None = None, norms: list[float] | None = None) -> tuple[Any, list[float]]:
     """The unsharded reference: every rank averages gradients (all-reduce) and steps AdamW on everything.
 
-    ``average=False`` sums them instead: the typical mistake, so that a grader can name it."""
+    ``average=False`` sums them instead: the typical mistake, so that a grader can name it. ``memory``, if given,
+    receives what a rank holds at the end, in bytes (parameters, gradients, AdamW's moments, total). ``max_norm``
+    clips the averaged gradients with ``torch.nn.utils.clip_grad_norm_``; ``norms`` receives its norms."""
     import torch
     import torch.distributed as dist
 
@@ -273,8 +301,18 @@ def _replicated_adamw(steps: int, average: bool = True) -> tuple[Any, list[float
         else:
             for p in model.parameters():
                 dist.all_reduce(p.grad)
+        if max_norm is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            if norms is not None:
+                norms.append(norm)
         opt.step()
         losses.append(_mean_over_ranks(loss))
+    if memory is not None:
+        memory["params"] = sum(p.untyped_storage().nbytes() for p in model.parameters())
+        memory["grads"] = sum(p.grad.untyped_storage().nbytes() for p in model.parameters())
+        memory["states"] = sum(v.untyped_storage().nbytes() for st in opt.state.values()
+                               for k, v in st.items() if k != "step")
+        memory["total"] = memory["params"] + memory["grads"] + memory["states"]
     return model, losses
 
 
@@ -286,14 +324,14 @@ def _mean_over_ranks(loss: Any) -> float:
     return float(t) / dist.get_world_size()
 
 
-def _sharded(steps: int, step_fn: Any = None) -> tuple[Any, Any, list[float], Any]:
+def _sharded(steps: int, step_fn: Any = None, max_norm: float | None = None) -> tuple[Any, Any, list[float], Any]:
     import torch.distributed as dist
 
     from labkit import handpar
 
     rank = dist.get_rank()
     model = _mlp()
-    opt = handpar.ShardedAdamW(model.parameters(), step_fn=step_fn, lr=LR, weight_decay=WD)
+    opt = handpar.ShardedAdamW(model.parameters(), step_fn=step_fn, max_norm=max_norm, lr=LR, weight_decay=WD)
     losses, events = [], []
     for step in range(steps):
         x, y = _batch(step, rank)
@@ -361,11 +399,37 @@ def _ds_run(stage: int, steps: int) -> dict[str, Any]:
     return out | {"_flat": flat}
 
 
+def _clip_case(steps: int, max_norm: float = CLIP_NORM) -> dict[str, Any]:
+    """ZeRO-1 by hand with gradient clipping against AdamW with ``clip_grad_norm_`` on the whole gradient."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    norms: list[float] = []
+    ref, _ = _replicated_adamw(steps, max_norm=max_norm, norms=norms)
+    rank = dist.get_rank()
+    model = _mlp()
+    opt = handpar.ShardedAdamW(model.parameters(), max_norm=max_norm, lr=LR, weight_decay=WD)
+    after = []  # the global norm of what the optimizer stepped with: max_norm where it clipped
+    for step in range(steps):
+        x, y = _batch(step, rank)
+        opt.zero_grad()
+        _mse(model(x), y).backward()
+        opt.step()
+        sq = opt.shard.grad.detach().double().pow(2).sum().reshape(1)
+        dist.all_reduce(sq)
+        after.append(float(torch.sqrt(sq)))
+    return {"max_norm": max_norm, "norms": opt.grad_norms, "reference_norms": norms, "norms_after": after,
+            "rel_vs_adamw": max(_gather(_rel(_flat(model.parameters()), _flat(ref.parameters()))))}
+
+
 def part_zero1(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    ref, ref_losses = _replicated_adamw(args.steps)
+    ref_memory: dict[str, int] = {}
+    ref, ref_losses = _replicated_adamw(args.steps, memory=ref_memory)
     model, opt, losses, events = _sharded(args.steps)
     mine, theirs = _flat(model.parameters()), _flat(ref.parameters())
     out: dict[str, Any] = {
@@ -374,6 +438,10 @@ def part_zero1(args: argparse.Namespace) -> dict[str, Any]:
         "bitwise_vs_adamw": _gather(torch.equal(mine, theirs)),
         "ranks_identical": len(set(_gather(_digest(mine)))) == 1,
         "state_bytes": _gather(opt.state_bytes()),
+        "memory_bytes": _gather(opt.memory_bytes()), "adamw_memory_bytes": ref_memory,
+        "params_in_flat": all(p.untyped_storage().data_ptr() == opt.flat.untyped_storage().data_ptr()
+                              for p in model.parameters()),
+        "clip": _clip_case(args.steps),
         "state_shapes": _gather({k: list(v.shape) for k, v in opt.optimizer.state[opt.shard].items()}),
         "collectives": _calls(events),
     }

@@ -62,7 +62,79 @@ def _load(path: str) -> Any:
     return mod
 
 
-def _grade_ddp(mod: Any) -> dict[str, Any]:
+class _Work:
+    """A collective's work handle, passed through; it notes in its recorder when someone waits on it."""
+
+    def __init__(self, work: Any, rec: _Calls, name: str) -> None:
+        self._work, self._rec, self._name = work, rec, name
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._rec.events.append(("wait", self._name))
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._work, attr)
+
+
+class _Calls:
+    """While active, the ``torch.distributed`` functions in ``names`` record each call in ``events`` as
+    ``(name, "blocking" | "async")``, and a wait on an async call's handle as ``("wait", name)``. They are patched
+    where a learner's module can reach them: as ``dist.<name>`` or imported by name after entering."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+        self.events: list[tuple[str, str]] = []
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> _Calls:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name in self.names:
+            original = getattr(c10d, name)
+
+            def call(*args: Any, _name: str = name, _fn: Any = original, **kwargs: Any) -> Any:
+                work = _fn(*args, **kwargs)
+                self.events.append((_name, "blocking" if work is None else "async"))
+                return work if work is None else _Work(work, self, _name)
+
+            for owner in (dist, c10d):
+                self._saved.append((owner, name, getattr(owner, name)))
+                setattr(owner, name, call)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, fn in reversed(self._saved):
+            setattr(owner, name, fn)
+        self._saved.clear()
+
+    def count(self, kind: str) -> int:
+        """How many calls were ``kind`` ("blocking" or "async")."""
+        return sum(1 for _, k in self.events if k == kind)
+
+    def step_done(self) -> None:
+        """Mark the end of a training step: :meth:`waited_early` looks at each step on its own."""
+        self.events.append(("step", ""))
+
+    def waited_early(self) -> int:
+        """Waits that came, within a step, before that step's last call was issued (waiting inside a hook
+        serialises the overlap)."""
+        early, step = 0, []
+        for event in [*self.events, ("step", "")]:
+            if event[0] != "step":
+                step.append(event[0])
+                continue
+            last = max((i for i, name in enumerate(step) if name != "wait"), default=-1)
+            early += sum(1 for i, name in enumerate(step) if name == "wait" and i < last)
+            step = []
+        return early
+
+
+#: The collectives a gradient sync could be written with (a blocking one serialises backward).
+_SYNC_CALLS = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_single", "reduce_scatter_single")
+
+
+def _grade_ddp(mod: Any, calls: _Calls | None = None) -> dict[str, Any]:
     """The learner's overlap_gradients against torch DDP: bitwise gradients, and all-reduces during backward."""
     import torch
     import torch.distributed as dist
@@ -82,6 +154,8 @@ def _grade_ddp(mod: Any) -> dict[str, Any]:
         for o in (opt_a, opt_b):
             o.zero_grad(set_to_none=True)
         issued.append(H._ddp_step(mine, wait, x, y))
+        if calls is not None:
+            calls.step_done()
         H._mse(ddp(x), y).backward()
         a, b = H._flat(p.grad for p in mine.parameters()), H._flat(p.grad for p in ref.parameters())
         bitwise = bitwise and torch.equal(a, b)
@@ -89,7 +163,9 @@ def _grade_ddp(mod: Any) -> dict[str, Any]:
         opt_a.step()
         opt_b.step()
     return {"bitwise": bitwise, "ratio": ratios[0], "in_backward": min(c["issued_in_backward"] for c in issued),
-            "issued": issued[-1]["issued"], "n_tensors": len(list(mine.parameters()))}
+            "issued": issued[-1]["issued"], "n_tensors": len(list(mine.parameters())),
+            "blocking": calls.count("blocking") if calls is not None else 0,
+            "waited_early": calls.waited_early() if calls is not None else 0}
 
 
 def _grade_zero1(mod: Any) -> dict[str, Any]:
@@ -112,7 +188,11 @@ def _grade_zero1(mod: Any) -> dict[str, Any]:
             "part": opt.part, "collectives": H._calls(events)}
 
 
-def _grade_gpipe(mod: Any) -> dict[str, Any]:
+def _sends(calls: _Calls | None) -> int:
+    return 0 if calls is None else sum(1 for name, _ in calls.events if name not in ("wait", "step"))
+
+
+def _grade_gpipe(mod: Any, calls: _Calls | None = None) -> dict[str, Any]:
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -123,16 +203,34 @@ def _grade_gpipe(mod: Any) -> dict[str, Any]:
     m = 4
     from labkit import handpar
 
-    with handpar.recorded_collectives() as ev:
-        loss = H._pp_run(m, mod.gpipe_step, stage, x, y)
+    # what this stage did, in order: "F" per forward of its first layer, "B" per backward reaching its last layer's
+    # output, "S" per send or isend (recorded by `calls`; the sends made since the last mark go first)
+    order: list[str] = []
+    seen = [_sends(calls)]
+
+    def mark(kind: str) -> None:
+        now = _sends(calls)
+        order.extend("S" * (now - seen[0]))
+        seen[0] = now
+        order.append(kind)
+
+    hooks = [stage[0].register_forward_pre_hook(lambda *_: mark("F")),
+             stage[-1].register_full_backward_pre_hook(lambda *_: mark("B"))]
+    try:
+        with handpar.recorded_collectives() as ev:
+            loss = H._pp_run(m, mod.gpipe_step, stage, x, y)
+    finally:
+        for h in hooks:
+            h.remove()
+    order.extend("S" * (_sends(calls) - seen[0]))
     grads = [p.grad for p in stage.parameters()]
     if any(g is None for g in grads):
-        return {"missing_grads": True}
+        return {"missing_grads": True, "order": "".join(order)}
     ratio = [float((a * b).sum() / (b * b).sum()) for a, b in zip(grads, ref_grads[rank])]
     return {"grad_rel": max(H._rel(a, b) for a, b in zip(grads, ref_grads[rank])), "ratio": min(ratio),
             "ratio_max": max(ratio), "loss": loss, "ref_loss": ref_loss, "m": m,
             "loss_rel": (abs(loss - ref_loss) / ref_loss) if isinstance(loss, (int, float)) else None,
-            "p2p": H._calls(ev)}
+            "p2p": H._calls(ev), "order": "".join(order)}
 
 
 def grade(name: str, path: str) -> dict[str, Any]:
@@ -149,17 +247,23 @@ def grade(name: str, path: str) -> dict[str, Any]:
         raise ValueError(f"path must name an existing .py file, got {path!r}")
     if not dist.is_initialized():
         raise ValueError("grade runs on a rank: join the process group first (run under torchrun)")
-    mod = _load(str(path))
-    missing = [n for n in GRADES[name] if not hasattr(mod, n)]
-    if missing:
-        return {"missing": missing}
-    if name == "ddp":
-        return _grade_ddp(mod)
-    if name == "zero1":
-        return _grade_zero1(mod)
-    if name == "tp":
-        return H._tp_case(f=mod.CopyToTP, g=mod.ReduceFromTP)
-    return _grade_gpipe(mod)
+    # the learner's module is loaded and run while its collectives are recorded (how it calls them: blocking or
+    # not, waited when, reduce-scatter or all-reduce, sends between which computations)
+    watched = {"ddp": _SYNC_CALLS, "zero1": ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter"),
+               "tp": (), "gpipe": ("send", "isend")}[name]
+    with _Calls(*watched) as calls:
+        mod = _load(str(path))
+        missing = [n for n in GRADES[name] if not hasattr(mod, n)]
+        if missing:
+            return {"missing": missing}
+        if name == "ddp":
+            return _grade_ddp(mod, calls)
+        if name == "zero1":  # (the references around it all-reduce too; only reduce-scatters are the learner's)
+            return {**_grade_zero1(mod), "reduce_scatters": sum(1 for n, _ in calls.events
+                                                                if n.startswith("reduce_scatter"))}
+        if name == "tp":
+            return H._tp_case(f=mod.CopyToTP, g=mod.ReduceFromTP)
+        return _grade_gpipe(mod, calls)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,12 +38,17 @@ from labkit.exercises.nb10 import CONFIG_SETUP
 # bytes for Ψ parameters. Most of it is the optimizer side, which every rank updates identically: wasted
 # replication. ZeRO (the *Zero Redundancy Optimizer*) partitions it over the N data-parallel ranks:
 #
-# | stage | sharded over N ranks | bytes per rank | communication per step |
+# | stage | sharded over N ranks | bytes per rank | traffic per rank per step, in elements |
 # |---|---|---|---|
 # | 0 (DDP) | nothing | (2 + 2 + 12)Ψ | all-reduce of gradients = reduce-scatter + all-gather: **2Ψ** |
 # | 1 | optimizer states + master weights | (2 + 2)Ψ + 12Ψ/N | reduce-scatter grads, all-gather updated params: **2Ψ** |
 # | 2 | + gradients | 2Ψ + (2 + 12)Ψ/N | the same **2Ψ**; each rank keeps only its slice of the reduced gradients |
 # | 3 | + parameters | (2 + 2 + 12)Ψ/N | + gathering parameters for forward and again for backward: **3Ψ** |
+#
+# Units: the memory column is in bytes; the traffic column counts **elements** (parameters' worth of numbers) that
+# each rank sends through a ring, for large N (a ring all-reduce moves 2(N−1)/N of its payload per rank, an
+# all-gather or a reduce-scatter (N−1)/N). Multiply by the bytes per element (2 for bf16/fp16 gradients and
+# weights) to get bytes. Notebook 11 uses the same convention and also lists the payload.
 #
 # Each rank *owns* 1/N of the parameters: it keeps their master weights and Adam states, receives their summed
 # gradients (a reduce-scatter), updates them, and hands the new 16-bit weights to the others (an all-gather).
@@ -121,7 +126,13 @@ print(f"DeepSpeed {res['deepspeed']} on {res['accelerator']}, backend {res['back
 
 # %% [markdown]
 # The ranks agree bit for bit at every stage. Even at stage 3, where no rank ever holds the whole model between
-# steps, gathering the final parameters gives the same checksum on both ranks:
+# steps, gathering the final parameters gives the same checksum on both ranks.
+#
+# One setting of the recipe differs from DeepSpeed's default, and it matters at stage 3:
+# `stage3_param_persistence_threshold` is set to 0. By default DeepSpeed keeps every parameter smaller than 10⁵
+# elements unsharded on all ranks (small tensors are not worth a gather each); in a model this small that would be
+# every parameter, and stage 3 would shard nothing. With 0, every tensor is sharded, as the byte counts below
+# assume. Keep the default on a real model.
 
 # %%
 bf16_runs = [runs[(s, "none", "bf16")] for s in range(4)]
@@ -181,21 +192,27 @@ reveal("10.stage2-grads", "more" if min(grads2) > half else "equal" if grads2 ==
 assert min(grads2) > half
 
 # %% [markdown]
-# Everything matches exactly, except stage 2's gradients, which are larger than Ψ/N, and larger on rank 1. The
-# reason is DeepSpeed's granularity. At stage 2, a rank accumulates the gradients of every parameter tensor that
-# *touches* its slice of the flattened model, and it keeps each of those tensors **whole**. The boundary between
-# the two slices falls inside one 36,864-element weight matrix, so both ranks keep all of it. And rank 1's slice
-# touches the matrices before the boundary too. `labkit.zero.partition_layout` predicts this from the parameter
+# Everything matches exactly, except stage 2's gradients, which are larger than Ψ/N on both ranks. The reason is
+# DeepSpeed's granularity. At stage 2, a rank accumulates the gradients of every parameter tensor that *touches*
+# its slice of the flattened model, and it keeps each of those tensors **whole**. So the one tensor that the
+# boundary between the two slices cuts through is held whole by both ranks: each rank's extra is the part of that
+# tensor that lies in the *other* rank's slice. `labkit.zero.partition_layout` predicts this from the parameter
 # sizes alone:
 
 # %%
 numels = [p.numel() for p in model.parameters()]
 layout = zero.partition_layout(numels, 2, 2)
 ends = torch.tensor(numels).cumsum(0).tolist()
-cut = next(name for (name, p), end in zip(model.named_parameters(), ends) if end > n_params // 2)
-print(f"slice boundary at element {n_params // 2:,}: inside {cut} ({dict(model.named_parameters())[cut].numel():,})")
+boundary = layout[0]["partition"]  # rank 0's slice ends here (the padded half)
+i_cut = next(i for i, end in enumerate(ends) if end > boundary)
+cut, cut_numel = list(dict(model.named_parameters()))[i_cut], numels[i_cut]
+before = boundary - (ends[i_cut] - cut_numel)  # elements of the cut tensor in rank 0's slice
+print(f"slice boundary at element {boundary:,}: inside {cut} ({cut_numel:,} elements, {before:,} of them "
+      f"in rank 0's slice, {cut_numel - before:,} in rank 1's)")
 for rank, lay in enumerate(layout):
-    print(f"rank {rank}: owns {lay['partition']:,} elements, accumulates gradients for {lay['grads']:,}")
+    print(f"rank {rank}: owns {lay['partition']:,} elements, accumulates gradients for {lay['grads']:,} "
+          f"(+{lay['grads'] - lay['partition']:,})")
+assert [lay["grads"] - lay["partition"] for lay in layout] == [cut_numel - before, before]
 
 # %% [markdown]
 # For a model with billions of parameters in thousands of tensors, one cut tensor per boundary is noise. For
@@ -356,12 +373,22 @@ ds_cpu, ds_gpu = estimate_zero2_model_states_mem_needs(13 * 10**9, 8, 1, cpu_off
 print(f"... DeepSpeed's own estimator: {memory.fmt_bytes(ds_cpu)} (1.5 x max(4 N Ψ, 16 Ψ): it also counts the "
       "fp32 copy each of the N processes makes while loading)")
 assert est.host_per_node(8) == host_per_elem * 13e9 < ds_cpu and ds_gpu == est.device_total
-assert est.device_total < 80e9 < memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=0).device_total
+no_off = memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=2, world_size=8).device_total
+ddp13 = memory.model_state_bytes(13 * 10**9, "bf16-master", "adam", stage=0).device_total
+print(f"model states per GPU: DDP {memory.fmt_bytes(ddp13)}, ZeRO-2 {memory.fmt_bytes(no_off)}, "
+      f"ZeRO-2 + offload {memory.fmt_bytes(est.device_total)} (of 80 GB, before activations and buffers)")
+assert est.device_total < no_off < 80e9 < ddp13
 
 # %% [markdown]
-# Without ZeRO the same model needs 208 GB of model states per GPU, so it cannot start at all. With ZeRO-2 and
-# offload, each GPU holds the 26 GB of bf16 weights, plus buckets and activations. The node's CPU RAM is where
-# the two figures above differ. The steady state is DeepSpeed 0.19.8's host layout, which section 5 measured and
+# Without ZeRO the same model cannot start: its model states alone exceed a GPU. ZeRO-2 alone already fits the
+# model states on 8 GPUs; whether the activations of micro-batch 4 fit in what is left depends on the sequence
+# length, and at this size usually needs activation checkpointing. So the article's offload is a choice, not a
+# necessity: it moves the sharded optimizer side (and the reduced gradient partitions) to the host and leaves each
+# GPU the bf16 weights plus the gradient buckets in flight (the line above counts the weights), which buys room for
+# larger micro-batches or longer sequences. What it costs: every step, the reduced gradients cross PCIe to the host
+# and the updated weights come back, and the Adam step runs on the CPU. Section 5 measured only the offload path's
+# own overhead, on a machine without PCIe transfers; on a GPU node the transfers add to it. Offload pays when
+# memory, not step time, is what stops a run; a model that fits without it usually trains faster without it. The node's CPU RAM is where the two host figures above differ. The steady state is DeepSpeed 0.19.8's host layout, which section 5 measured and
 # `labkit.memory` models: the fp32 master, Adam's two moments and an fp32 gradient partition, 16 B/param over the
 # node, 208 GB, plus pinned staging buffers. (The ZeRO-Offload paper's design keeps a 16-bit gradient shard,
 # 14 B/param; DeepSpeed copies the reduced gradients into an fp32 `.grad` of the master partition instead.)

@@ -25,6 +25,7 @@
 # %%
 # %matplotlib inline
 import inspect
+import math
 
 import matplotlib.pyplot as plt
 import torch
@@ -60,6 +61,17 @@ print(f"{'total':<26} {n_params:>7,} elements, {4 * n_params:,} bytes in fp32")
 # counts), those gradients are the gradient of the mean loss over the global batch, so every rank takes the same
 # step and the replicas stay identical.
 #
+# ### Step 0: start from the same weights
+#
+# "Stay identical" needs the replicas to *start* identical. A script without a common seed, or a checkpoint loaded
+# on rank 0 only, starts each rank elsewhere, and nothing later would bring them together. So DDP's constructor
+# broadcasts rank 0's parameters and buffers to every rank. By hand (the launch below seeds rank 1 differently on
+# purpose, so that this step is what makes the replicas equal):
+
+# %%
+print(inspect.getsource(handpar.broadcast_parameters))
+
+# %% [markdown]
 # ### Step 1: all-reduce after backward
 #
 # The simplest version waits until backward is done, then all-reduces each gradient, one tensor at a time:
@@ -134,6 +146,15 @@ print(inspect.getsource(handpar.bucket_layout))
 print(inspect.getsource(handpar.BucketedGradients))
 
 # %% [markdown]
+# A bucket is sent when *all* its gradients are in. A parameter that takes no part in the loss (a head used only in
+# evaluation, a branch skipped this step) never gets a gradient, so its bucket never fills and is never sent. If
+# another rank did send it, that rank now waits for a partner that will never come. DDP therefore checks: at the
+# next forward it raises "Expected to have finished reduction in the prior iteration", unless it was built with
+# `find_unused_parameters=True` (which searches the graph for such parameters after every forward, at a cost).
+# `wait()` above checks the same and raises, naming the parameters; section 2's launch tried it with a model that
+# has an extra, unused linear layer (below).
+
+# %% [markdown]
 # **Predict, then run (11.allreduce-count).** How many all-reduce calls per step does each version make on our
 # model: naive (step 1), bucketed with 0.25 MiB buckets (step 3), and torch DDP with its defaults (it starts with a
 # 1 MiB first bucket and 25 MiB for the others)?
@@ -179,9 +200,16 @@ assert ddp["bucket_layout"] == [[7, 6, 5, 4], [3, 2], [1, 0]] and calls["buckete
 # with `torch.equal`:
 
 # %%
+start = ddp["start_digests"]
+print("each rank initialised its models with its own seed; before step 0 they differed from rank 0's:",
+      ddp["differed_before_step0"])
+print("after step 0, every version's weights identical on both ranks:", start[0] == start[1])
 for rank, flags in enumerate(ddp["bitwise_grads_vs_ddp"]):
     print(f"rank {rank}: gradients bitwise equal to torch DDP at every step: {flags}")
 print("weights after 3 steps bitwise equal:", ddp["bitwise_params_vs_ddp"][0])
+assert ddp["differed_before_step0"] == [False, True] and start[0] == start[1]  # step 0 made rank 1 rank 0's
+print("a model with an unused layer, bucketed by hand:", ddp["unused_param_error"][0].split(";")[0])
+assert all("unused.weight" in e and "unused.bias" in e for e in ddp["unused_param_error"])
 assert all(all(f.values()) for f in ddp["bitwise_grads_vs_ddp"] + ddp["bitwise_params_vs_ddp"])
 
 # %% [markdown]
@@ -268,10 +296,16 @@ def zero1_step(flat_param, flat_grad, shard, optimizer):
 check("11.zero1-step", zero1_step)
 
 # %% [markdown]
-# labkit's sharded AdamW, which calls such a step function (its own `handpar.zero1_step` by default):
+# labkit's sharded AdamW, which calls such a step function (its own `handpar.zero1_step` by default). ZeRO exists
+# to save memory, so the by-hand version must not spend it: each parameter becomes a view into one flat buffer and
+# each gradient a view into a flat gradient (backward accumulates straight into it), the slice a rank updates is its
+# part of the flat buffer, and the all-gather writes straight into the flat buffer, which *is* the parameters. No
+# tensor is held twice. (PyTorch ships the same idea as `torch.distributed.optim.ZeroRedundancyOptimizer`, which
+# shards the states of any optimizer per parameter tensor; DeepSpeed stage 1 shards one flat vector, like ours.)
 
 # %%
-print(inspect.getsource(handpar.ShardedAdamW))
+print(inspect.getsource(handpar.zero1_step))
+print(inspect.getsource(handpar.ShardedAdamW.__init__))
 
 # %% [markdown]
 # The launch trained it for 5 steps next to AdamW on the whole model (each rank all-reducing its gradients as in
@@ -303,6 +337,49 @@ print(f"{'labkit.memory':<14}{pred1:>10,}{pred1:>10,}")
 print(f"{'DeepSpeed':<14}{ds1[0]:>10,}{ds1[1]:>10,}")
 print(f"unsharded AdamW would hold {pred0:,} bytes per rank")
 assert z["state_bytes"] == [pred1, pred1] == ds1 and pred1 == 8 * z["part"] and 2 * pred1 == pred0 + 8 * (z["padded"] - z["n_params"])
+
+# %% [markdown]
+# The states are what ZeRO-1 shards, but what a rank must fit is everything it holds for the model. Totals per
+# rank, counted from the tensors' storages at the end of the run (fp32 here, so there is no separate master copy:
+# the shard *is* the parameters' slice):
+
+# %%
+mine, full = z["memory_bytes"][0], z["adamw_memory_bytes"]
+print(f"{'':18}{'params':>10}{'grads':>10}{'states':>11}{'total':>11}")
+for name, m in (("AdamW, replicated", full), ("ZeRO-1 by hand", mine)):
+    print(f"{name:<18}{m['params']:>10,}{m['grads']:>10,}{m['states']:>11,}{m['total']:>11,}")
+print(f"ZeRO-1 by hand holds {mine['total'] / full['total']:.2f} of replicated AdamW's bytes on each of 2 ranks; "
+      f"the parameters live in the flat buffer: {z['params_in_flat']}")
+assert z["params_in_flat"] and z["memory_bytes"][0] == z["memory_bytes"][1]
+pred_total = memory.model_state_bytes(z["n_params"], "fp32", "adamw", stage=1, world_size=2).device_total
+assert mine["states"] == pred1 and mine["total"] < full["total"]
+assert abs(mine["total"] - pred_total) <= 16 * (z["padded"] - z["n_params"])  # labkit.memory, but for the padding
+
+# %% [markdown]
+# **Gradient clipping when the gradients are sharded.** `clip_grad_norm_` scales every gradient by
+# max_norm / ‖g‖ when the norm of the *whole* gradient exceeds max_norm. After the reduce-scatter no rank holds the
+# whole gradient, and clipping each shard by its own norm would give each rank a different factor: wrong, and the
+# ranks would no longer apply one consistent update. The norm of the whole vector is the square root of the sum of
+# the shards' sums of squares, so one all-reduce of a single number per rank is enough. DeepSpeed and FSDP do this;
+# so does `zero1_step(..., max_norm=...)` here:
+
+# %%
+print(inspect.getsource(handpar.clip_sharded_grad_norm_))
+
+# %% [markdown]
+# The launch trained ZeRO-1 by hand with `max_norm` = 0.05 next to replicated AdamW with `clip_grad_norm_`:
+
+# %%
+c = z["clip"]
+clipped = min(c["norms"]) > c["max_norm"]
+same_norms = all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(c["norms"], c["reference_norms"]))
+print(f"{len(c['norms'])} steps; the gradient norm exceeded {c['max_norm']} at every step (so every step clipped): "
+      f"{clipped}")
+print("global norm from the shards = clip_grad_norm_'s on the whole gradient (to 1e-5):", same_norms)
+at_max = all(math.isclose(a, c["max_norm"], rel_tol=1e-4) for a in c["norms_after"])
+print(f"the gradients the optimizer stepped with had global norm {c['max_norm']} (to 1e-4):", at_max)
+print("weights equal unsharded clipping (to 1e-5, relative):", c["rel_vs_adamw"] < 1e-5)
+assert clipped and same_norms and at_max and c["rel_vs_adamw"] < 1e-5
 
 # %% [markdown]
 # The communication of one step, as the profiler saw it on rank 0 (elements per call):
@@ -420,9 +497,12 @@ for rank, r in enumerate(tp["ranks"]):
     assert calls == (1, 1) and (fwd, bwd) == (want["forward"], want["backward"])
 
 # %% [markdown]
-# Tensor parallelism sends **activations**, inside every layer, in the critical path: nothing can overlap with the
-# all-reduce of g, the next layer needs its result. Its volume grows with tokens × d, not with the parameter
-# count. That is why it stays inside a node, on NVLink: 2-8 GPUs.
+# Tensor parallelism sends **activations**, inside every layer, in the critical path. In this naive form nothing
+# overlaps with the all-reduce of g: the next layer needs its result. Real implementations hide part of it.
+# Megatron starts f's backward all-reduce (of the input gradient) and computes the weight gradients while it runs,
+# and collective matmuls split a GEMM into chunks so that each chunk's communication overlaps the next chunk's
+# compute. The volume still grows with tokens × d, not with the parameter count, and whatever is not hidden waits on
+# the link. That is why tensor parallelism stays inside a node, on NVLink: 2-8 GPUs.
 #
 # ## 5. Pipeline parallelism: GPipe on 2 stages
 #
@@ -513,9 +593,10 @@ for m, r in pp["runs"].items():
 
 # %% [markdown]
 # The bubble, measured: hooks around each stage module record when its forward and backward run (instrumentation
-# outside the schedule); the bubble is the share of the step, over both ranks, in which neither computed. The
-# formula assumes free communication and stages of equal cost; the measurement includes everything else (sending,
-# waiting for a core).
+# outside the schedule). A rank's idle share is the part of the step (first start to last end, over both ranks) in
+# which that rank computed nothing; the bubble is the mean of the two ranks' idle shares, which is what the formula
+# counts. The formula assumes free communication and stages of equal cost; the measurement includes everything else
+# (sending, waiting for a core).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -530,7 +611,22 @@ print(f"here the measured bubble went from {first:.2f} with one micro-batch down
 # machine; the cell asserts that much. How close the others come to the formula depends on the machine: each extra
 # micro-batch adds messages and smaller matrix products, and two ranks sharing cores with other work wait for a core
 # as well as for each other. On GPUs, where a micro-batch's compute dwarfs its transfer, the measured points sit on
-# the curve, and interleaved schedules (1F1B, zero-bubble) shrink the bubble further.
+# the curve.
+#
+# Memory is the other side of it. GPipe runs all m forwards before the first backward, so each stage keeps the
+# activations of all m micro-batches, that is of the whole batch. Here the batch is fixed (256 rows, cut into m
+# pieces), so that is the same amount for every m, and the cost of a larger m is smaller matrix products and more
+# messages. In practice the micro-batch size is what is fixed (by memory and GEMM efficiency) and m is raised to
+# shrink the bubble: then GPipe's activation memory grows with m. The schedules that came next work on memory or on
+# the bubble, and it is worth keeping the two apart:
+# - **1F1B** (one forward, one backward) starts a micro-batch's backward as soon as the last stage has its forward.
+#   A stage then holds at most p micro-batches' activations instead of m. Its bubble is GPipe's, (p − 1)/(m + p − 1):
+#   the same idle slots, moved around.
+# - **Interleaved 1F1B** gives each rank v chunks of layers (virtual stages) instead of one block. The idle time
+#   shrinks by a factor v, the bubble fraction becomes (p − 1)/(v·m + p − 1), and it costs v times as many
+#   point-to-point messages (Megatron also needs m to be a multiple of p).
+# - **Zero-bubble** schedules split each backward into the input-gradient part (which the previous stage waits for)
+#   and the weight-gradient part (which nobody waits for), and fill the idle slots with the latter.
 
 # %%
 m4 = pp["runs"]["4"]["timeline"]
@@ -567,7 +663,8 @@ assert pl["works"] and pl["loss_rel"] < 1e-5 and max(pl["grad_rel"]) < 1e-5
 #
 # ZeRO stage 3 and PyTorch's FSDP shard the parameters too: between uses, a rank holds only its slice of every
 # weight. Before a layer runs, its slices are all-gathered into the whole weight, used, and freed again; gradients
-# are reduce-scattered so that each rank keeps its slice's sum. FSDP2 (`torch.distributed.fsdp.fully_shard`, applied
+# are reduce-scattered so that each rank keeps its slice of the averaged gradient (FSDP divides by the number of
+# ranks, as DDP does). FSDP2 (`torch.distributed.fsdp.fully_shard`, applied
 # here to each linear layer and then to the whole model) is PyTorch's own implementation. The launch trained our MLP
 # for 5 steps with FSDP2, with DeepSpeed stage 3 (fp32, torch's AdamW), and with plain AdamW in one process on the
 # global batch (both ranks' rows):
@@ -692,17 +789,21 @@ assert all(got == formula for _, got, formula in table)
 #
 # ## Summary
 #
-# - DDP by hand is an all-reduce of scaled gradients. Hooks start each one as soon as its gradient exists, so
-#   communication overlaps backward; buckets send fewer, larger messages. All three equal torch DDP bit for bit,
-#   because they scale by 1/world before summing as DDP does and, with 2 ranks, halving and a two-term sum are
-#   exact; with 3 ranks bitwise equality also needs DDP's bucket layout.
+# - DDP by hand starts with a broadcast of rank 0's weights (step 0), then all-reduces scaled gradients. Hooks
+#   start each all-reduce as soon as its gradient exists, so communication overlaps backward; buckets send fewer,
+#   larger messages, and a parameter without a gradient must raise, not leave a bucket unsent. All three equal
+#   torch DDP bit for bit, because they scale by 1/world before summing as DDP does and, with 2 ranks, halving and
+#   a two-term sum are exact; with 3 ranks bitwise equality also needs DDP's bucket layout.
 # - ZeRO-1 is reduce-scatter, a local AdamW step on 1/n of the parameters, and all-gather: bit for bit the same
 #   weights as AdamW, with 1/n of the states (here 593,936 bytes per rank: by hand, `labkit.memory` and DeepSpeed
-#   agree).
+#   agree). It saves memory only if nothing is held twice: parameters and gradients as views into flat buffers.
+#   Clipping sharded gradients needs the global norm: one all-reduce of the shards' sums of squares.
 # - Megatron's MLP needs one all-reduce forward (g) and one backward (f) per block, of activations, in the critical
 #   path; forgetting f's backward all-reduce leaves the input with half a gradient and no error message.
 # - GPipe trades a bubble of (p − 1)/(m + p − 1) for splitting the layers; more micro-batches shrink it, while the
-#   bytes between stages stay the same.
+#   bytes between stages stay the same; at a fixed micro-batch size the activations GPipe holds grow with m. 1F1B
+#   keeps the bubble and bounds the activations to p micro-batches; interleaving and zero-bubble schedules shrink
+#   the bubble itself.
 # - FSDP2 and DeepSpeed ZeRO-3 train the same curve; they differ in how they split tensors (first dimension vs flat)
 #   and in whether backward gathers the weights again.
 #
