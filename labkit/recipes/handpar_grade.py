@@ -85,6 +85,7 @@ class _Calls:
         self.names = names
         self.events: list[tuple[str, str]] = []
         self._saved: list[tuple[Any, str, Any]] = []
+        self._depth = 0
 
     def __enter__(self) -> _Calls:
         import torch.distributed as dist
@@ -94,7 +95,13 @@ class _Calls:
             original = getattr(c10d, name)
 
             def call(*args: Any, _name: str = name, _fn: Any = original, **kwargs: Any) -> Any:
-                work = _fn(*args, **kwargs)
+                if self._depth:  # called from inside another watched function (send may use isend): not the learner's
+                    return _fn(*args, **kwargs)
+                self._depth += 1
+                try:
+                    work = _fn(*args, **kwargs)
+                finally:
+                    self._depth -= 1
                 self.events.append((_name, "blocking" if work is None else "async"))
                 return work if work is None else _Work(work, self, _name)
 
