@@ -229,6 +229,13 @@ class BucketedGradients:
 # ZeRO-1: a sharded optimizer
 # ---------------------------------------------------------------------------------------------------------
 
+def _check_max_norm(max_norm: Any) -> float:
+    """``max_norm`` if it is a finite number > 0 (a clipping threshold); otherwise ``ValueError``."""
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not 0 < max_norm < math.inf:
+        raise ValueError(f"max_norm must be a finite number > 0, got {max_norm!r}")
+    return float(max_norm)
+
+
 def clip_sharded_grad_norm_(grad_shard: torch.Tensor, max_norm: float) -> float:
     """Clip gradients that are sharded over the ranks by their *global* 2-norm, in place; return that norm.
 
@@ -239,8 +246,7 @@ def clip_sharded_grad_norm_(grad_shard: torch.Tensor, max_norm: float) -> float:
     """
     if not isinstance(grad_shard, torch.Tensor):
         raise TypeError(f"grad_shard must be a tensor, got {type(grad_shard).__name__}")
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not 0 < max_norm < math.inf:
-        raise ValueError(f"max_norm must be a finite number > 0, got {max_norm!r}")
+    max_norm = _check_max_norm(max_norm)
     _need_group()
     squares = grad_shard.detach().double().pow(2).sum().reshape(1)
     dist.all_reduce(squares)  # the sum over every rank's shard: the squared norm of the whole gradient
@@ -310,9 +316,8 @@ class ShardedAdamW:
             raise TypeError(f"step_fn must be a function like zero1_step, got {type(step_fn).__name__}")
         if max_norm is not None and step_fn not in (None, zero1_step):
             raise ValueError("max_norm (gradient clipping) works with the default step_fn, zero1_step, only")
-        if max_norm is not None and (isinstance(max_norm, bool) or not isinstance(max_norm, (int, float))
-                                     or not 0 < max_norm < math.inf):
-            raise ValueError(f"max_norm must be a finite number > 0 or None, got {max_norm!r}")
+        if max_norm is not None:
+            max_norm = _check_max_norm(max_norm)
         _need_group()
         self.step_fn = step_fn or zero1_step
         self.max_norm = max_norm

@@ -33,6 +33,7 @@ __all__ = [
     "batch_triple",
     "config",
     "count_model_states",
+    "cut_tensors",
     "explain",
     "partition_layout",
     "validate",
@@ -388,6 +389,30 @@ def partition_layout(param_numels: Sequence[int], world_size: int, stage: int) -
                     grads += n
                 start += n
         out.append({"partition": part, "padding": rpad, "params": total, "grads": grads})
+    return out
+
+
+def cut_tensors(param_numels: Sequence[int], world_size: int) -> list[dict[str, int]]:
+    """The parameter tensors that a ZeRO-1/2 partition boundary cuts through, one dict per such boundary.
+
+    The flat buffer of :func:`partition_layout` (stages 1 and 2) is split into ``world_size`` equal slices; a
+    boundary between rank r-1's and rank r's slice usually falls inside a tensor. Each dict holds ``rank`` (r, the
+    rank whose slice starts there), ``boundary`` (its element offset in the flat buffer), ``tensor`` (the index of
+    the cut tensor in ``param_numels``), ``numel`` (its size) and ``below`` (how many of its elements lie in rank
+    r-1's slice). At stage 2 both ranks accumulate that tensor's gradient whole: rank r-1 holds ``numel - below``
+    elements beyond its slice, rank r holds ``below``. Introduced in notebook 10.
+    """
+    numels = [_int("param numel", n, 1) for n in param_numels]
+    if not numels:
+        raise ValueError("param_numels is empty")
+    ws = _int("world_size", world_size, 1)
+    part = partition_layout(numels, ws, 1)[0]["partition"]
+    out, start = [], 0
+    for i, n in enumerate(numels):
+        for r in range(1, ws):
+            if start < r * part < start + n:
+                out.append({"rank": r, "boundary": r * part, "tensor": i, "numel": n, "below": r * part - start})
+        start += n
     return out
 
 

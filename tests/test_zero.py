@@ -138,6 +138,21 @@ def test_partition_layout_by_hand():
         zero.partition_layout([4], 2, 5)
 
 
+def test_cut_tensors_name_the_tensor_each_boundary_cuts_and_explain_the_stage2_extra():
+    assert zero.cut_tensors([6, 2, 4], 2) == []  # the boundary at 6 falls between tensors
+    (cut,) = zero.cut_tensors([5, 3, 4], 2)  # slices [0, 6) and [6, 12): the boundary cuts tensor 1 after 1 element
+    assert cut == {"rank": 1, "boundary": 6, "tensor": 1, "numel": 3, "below": 1}
+    lay = zero.partition_layout([5, 3, 4], 2, 2)
+    assert [r["grads"] - r["partition"] for r in lay] == [cut["numel"] - cut["below"], cut["below"]]
+    four = zero.cut_tensors([10, 10, 4], 4)  # 24 elements, slices of 6: boundaries at 6, 12, 18
+    assert [(c["rank"], c["tensor"], c["below"]) for c in four] == [(1, 0, 6), (2, 1, 2), (3, 1, 8)]
+    for bad, exc in (([], ValueError), ([3, 0], ValueError), ("12", TypeError)):
+        with pytest.raises(exc):
+            zero.cut_tensors(bad, 2)
+    with pytest.raises(ValueError):
+        zero.cut_tensors([4], 0)
+
+
 # --------------------------------------------------------------------------------------------------
 # The recipe, for real: stages 0-3 in bf16 (+ fp16 where it computes and DeepSpeed accepts it) on 2 gloo ranks
 # --------------------------------------------------------------------------------------------------

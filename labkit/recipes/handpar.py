@@ -324,7 +324,12 @@ def _mean_over_ranks(loss: Any) -> float:
     return float(t) / dist.get_world_size()
 
 
-def _sharded(steps: int, step_fn: Any = None, max_norm: float | None = None) -> tuple[Any, Any, list[float], Any]:
+def _sharded(steps: int, step_fn: Any = None, max_norm: float | None = None,
+             after: list[float] | None = None) -> tuple[Any, Any, list[float], Any]:
+    """ZeRO-1 by hand (``handpar.ShardedAdamW``) for ``steps`` steps: the model, the optimizer, the mean losses and
+    the last step's collectives. ``after``, if given, receives each step's global norm of the gradient the
+    optimizer stepped with (``max_norm`` where it clipped)."""
+    import torch
     import torch.distributed as dist
 
     from labkit import handpar
@@ -342,6 +347,10 @@ def _sharded(steps: int, step_fn: Any = None, max_norm: float | None = None) -> 
             opt.step()
         events = ev
         losses.append(_mean_over_ranks(loss))
+        if after is not None:
+            sq = opt.shard.grad.detach().double().pow(2).sum().reshape(1)
+            dist.all_reduce(sq)
+            after.append(float(torch.sqrt(sq)))
     return model, opt, losses, events
 
 
@@ -401,25 +410,10 @@ def _ds_run(stage: int, steps: int) -> dict[str, Any]:
 
 def _clip_case(steps: int, max_norm: float = CLIP_NORM) -> dict[str, Any]:
     """ZeRO-1 by hand with gradient clipping against AdamW with ``clip_grad_norm_`` on the whole gradient."""
-    import torch
-    import torch.distributed as dist
-
-    from labkit import handpar
-
     norms: list[float] = []
     ref, _ = _replicated_adamw(steps, max_norm=max_norm, norms=norms)
-    rank = dist.get_rank()
-    model = _mlp()
-    opt = handpar.ShardedAdamW(model.parameters(), max_norm=max_norm, lr=LR, weight_decay=WD)
-    after = []  # the global norm of what the optimizer stepped with: max_norm where it clipped
-    for step in range(steps):
-        x, y = _batch(step, rank)
-        opt.zero_grad()
-        _mse(model(x), y).backward()
-        opt.step()
-        sq = opt.shard.grad.detach().double().pow(2).sum().reshape(1)
-        dist.all_reduce(sq)
-        after.append(float(torch.sqrt(sq)))
+    after: list[float] = []  # the global norm of what the optimizer stepped with: max_norm where it clipped
+    model, opt, _, _ = _sharded(steps, max_norm=max_norm, after=after)
     return {"max_norm": max_norm, "norms": opt.grad_norms, "reference_norms": norms, "norms_after": after,
             "rel_vs_adamw": max(_gather(_rel(_flat(model.parameters()), _flat(ref.parameters()))))}
 

@@ -202,17 +202,15 @@ assert min(grads2) > half
 # %%
 numels = [p.numel() for p in model.parameters()]
 layout = zero.partition_layout(numels, 2, 2)
-ends = torch.tensor(numels).cumsum(0).tolist()
-boundary = layout[0]["partition"]  # rank 0's slice ends here (the padded half)
-i_cut = next(i for i, end in enumerate(ends) if end > boundary)
-cut, cut_numel = list(dict(model.named_parameters()))[i_cut], numels[i_cut]
-before = boundary - (ends[i_cut] - cut_numel)  # elements of the cut tensor in rank 0's slice
-print(f"slice boundary at element {boundary:,}: inside {cut} ({cut_numel:,} elements, {before:,} of them "
-      f"in rank 0's slice, {cut_numel - before:,} in rank 1's)")
+(cut,) = zero.cut_tensors(numels, 2)  # the one tensor the boundary between the two slices cuts through
+name, below, above = list(dict(model.named_parameters()))[cut["tensor"]], cut["below"], cut["numel"] - cut["below"]
+print(f"slice boundary at element {cut['boundary']:,}: inside {name} ({cut['numel']:,} elements, {below:,} of them "
+      f"in rank 0's slice, {above:,} in rank 1's)")
 for rank, lay in enumerate(layout):
     print(f"rank {rank}: owns {lay['partition']:,} elements, accumulates gradients for {lay['grads']:,} "
           f"(+{lay['grads'] - lay['partition']:,})")
-assert [lay["grads"] - lay["partition"] for lay in layout] == [cut_numel - before, before]
+assert [lay["grads"] - lay["partition"] for lay in layout] == [above, below]
+assert grads2 == [2 * lay["grads"] for lay in layout]  # the bf16 gradient bytes DeepSpeed held, measured above
 
 # %% [markdown]
 # For a model with billions of parameters in thousands of tensors, one cut tensor per boundary is noise. For
