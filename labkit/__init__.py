@@ -39,6 +39,7 @@ __all__ = [
     "recipes",
     "roofline",
     "scaling",
+    "sizing",
     "slurm",
     "student",
     "tf32",

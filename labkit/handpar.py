@@ -38,10 +38,14 @@ from torch import nn
 __all__ = [
     "BucketedGradients",
     "CopyToTP",
+    "GatherFromSequence",
     "ReduceFromTP",
+    "ScatterToSequence",
+    "SequenceParallelBlock",
     "ShardedAdamW",
     "TensorParallelMLP",
     "allreduce_gradients",
+    "allreduce_sequence_parallel_grads",
     "bubble_fraction",
     "broadcast_parameters",
     "bucket_layout",
@@ -53,6 +57,10 @@ __all__ = [
     "recorded_collectives",
     "ring_traffic",
     "tp_comm_bytes",
+    "train_ddp",
+    "train_gpipe",
+    "train_sequence_parallel",
+    "train_zero1",
     "zero1_step",
 ]
 
@@ -462,6 +470,91 @@ class TensorParallelMLP(nn.Module):
         return y + self.b2
 
 
+class GatherFromSequence(torch.autograd.Function):
+    """Sequence parallelism's entry into the tensor-parallel region: all-gather the ranks' token slices forward
+    (each rank then holds every token); reduce-scatter the gradient backward (sum the ranks' partial input
+    gradients, keep my tokens' rows). It takes the place of :class:`CopyToTP` (f). Introduced in notebook 11.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty((dist.get_world_size() * x.shape[0], *x.shape[1:]))
+        dist.all_gather_single(out, x.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        out = grad.new_empty((grad.shape[0] // dist.get_world_size(), *grad.shape[1:]))
+        dist.reduce_scatter_single(out, grad.contiguous())
+        return out
+
+
+class ScatterToSequence(torch.autograd.Function):
+    """Sequence parallelism's exit from the tensor-parallel region: reduce-scatter the row-parallel partial sums
+    forward (each rank gets the finished sum for its tokens only); all-gather the gradient backward. It takes the
+    place of :class:`ReduceFromTP` (g). Introduced in notebook 11.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty((x.shape[0] // dist.get_world_size(), *x.shape[1:]))
+        dist.reduce_scatter_single(out, x.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        out = grad.new_empty((dist.get_world_size() * grad.shape[0], *grad.shape[1:]))
+        dist.all_gather_single(out, grad.contiguous())
+        return out
+
+
+class SequenceParallelBlock(nn.Module):
+    """A pre-norm MLP block ``x + MLP(LayerNorm(x))`` with Megatron's tensor and sequence parallelism.
+
+    The MLP is split as in :class:`TensorParallelMLP`. Outside it (the LayerNorm, the residual add, the bias of
+    ``fc2``; dropout in a real block) every rank works on its own 1/world of the tokens, so those activations are
+    not replicated. The all-reduce of g becomes a reduce-scatter, the identity of f an all-gather: the same bytes
+    on a ring, each rank now holding 1/world of the activations outside the MLP. The LayerNorm's parameters and
+    ``b2`` are whole on every rank but see only that rank's tokens, so their gradients are partial: sum them with
+    :func:`allreduce_sequence_parallel_grads` before the optimizer step. ``forward`` takes and returns this rank's
+    token slice (rows ``rank * T/world`` to ``(rank + 1) * T/world`` of the sequence). Introduced in notebook 11.
+    """
+
+    def __init__(self, norm: nn.LayerNorm, fc1: nn.Linear, fc2: nn.Linear) -> None:
+        super().__init__()
+        if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
+            raise TypeError(f"norm must be a torch.nn.LayerNorm with weight and bias, got {type(norm).__name__}")
+        self.mlp = TensorParallelMLP(fc1, fc2, f=GatherFromSequence, g=ScatterToSequence)
+        if tuple(norm.normalized_shape) != (fc1.in_features,):
+            raise ValueError(f"norm must normalise the last dimension, fc1.in_features ({fc1.in_features}), got "
+                             f"normalized_shape {tuple(norm.normalized_shape)}")
+        self.eps = norm.eps
+        with torch.no_grad():
+            self.ln_w, self.ln_b = nn.Parameter(norm.weight.clone()), nn.Parameter(norm.bias.clone())
+
+    def replicated(self) -> list[nn.Parameter]:
+        """The parameters held whole on every rank whose gradients each rank computes from its tokens only."""
+        return [self.ln_w, self.ln_b, self.mlp.b2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.layer_norm(x, self.ln_w.shape, self.ln_w, self.ln_b, self.eps)  # on my tokens only
+        return x + self.mlp(h)  # all-gather, column- and row-parallel, reduce-scatter; + b2 and residual, my tokens
+
+
+def allreduce_sequence_parallel_grads(block: SequenceParallelBlock) -> None:
+    """Sum the partial gradients of a :class:`SequenceParallelBlock`'s replicated parameters over the ranks.
+
+    Each rank's LayerNorm (and ``b2``) saw only its tokens; the gradient of the whole sequence is the sum. Every rank
+    must call it, after backward. Introduced in notebook 11.
+    """
+    if not isinstance(block, SequenceParallelBlock):
+        raise TypeError(f"block must be a SequenceParallelBlock, got {type(block).__name__}")
+    _need_group()
+    for p in block.replicated():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Pipeline parallel (GPipe)
 # ---------------------------------------------------------------------------------------------------------
@@ -520,6 +613,81 @@ def gpipe_step(stage: nn.Module, inputs: Sequence[torch.Tensor] | None, targets:
     for work in sends:
         work.wait()
     return float(sum(float(y.detach()) for y in outs)) if last else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Each strategy's training loop, whole (the notebook's recipe runs them and checks them against the real thing)
+# ---------------------------------------------------------------------------------------------------------
+
+Batches = Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def train_ddp(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Batches, loss_fn: LossFn,
+              bucket_mb: float = 25.0) -> list[float]:
+    """Data parallelism by hand, the whole loop: each rank trains on its own ``(x, y)`` batches and returns its
+    losses. Introduced in notebook 11."""
+    broadcast_parameters(model)                              # step 0: every replica starts as rank 0's
+    buckets = BucketedGradients(model, bucket_mb=bucket_mb)  # hooks: all-reduce each bucket as it fills
+    losses = []
+    for x, y in batches:                                     # this rank's share of every global batch
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()                                      # the buckets' all-reduces start in here
+        buckets.wait()                                       # ... and have all finished here
+        optimizer.step()                                     # the same averaged gradients on every rank
+        losses.append(loss.item())
+    return losses
+
+
+def train_zero1(model: nn.Module, batches: Batches, loss_fn: LossFn, max_norm: float | None = None,
+                **adamw_kwargs: Any) -> list[float]:
+    """ZeRO-1 by hand, the whole loop: AdamW sharded over the ranks (:class:`ShardedAdamW`), each rank on its own
+    batches; returns this rank's losses. Introduced in notebook 11."""
+    broadcast_parameters(model)                              # step 0, as DDP
+    optimizer = ShardedAdamW(model.parameters(), max_norm=max_norm, **adamw_kwargs)  # 1/world of the states
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()                                      # this rank's gradient of its own batch, whole
+        optimizer.step()                                     # reduce-scatter, (clip,) AdamW on my slice, all-gather
+        losses.append(loss.item())
+    return losses
+
+
+def train_sequence_parallel(block: SequenceParallelBlock, optimizer: torch.optim.Optimizer, batches: Batches,
+                            loss_fn: LossFn) -> list[float]:
+    """Tensor + sequence parallelism, the whole loop: every rank gets *its tokens* of the same batch (``x``,
+    ``y``: rows ``rank * T/world`` on) and ``loss_fn`` gives its share of the loss (a sum over its tokens divided by
+    all tokens, so that the shares add up to the mean). Returns this rank's shares. Introduced in notebook 11."""
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(block(x), y)                          # all-gather in, reduce-scatter out, inside the block
+        loss.backward()                                      # reduce-scatter and all-gather, the other way round
+        allreduce_sequence_parallel_grads(block)             # the norm's and b2's partial gradients, summed
+        optimizer.step()                                     # each rank updates its own slices of w1, b1, w2
+        losses.append(loss.item())
+    return losses
+
+
+def train_gpipe(stage: nn.Module, optimizer: torch.optim.Optimizer, batches: Batches, loss_fn: LossFn,
+                micro_batches: int, act_shape: Sequence[int]) -> list[float]:
+    """GPipe, the whole loop: rank r trains stage r; the first stage reads ``x`` of each batch, the last ``y``
+    (the other element may be None); ``act_shape`` is one micro-batch's activations between stages. Returns the
+    mean losses on the last stage, ``[]`` elsewhere. Introduced in notebook 11."""
+    m = _count("micro_batches", micro_batches, 1)
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad()
+        xs = None if x is None else list(x.chunk(m))         # the first stage cuts the batch into m micro-batches
+        ys = None if y is None else list(y.chunk(m))         # ... the last stage its targets
+        loss = gpipe_step(stage, xs, ys, loss_fn, act_shape)  # m forwards, then m backwards, gradients accumulated
+        optimizer.step()                                     # each stage updates its own layers
+        if loss is not None:
+            losses.append(loss)
+    return losses
 
 
 # ---------------------------------------------------------------------------------------------------------

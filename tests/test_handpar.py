@@ -167,6 +167,33 @@ def test_on_one_rank_every_strategy_is_the_plain_model(one_rank_group):
     fc1, fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
     tp = handpar.TensorParallelMLP(fc1, fc2)
     assert torch.equal(tp(x), fc2(F.gelu(fc1(x))))
+    # ... and with sequence parallelism, the pre-norm block x + MLP(LayerNorm(x))
+    norm = nn.LayerNorm(8)
+    sp = handpar.SequenceParallelBlock(norm, fc1, fc2)
+    assert torch.equal(sp(x), x + fc2(F.gelu(fc1(norm(x)))))
+    assert sp.replicated() == [sp.ln_w, sp.ln_b, sp.mlp.b2]
+    with pytest.raises(ValueError, match="normalise the last dimension"):
+        handpar.SequenceParallelBlock(nn.LayerNorm(4), fc1, fc2)
+    with pytest.raises(TypeError, match="LayerNorm"):
+        handpar.SequenceParallelBlock(nn.Linear(8, 8), fc1, fc2)
+    with pytest.raises(TypeError, match="SequenceParallelBlock"):
+        handpar.allreduce_sequence_parallel_grads(tp)
+    # the whole loops, on one rank, are plain training
+    data = [(x, y), (y, x)]
+    for train in ("ddp", "zero1"):
+        a, b = nn.Linear(8, 8), nn.Linear(8, 8)
+        b.load_state_dict(a.state_dict())
+        if train == "ddp":
+            handpar.train_ddp(a, torch.optim.SGD(a.parameters(), lr=0.1), data, F.mse_loss)
+        else:
+            handpar.train_zero1(a, data, F.mse_loss, lr=0.1)
+        opt = torch.optim.SGD(b.parameters(), lr=0.1) if train == "ddp" else torch.optim.AdamW(
+            b.parameters(), lr=0.1, foreach=False)
+        for xi, yi in data:
+            opt.zero_grad()
+            F.mse_loss(b(xi), yi).backward()
+            opt.step()
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters())), train
     # GPipe with one stage and 4 micro-batches: the gradient of the mean loss, to rounding
     stage = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8))
     loss = handpar.gpipe_step(stage, list(x.chunk(4)), list(y.chunk(4)), F.mse_loss, (4, 8))
@@ -176,6 +203,12 @@ def test_on_one_rank_every_strategy_is_the_plain_model(one_rank_group):
     whole.backward()
     assert math.isclose(loss, whole.item(), rel_tol=1e-6)
     assert all(torch.allclose(g, p.grad, rtol=1e-5, atol=1e-7) for g, p in zip(mine, stage.parameters()))
+    before = [p.detach().clone() for p in stage.parameters()]
+    losses = handpar.train_gpipe(stage, torch.optim.SGD(stage.parameters(), lr=0.1), [(x, y)], F.mse_loss, 4, (4, 8))
+    assert len(losses) == 1 and math.isclose(losses[0], whole.item(), rel_tol=1e-6)
+    assert not any(torch.equal(a, b) for a, b in zip(before, stage.parameters()))
+    with pytest.raises(ValueError, match="micro_batches"):
+        handpar.train_gpipe(stage, torch.optim.SGD(stage.parameters(), lr=0.1), [(x, y)], F.mse_loss, 0, (4, 8))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -250,6 +283,23 @@ def test_tensor_parallel_mlp_equals_one_process_with_one_all_reduce_each_way(lau
 
 
 @pytest.mark.slow
+def test_sequence_parallel_block_equals_one_process_and_holds_half_the_norms_activations(launched):
+    t = launched["tp"]
+    tokens, d = t["tokens"], t["d_model"]
+    for r in t["sp"]:
+        assert set(r["rel"]) == {"output", "ln_weight", "ln_bias", "w1", "b1", "w2", "b2", "input"}
+        assert all(v < 1e-5 for v in r["rel"].values()), r["rel"]
+        assert r["tokens_held"] == tokens // 2
+        # f became an all-gather of my tokens (gloo emulates the reduce-scatter with an all-reduce of the whole)
+        assert r["forward"]["all_gather"] == {"calls": 1, "elements": tokens // 2 * d, "sizes": [tokens // 2 * d]}
+        assert r["forward"]["all_reduce"]["elements"] == tokens * d
+        assert r["backward"]["all_gather"]["elements"] == tokens // 2 * d
+        assert r["backward"]["all_reduce"]["sizes"] == [tokens * d, d, d, d]  # + LayerNorm weight, bias and b2
+        # the LayerNorm's input and its two statistics (fp32) for the other rank's tokens are not kept here
+        assert r["saved_tp"] - r["saved_sp"] == (tokens - tokens // 2) * (d + 2) * 4
+
+
+@pytest.mark.slow
 def test_gpipe_equals_one_process_sends_what_the_formula_says_and_matches_torch_pipelining(launched):
     p = launched["pp"]
     want = handpar.pipeline_p2p_bytes(p["batch"], p["width"])
@@ -261,6 +311,10 @@ def test_gpipe_equals_one_process_sends_what_the_formula_says_and_matches_torch_
         assert [4 * s["elements"] for s in sends] == [want["forward"], want["backward"]]
         assert 0 <= r["bubble"] < 1 and len(r["timeline"][0]) == 2 * int(m)
     assert p["runs"]["1"]["bubble"] >= 0.45  # one micro-batch: the stages cannot overlap
+    # stage work of fixed cost (a wait, no core needed): the measured bubble follows (p-1)/(m+p-1)
+    fixed = p["fixed_cost"]["bubble"]
+    assert list(fixed) == ["1", "4"] and fixed["1"] > fixed["4"]
+    assert all(abs(b - handpar.bubble_fraction(2, int(m))) < 0.1 for m, b in fixed.items()), fixed
     pl = p["pipelining"]
     assert pl["works"] and pl["loss_rel"] < 1e-5 and max(pl["grad_rel"]) < 1e-5
 
@@ -278,6 +332,39 @@ def test_fsdp2_and_deepspeed_stage3_train_the_same_curve_with_the_predicted_byte
     dim0 = sum(-(-s[0] // 2) * math.prod(s[1:]) for s in shapes)
     assert all(b["params"] == b["grads"] == 4 * dim0 for b in f2["bytes"])
     assert f2["collectives"]["all_gather"]["calls"] == 8 and 2 * f2["collectives"]["all_gather"]["elements"] == 2 * 2 * dim0
+
+
+@pytest.mark.slow
+def test_fsdp2_accumulates_without_sync_on_whole_gradients_and_mixed_precision_keeps_fp32_shards(launched):
+    f = launched["fsdp"]
+    acc, mp, f2 = f["fsdp2_accumulation"], f["fsdp2_mixed"], f["fsdp2"]
+    assert acc["works"] and mp["works"], (acc.get("error"), mp.get("error"))
+    first, last = acc["per_micro"]
+    assert "all_reduce" not in first["collectives"] and "reduce_scatter" not in first["collectives"]
+    assert first["unsharded_grad_bytes"] == 4 * 148481 and first["sharded_grad_bytes"] == 0
+    assert last["unsharded_grad_bytes"] == 0 and last["sharded_grad_bytes"] == f2["bytes"][0]["grads"]
+    assert first["collectives"]["all_gather"] == last["collectives"]["all_gather"]  # gathered on every micro-batch
+    assert mp["compute_dtypes"] == ["bfloat16"]
+    for b, b32 in zip(mp["bytes"], f2["bytes"]):
+        assert b["dtypes"] == b["grad_dtypes"] == ["float32"]
+        assert {k: b[k] for k in ("params", "grads", "optimizer")} == {k: b32[k] for k in ("params", "grads", "optimizer")}
+    assert all(abs(a - b) / b < 2e-2 for a, b in zip(mp["losses"], f["reference_losses"]))  # bf16 compute
+
+
+@pytest.mark.slow
+def test_sharded_checkpoints_dcp_and_zero_to_fp32_give_back_the_whole_model(launched):
+    dcp, z2f = launched["fsdp"]["fsdp2"]["dcp"], launched["fsdp"]["deepspeed"]["zero_to_fp32"]
+    assert dcp["works"] and dcp["equal"] == [True, True], dcp
+    assert sorted(f for f in dcp["files"] if f.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert z2f["works"] and z2f["equal"] and z2f["dtypes"] == ["float32"], z2f
+    assert sum("optim_states" in f for f in z2f["files"]) == 2  # one optimizer partition per rank
+
+
+@pytest.mark.slow
+def test_each_strategys_whole_loop_trains_as_the_real_thing(launched):
+    assert launched["ddp"]["loop_bitwise_vs_ddp"] == [True, True]
+    assert launched["zero1"]["loop_bitwise_vs_adamw"] == [True, True]
+    assert max(launched["tp"]["loop_rel"]) < 1e-5 and max(launched["pp"]["loop_rel"]) < 1e-5
 
 
 # --------------------------------------------------------------------------------------------------

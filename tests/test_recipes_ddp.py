@@ -81,9 +81,11 @@ def test_crash_raises_fast_with_the_ranks_traceback_then_resume_is_bitwise_equal
 def test_fp16_with_accumulation_keeps_scalers_in_step_and_all_reduces_once_per_step():
     if not dev_gate.computes(torch.float16, "cpu"):
         pytest.skip("this CPU cannot compute fp16 autocast")
-    res = launch("labkit.recipes.ddp", 2, [*COMMON, "--batch", "8", "--accum", "3", "--precision", "fp16"],
-                 timeout=120, stream=False)
+    res = launch("labkit.recipes.ddp", 2, [*COMMON, "--batch", "8", "--accum", "3", "--precision", "fp16",
+                                           "--scaler-first-rank", "0"], timeout=120, stream=False)
     assert res["precision"] == "fp16" and res["global_batch"] == 8 * 2 * 3
+    # rank 0 made its GradScaler before the optimizer and the wrap, rank 1 after: the same scales and weights below
+    assert res["scaler_created"] == ["before the wrap", "after the wrap"]
     assert res["micro_batches"] == 18
     assert res["allreduce_calls"] == [6, 6]  # no_sync: 6 all-reduces for 18 micro-batches
     s0, s1 = res["scaler_scales"]
@@ -150,6 +152,12 @@ def test_cli_help_and_bad_flags_fail_cleanly():
         ddp._validate(args, world=2)
     args.crash_rank, args.crash_step, args.resume = None, None, True
     with pytest.raises(ValueError, match="ckpt-dir"):
+        ddp._validate(args, world=2)
+    args.resume, args.scaler_first_rank = False, 1
+    with pytest.raises(ValueError, match="needs --precision fp16"):
+        ddp._validate(args, world=2)
+    args.precision, args.scaler_first_rank = "fp16", 2
+    with pytest.raises(ValueError, match=r"--scaler-first-rank must be in \[0, 2\)"):
         ddp._validate(args, world=2)
     # a bad value stops the command before anything starts: exit status 2, one line, no traceback
     out = subprocess.run([sys.executable, "-m", "labkit.recipes.ddp", "--lr", "inf"], capture_output=True,

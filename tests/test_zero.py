@@ -258,6 +258,27 @@ def test_offloaded_bytes_equal_labkit_memory_prediction(launched, stage):
 
 
 @pytest.mark.slow
+def test_gradient_accumulation_communicates_per_step_at_stages_0_1_and_per_micro_batch_at_2_3(launched):
+    res, _, _ = launched
+    for stage in STAGES:
+        run = _run(res, stage)
+        n, per_micro = run["n_params"], run["collectives_per_micro"]
+        assert len(per_micro) == 2  # the recipe's default: 2 micro-batches per step
+        first, last = per_micro
+        reduced = [sum(c["elements"] for op, c in mb.items() if op in ("all_reduce", "reduce_scatter"))
+                   for mb in per_micro]
+        assert reduced[1] >= n // 2, (stage, last)  # every stage sums gradients at the step's last micro-batch
+        if stage < 2:
+            assert first == {}, (stage, first)  # the whole gradient is held: accumulated locally
+        else:
+            assert reduced[0] >= n // 2, (stage, first)  # only a slice is held: reduced on every micro-batch
+        gathered = [mb.get("all_gather", {}).get("elements", 0) * 2 for mb in per_micro]
+        assert gathered[0] == (gathered[1] if stage == 3 else 0)  # stage 3 gathers weights on every micro-batch
+        if stage in (1, 2):
+            assert gathered[1] >= n  # the updated weights, once per step
+
+
+@pytest.mark.slow
 def test_no_shm_files_left_behind(launched):
     _, before, after = launched
     assert after <= before

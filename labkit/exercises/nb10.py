@@ -22,24 +22,55 @@ _CONFIG_WHY = ("hysteresis 2 is DeepSpeed's default: it lets the first overflow 
                "hysteresis 1.")
 
 
+#: Keys a hand-written config puts at its top level that DeepSpeed reads only inside a section.
+_SECTION_KEYS = {
+    "fp16": ("loss_scale", "initial_scale_power", "hysteresis", "loss_scale_window", "min_loss_scale"),
+    "zero_optimization": ("stage", "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "offload_optimizer"),
+}
+
+_HYSTERESIS_ZERO = ("hysteresis counts the overflows up to and including the one that halves the scale: 1 halves at "
+                    "the first. With 0, DeepSpeed counts down past 1 and never halves.")
+
+
+def _misplaced(answer: dict[str, Any]) -> str:
+    """A message for a section's key written at the config's top level, where DeepSpeed ignores it; "" if none."""
+    for section, keys in _SECTION_KEYS.items():
+        for key in keys:
+            if key in answer:
+                return (f"{key!r} is at the top level of the config, where DeepSpeed does not look for it: it belongs "
+                        f"inside the {section!r} section.")
+    return ""
+
+
 def _grade_config(answer: Any) -> tuple[bool, str]:
     from labkit import zero
 
     s = CONFIG_SETUP
     if not isinstance(answer, dict):
         return False, "Give the DeepSpeed config as a dict (zero.config(...) builds one)."
+    misplaced = _misplaced(answer)
+    if misplaced:
+        return False, misplaced
+    fp16 = answer.get("fp16", {})
+    if isinstance(fp16, dict) and fp16.get("hysteresis") == 0:
+        return False, _HYSTERESIS_ZERO
     try:
         zero.validate(answer, world_size=s["world_size"])
     except (TypeError, ValueError) as exc:
         return False, f"labkit.zero.validate rejects it: {exc}"
     zo = answer.get("zero_optimization", {})
-    fp16 = answer.get("fp16", {})
+    power = fp16.get("initial_scale_power")
     checks = [
         (zo.get("stage") == s["stage"], "zero_optimization.stage should shard parameters too"),
         (fp16.get("enabled") is True and not answer.get("bf16", {}).get("enabled", False),
          "the setup trains in fp16 (fp16.enabled true, no bf16)"),
         (fp16.get("loss_scale", 0) == 0, "dynamic loss scaling is fp16.loss_scale = 0"),
+        (power != 2 ** s["initial_scale_power"], "initial_scale_power is the exponent k of the starting scale 2**k, "
+                                                 "not the scale itself"),
         (fp16.get("initial_scale_power") == s["initial_scale_power"], "the scale starts at 2**12"),
+        (fp16.get("min_loss_scale", 1) < 2 ** s["initial_scale_power"],
+         "min_loss_scale is the floor the scale never drops below, not where it starts: at the starting scale or "
+         "above it, the scale could never halve"),
         (fp16.get("hysteresis") == s["hysteresis"], _CONFIG_WHY[:-1]),
         (fp16.get("loss_scale_window") == s["loss_scale_window"], "doubling after 500 clean steps"),
         (answer.get("train_micro_batch_size_per_gpu") == s["micro_batch"], "micro-batch per GPU is 2"),
@@ -72,24 +103,49 @@ def _wrong_config() -> dict[str, Any]:
     return cfg
 
 
-_COMM_WHY = ("1Ψ counts only the reduce-scatter of the gradients. At stage 2 each rank updates only its slice of the "
-             "parameters, so the updated 16-bit weights must be all-gathered back to every rank: another Ψ, 2Ψ in "
-             "all, the same as DDP's all-reduce (which is a reduce-scatter plus an all-gather).")
+_COMM_WHY = ("That counts one micro-batch per step. A ZeRO-2 rank keeps only its slice of the gradients, so it "
+             "cannot hold on to the other ranks' parts until the last micro-batch: it reduce-scatters the gradients "
+             "of every micro-batch (4Ψ), then all-gathers the updated weights once (Ψ). Stage 3 also gathers the "
+             "weights for every micro-batch's forward and backward.")
+
+
+#: 10.comm-volume: micro-batches accumulated per optimizer step
+COMM_MICRO_BATCHES = 4
 
 
 def _grade_comm(answer: Any) -> tuple[bool, str]:
-    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return False, "Give a pair (stage-2 volume, stage-3 volume), in units of the parameter count."
-    if any(isinstance(a, bool) or not isinstance(a, (int, float)) for a in answer):
-        return False, "Both volumes are numbers."
-    s2, s3 = (float(a) for a in answer)
-    if math.isclose(s2, 2.0) and math.isclose(s3, 3.0):
+    if not isinstance(answer, (tuple, list)) or len(answer) != 3:
+        return False, "Give a triple (ZeRO-1, ZeRO-2, ZeRO-3 volume per optimizer step), in units of Ψ."
+    if any(isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) for a in answer):
+        return False, "All three volumes are numbers."
+    s1, s2, s3 = (float(a) for a in answer)
+    k = COMM_MICRO_BATCHES
+    if (s1, s2, s3) == (2.0, k + 1.0, 3.0 * k):
         return True, ""
-    if math.isclose(s2, 1.0):
+    if (s1, s2, s3) == (2.0, 2.0, 3.0) or (s1 == 2.0 and s2 == 2.0):
         return False, _COMM_WHY
-    if math.isclose(s3, 2.0):
-        return False, "Stage 3 gathers the parameters twice (forward and backward) on top of the reduce-scatter."
-    return False, ""
+    if s1 != 2.0:
+        if s1 in (2.0 * k, k + 1.0, float(k)):
+            return False, ("Stage 1 holds the whole gradient on every rank, so it adds the micro-batches up locally, "
+                           "as DDP does under no_sync(), and reduces once per step.")
+        if s1 == 1.0:
+            return False, ("Stage 1 also has to hand the updated weights back: a reduce-scatter of the gradients (Ψ) "
+                           "and an all-gather of the weights (Ψ).")
+        return False, "Stage 1 communicates once per step: a reduce-scatter and an all-gather."
+    if s2 == 2.0 * k:
+        return False, ("The updated weights are all-gathered once, after the optimizer step, not after every "
+                       "micro-batch.")
+    if s2 == float(k):
+        return False, "Count the all-gather of the updated weights after the step too."
+    if s2 != k + 1.0:
+        return False, "Stage 2 reduce-scatters on every micro-batch and all-gathers once per step."
+    if s3 == 2.0 * k:
+        return False, ("In the paper's analysis stage 3 gathers the weights twice per micro-batch, before its forward "
+                       "and again before its backward (DeepSpeed keeps them gathered in between only for small "
+                       "models), plus a reduce-scatter of its gradients: 3Ψ per micro-batch.")
+    if s3 == 3.0:
+        return False, "Stage 3 gathers and reduces for every micro-batch, not once per step."
+    return False, "Stage 3: per micro-batch, an all-gather before forward, one before backward and a reduce-scatter."
 
 
 # ---- 10.stage2-grads: predict, then run ------------------------------------------------------------
@@ -130,6 +186,10 @@ _TRIPLE_WHY = ("global_batch // micro_batch forgets the ranks: each of the world
                "Divide by micro_batch × world_size (and refuse a global batch that does not divide).")
 
 
+_TRIPLE_NO_MICRO = ("global_batch // world_size forgets the micro-batch: each accumulation step runs micro_batch "
+                    "examples on every rank, not one.")
+
+
 def _reference_batch_keys(global_batch: int, micro_batch: int, world_size: int) -> dict[str, int]:
     accum, rest = divmod(global_batch, micro_batch * world_size)
     if rest or accum < 1:
@@ -160,15 +220,27 @@ def _grade_triple(fn: Any) -> tuple[bool, str] | None:
         except (TypeError, ValueError) as exc:
             if got.get("gradient_accumulation_steps") == gb // mb and ws > 1:
                 return False, _TRIPLE_WHY
+            if got.get("gradient_accumulation_steps") == gb // ws and mb > 1:
+                return False, _TRIPLE_NO_MICRO
             return False, f"batch_keys({gb}, {mb}, {ws}): labkit.zero.validate rejects it: {exc}"
         if got.get("train_batch_size") != gb or got.get("train_micro_batch_size_per_gpu") != mb:
             return False, f"batch_keys({gb}, {mb}, {ws}) must keep the global batch {gb} and the micro-batch {mb}."
-    try:
-        got = fn(100, 8, 4)
-    except ValueError:
-        return True, "Every triple multiplies out, and a global batch that cannot be split is refused."
-    return False, ("batch_keys(100, 8, 4) returned " + repr(got) + ": 100 is not a multiple of 8 × 4 = 32, and "
-                   "rounding down silently trains with another global batch. Raise ValueError instead.")
+    # 100 is not even a multiple of the micro-batch; 48 is one, but not of micro-batch × ranks
+    for gb, mb, ws in ((100, 8, 4), (48, 8, 4)):
+        try:
+            got = fn(gb, mb, ws)
+        except ValueError:
+            continue
+        except AssertionError:
+            return False, ("An assert is not a refusal to count on: python -O removes it, and callers catch "
+                           "ValueError. Raise ValueError for a global batch that cannot be split.")
+        if gb % mb == 0:
+            return False, (f"batch_keys({gb}, {mb}, {ws}) returned {got!r}: {gb} is a multiple of the micro-batch "
+                           f"{mb} but not of {mb} × {ws} = {mb * ws}, the examples of one micro-step on all ranks. "
+                           "Refuse what micro_batch × world_size does not divide.")
+        return False, (f"batch_keys({gb}, {mb}, {ws}) returned {got!r}: {gb} is not a multiple of {mb} × {ws} = "
+                       f"{mb * ws}, and rounding silently trains with another global batch. Raise ValueError instead.")
+    return True, "Every triple multiplies out, and a global batch that cannot be split is refused."
 
 
 EXERCISES = [
@@ -191,19 +263,21 @@ EXERCISES = [
     ),
     Exercise(
         id="10.comm-volume",
-        prompt="Per optimizer step, how much data does each rank move at ZeRO-2 and at ZeRO-3, in units of "
-               "the parameter count Ψ (the ZeRO paper's analysis)?",
+        prompt="A step accumulates 4 micro-batches. Per optimizer step, how much data does each rank move at ZeRO-1, "
+               "ZeRO-2 and ZeRO-3, in units of the parameter count Ψ (the ZeRO paper's analysis: a reduce-scatter "
+               "or an all-gather of Ψ elements counts Ψ)? Give a triple.",
         grade=_grade_comm,
-        hint="List the collectives of one step at each stage, and what each one carries.",
-        method="An all-reduce is a reduce-scatter (Ψ) plus an all-gather (Ψ). Stage 2 reduce-scatters the "
-               "gradients and all-gathers the updated weights. Stage 3 keeps the weights sharded: it gathers them "
-               "before each layer's forward and again before its backward.",
-        solution="(2, 3): stage 2 = reduce-scatter Ψ + all-gather Ψ; stage 3 = 2 all-gathers (forward, backward) "
-                 "+ reduce-scatter = 3Ψ, 1.5x DDP.",
-        kind="recall", wrong_why=_COMM_WHY,
-        success="2Ψ, like plain DDP, and 3Ψ (1.5x) once the parameters are sharded too.",
-        reference=(2, 3),
-        wrong=(1, 3),
+        hint="Ask, for each stage, which collectives happen on every micro-batch and which once per step.",
+        method="A rank that holds the whole gradient can accumulate locally and reduce once. A rank that holds only "
+               "its slice must reduce-scatter every micro-batch's gradients. The updated weights are all-gathered "
+               "once, after the step. Stage 3 gathers the weights before each micro-batch's forward and again "
+               "before its backward.",
+        solution="(2, 5, 12): ZeRO-1 = reduce-scatter Ψ + all-gather Ψ once per step; ZeRO-2 = 4 reduce-scatters "
+                 "+ 1 all-gather = 5Ψ; ZeRO-3 = 4 × (2 all-gathers + 1 reduce-scatter) = 12Ψ.",
+        kind="compute", wrong_why=_COMM_WHY,
+        success="2Ψ, 5Ψ and 12Ψ: accumulation is free for ZeRO-1 (and DDP), not for ZeRO-2 and ZeRO-3.",
+        reference=(2, 5, 12),
+        wrong=(2, 2, 3),
     ),
     Exercise(
         id="10.stage2-grads",

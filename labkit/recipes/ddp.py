@@ -12,6 +12,7 @@ Flags: ``--model {mlp,gpt}``, ``--precision {fp32,bf16,fp16}``, ``--steps`` (opt
 ``--crash-rank R --crash-step S`` (fault injection: rank R raises at the start of step S),
 ``--slow-rank R --slow-ms M`` (rank R sleeps M ms every micro-batch: the slow-rank effect),
 ``--sync-every-micro`` (all-reduce on every micro-batch: accumulation without ``no_sync``),
+``--scaler-first-rank R`` (rank R creates its GradScaler before the optimizer and the DDP wrap, the others after),
 ``--device``, ``--threads``, ``--pg-timeout``, ``--log-every``.
 
 What happens, in order:
@@ -139,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--slow-rank", type=whole, default=None, help="this rank sleeps --slow-ms per micro-batch")
     ap.add_argument("--slow-ms", type=_cli.float_in(0.0, _MAX_SLOW_MS), default=0.0,
                     help="milliseconds the slow rank sleeps (needs --slow-rank)")
+    ap.add_argument("--scaler-first-rank", type=whole, default=None,
+                    help="this rank creates its GradScaler before the optimizer and the DDP wrap (fp16; the others "
+                         "after): the order does not matter")
     ap.add_argument("--sync-every-micro", action="store_true",
                     help="all-reduce after every micro-batch (accumulation without no_sync, for comparison)")
     ap.add_argument("--device", type=_cli.device, default=None,
@@ -177,6 +181,8 @@ def _validate(args: argparse.Namespace, world: int | None) -> None:
         raise ValueError(f"--crash-step must be in [0, --steps {args.steps}), got {args.crash_step}")
     if (args.slow_rank is None) != (args.slow_ms == 0):
         raise ValueError("--slow-rank and --slow-ms (> 0) go together")
+    if args.scaler_first_rank is not None and args.precision != "fp16":
+        raise ValueError("--scaler-first-rank needs --precision fp16 (only fp16 has a GradScaler)")
     if (args.ckpt_every or args.resume) and not args.ckpt_dir:
         raise ValueError("--ckpt-every and --resume need --ckpt-dir")
     if world is None:
@@ -185,6 +191,8 @@ def _validate(args: argparse.Namespace, world: int | None) -> None:
         raise ValueError(f"--crash-rank must be in [0, {world}), got {args.crash_rank}")
     if args.slow_rank is not None and not 0 <= args.slow_rank < world:
         raise ValueError(f"--slow-rank must be in [0, {world}), got {args.slow_rank}")
+    if args.scaler_first_rank is not None and not 0 <= args.scaler_first_rank < world:
+        raise ValueError(f"--scaler-first-rank must be in [0, {world}), got {args.scaler_first_rank}")
     if args.data_size // world < args.batch:
         raise ValueError(f"--data-size {args.data_size} gives each of {world} ranks fewer than "
                          f"--batch {args.batch} examples")
@@ -288,7 +296,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
                                     device=device if dev_gate.is_cuda(device) else None)
     rank, world = renv.rank, renv.world_size
 
-    # 2. model (seeded: identical on every rank) and optimizer
+    # 2. model (seeded: identical on every rank) and optimizer; --scaler-first-rank makes its scaler first
+    first = args.scaler_first_rank == rank
+    scaler_first = torch.amp.GradScaler(device.type) if first else None
     model, dataset, loss_fn = _build(args)
     model.to(device)
     opt = ltrain.make_optimizer(model.parameters(), "adamw", lr=args.lr)
@@ -303,7 +313,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
 
     ddp.register_comm_hook(comm, counting_hook)
     # 4. the GradScaler (fp16 only; bf16 has fp32's exponent range and needs none); before or after the wrap alike
-    scaler = torch.amp.GradScaler(device.type) if policy.scaler else None
+    scaler = scaler_first if first else torch.amp.GradScaler(device.type) if policy.scaler else None
     # 5. resume
     start, losses, resumed_from = 0, [], None
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
@@ -370,6 +380,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
             "grad_sum": tensor_sum(grads) if grads else None, "param_sum": tensor_sum(params),
             "allreduce_calls": comm["calls"], "allreduce_bytes": comm["bytes"],
             "scaler_scale": scaler.get_scale() if scaler is not None else None, "skipped_steps": skipped,
+            "scaler_created": None if scaler is None else "before the wrap" if first else "after the wrap",
             "step_s_median": statistics.median(step_times) if step_times else None,
             "train_s": t_train}
     gathered: list[Any] = [None] * world
@@ -392,6 +403,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         "allreduce_calls": per("allreduce_calls"), "allreduce_bytes": per("allreduce_bytes"),
         "micro_batches": n_steps * args.accum, "sync_every_micro": args.sync_every_micro,
         "scaler_scales": per("scaler_scale"), "skipped_steps": per("skipped_steps"),
+        "scaler_created": per("scaler_created"),
         "timings": {"init_s": t_ready - t_start, "train_s": t_train, "train_s_per_rank": per("train_s"),
                     "step_s_median_per_rank": per("step_s_median")},
         "samples_per_s": (n_steps * args.batch * world * args.accum / t_train) if t_train > 0 else None,

@@ -233,6 +233,11 @@ def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
             same[k] = same[k] and torch.equal(grads[k], grads["ddp"])
     params_same = {k: torch.equal(_flat(variants[k][0].parameters()), _flat(variants["ddp"][0].parameters()))
                    for k in same}
+    # the whole loop (handpar.train_ddp) from this rank's own initial weights: torch DDP's weights, bit for bit
+    whole = _mlp(0 if rank == 0 else 1000 + rank)
+    handpar.train_ddp(whole, torch.optim.AdamW(whole.parameters(), lr=LR, weight_decay=WD, foreach=False),
+                      [_batch(step, rank) for step in range(steps)], _mse, bucket_mb=bucket_mb)
+    loop_same = torch.equal(_flat(whole.parameters()), _flat(variants["ddp"][0].parameters()))
     # a parameter that gets no gradient: its bucket never fills; the by-hand buckets raise instead of hanging
     lame = _mlp()
     lame.unused = torch.nn.Linear(2, 2).to(_DEV)  # registered, never called in forward
@@ -267,6 +272,7 @@ def part_ddp(args: argparse.Namespace) -> dict[str, Any]:
         "steps": steps, "differed_before_step0": _gather(start["differed"]),
         "start_digests": _gather(start["digests"]), "unused_param_error": _gather(unused_error),
         "bitwise_grads_vs_ddp": _gather(same), "bitwise_params_vs_ddp": _gather(params_same),
+        "loop_bitwise_vs_ddp": _gather(loop_same),
         "collectives": counts, "step_s": slowest, "reps": args.reps,
     }
 
@@ -370,7 +376,7 @@ def _deepspeed() -> Any:
     return deepspeed
 
 
-def _ds_run(stage: int, steps: int) -> dict[str, Any]:
+def _ds_run(stage: int, steps: int, checkpoint: bool = False) -> dict[str, Any]:
     """DeepSpeed ZeRO ``stage`` in fp32 on the same model, data and AdamW; losses, bytes, collectives, weights."""
     import torch
     import torch.distributed as dist
@@ -404,8 +410,36 @@ def _ds_run(stage: int, steps: int) -> dict[str, Any]:
         flat = _flat(p.float() for p in params).clone()
     out = {"losses": losses, "bytes": _gather(snapshot), "collectives": _calls(events), "init_s": init_s,
            "optimizer": type(engine.optimizer).__name__, "version": deepspeed.__version__, "config": cfg}
+    if checkpoint:
+        out["zero_to_fp32"] = _zero_to_fp32(engine, flat)
     del engine
     return out | {"_flat": flat}
+
+
+def _zero_to_fp32(engine: Any, flat: Any) -> dict[str, Any]:
+    """Save a DeepSpeed checkpoint (each rank writes its partitions), then merge it into one fp32 state dict with
+    DeepSpeed's zero_to_fp32, on rank 0, with no engine; compare with the engine's gathered weights (``flat``)."""
+    import torch
+    import torch.distributed as dist
+
+    with _checkpoint_dir() as ckpt:
+        if ckpt is None:
+            return {"works": False, "error": "the ranks span several nodes: a temporary directory is not shared"}
+        try:
+            engine.save_checkpoint(ckpt, tag="final")
+            dist.barrier()
+            out: dict[str, Any] = {"works": True}
+            if dist.get_rank() == 0:
+                from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+                sd = get_fp32_state_dict_from_zero_checkpoint(ckpt, tag="final")
+                merged = _flat(sd[k].float() for k in engine.module.state_dict())
+                out |= {"files": sorted(os.listdir(os.path.join(ckpt, "final"))), "keys": len(sd),
+                        "equal": bool(torch.equal(merged, flat.cpu())),
+                        "dtypes": sorted({str(t.dtype).replace("torch.", "") for t in sd.values()})}
+        except Exception as exc:
+            out = {"works": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return out
 
 
 def _clip_case(steps: int, max_norm: float = CLIP_NORM) -> dict[str, Any]:
@@ -416,6 +450,18 @@ def _clip_case(steps: int, max_norm: float = CLIP_NORM) -> dict[str, Any]:
     model, opt, _, _ = _sharded(steps, max_norm=max_norm, after=after)
     return {"max_norm": max_norm, "norms": opt.grad_norms, "reference_norms": norms, "norms_after": after,
             "rel_vs_adamw": max(_gather(_rel(_flat(model.parameters()), _flat(ref.parameters()))))}
+
+
+def _zero1_loop_equal(steps: int, reference: Any) -> bool:
+    """handpar.train_zero1, the whole loop, against replicated AdamW's final weights: bit for bit?"""
+    import torch
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    model = _mlp()
+    handpar.train_zero1(model, [_batch(step, dist.get_rank()) for step in range(steps)], _mse, lr=LR, weight_decay=WD)
+    return torch.equal(_flat(model.parameters()), reference)
 
 
 def part_zero1(args: argparse.Namespace) -> dict[str, Any]:
@@ -436,6 +482,7 @@ def part_zero1(args: argparse.Namespace) -> dict[str, Any]:
         "params_in_flat": all(p.untyped_storage().data_ptr() == opt.flat.untyped_storage().data_ptr()
                               for p in model.parameters()),
         "clip": _clip_case(args.steps),
+        "loop_bitwise_vs_adamw": _gather(_zero1_loop_equal(args.steps, theirs)),
         "state_shapes": _gather({k: list(v.shape) for k, v in opt.optimizer.state[opt.shard].items()}),
         "collectives": _calls(events),
     }
@@ -492,9 +539,113 @@ def _tp_case(f: Any = None, g: Any = None) -> dict[str, Any]:
             "held": {"w1": list(tp.w1.shape), "w2": list(tp.w2.shape), "b2": list(tp.b2.shape)}}
 
 
+def _sp_modules() -> tuple[Any, Any, Any]:
+    """The pre-norm block's LayerNorm, fc1 and fc2 (the same on every rank)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(9)
+    norm = nn.LayerNorm(TP_D).to(_DEV)
+    with torch.no_grad():  # not the default 1 and 0, so that a wrong LayerNorm gradient shows
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.1, 0.1)
+    return norm, nn.Linear(TP_D, 4 * TP_D).to(_DEV), nn.Linear(4 * TP_D, TP_D).to(_DEV)
+
+
+def _sp_data(i: int) -> tuple[Any, Any]:
+    """Batch ``i`` of the sequence-parallel block: all TP_TOKENS tokens, inputs and targets."""
+    import torch
+
+    gen = torch.Generator().manual_seed(10 + i)
+    return (torch.randn(TP_TOKENS, TP_D, generator=gen, device="cpu").to(_DEV),
+            torch.randn(TP_TOKENS, TP_D, generator=gen, device="cpu").to(_DEV))
+
+
+def _my_tokens() -> slice:
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return slice(rank * TP_TOKENS // world, (rank + 1) * TP_TOKENS // world)
+
+
+def _sp_loop_rel(steps: int = 3) -> float:
+    """handpar.train_sequence_parallel, the whole loop (SGD), against the block trained in one process: the
+    largest relative difference of this rank's parameters."""
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from labkit import handpar
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    norm, fc1, fc2 = _sp_modules()
+    ref = [copy.deepcopy(m) for m in (norm, fc1, fc2)]
+    block = handpar.SequenceParallelBlock(norm, fc1, fc2)
+    batches = [_sp_data(i) for i in range(steps)]
+    mine = _my_tokens()
+    handpar.train_sequence_parallel(block, torch.optim.SGD(block.parameters(), lr=0.5),
+                                    [(x[mine], y[mine]) for x, y in batches],
+                                    lambda out, y: F.mse_loss(out, y, reduction="sum") / (TP_TOKENS * TP_D))
+    rn, r1, r2 = ref
+    opt = torch.optim.SGD([p for m in ref for p in m.parameters()], lr=0.5)
+    for x, y in batches:
+        opt.zero_grad()
+        _mse(x + r2(F.gelu(r1(rn(x)))), y).backward()
+        opt.step()
+    pairs = [(block.ln_w, rn.weight), (block.ln_b, rn.bias), (block.mlp.b2, r2.bias),
+             (block.mlp.w1, r1.weight.chunk(world, 0)[rank]), (block.mlp.b1, r1.bias.chunk(world, 0)[rank]),
+             (block.mlp.w2, r2.weight.chunk(world, 1)[rank])]
+    return max(_rel(a.detach(), b.detach()) for a, b in pairs)
+
+
+def _sp_case() -> dict[str, Any]:
+    """The pre-norm block x + MLP(LayerNorm(x)) with tensor + sequence parallelism against one process; the
+    activations autograd saves per rank, against the same block with tensor parallelism only."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from labkit import activations, handpar
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    norm, fc1, fc2 = _sp_modules()
+    x0, target = _sp_data(0)
+    mine = _my_tokens()
+    sp = handpar.SequenceParallelBlock(norm, fc1, fc2)
+    x = x0[mine].clone().requires_grad_(True)
+    with handpar.recorded_collectives() as fwd:
+        y, saved_sp = activations.measure_saved_tensors(lambda: sp(x), sp.parameters())
+    loss = F.mse_loss(y, target[mine], reduction="sum") / target.numel()  # my tokens' share of the mean loss
+    with handpar.recorded_collectives() as bwd:
+        loss.backward()
+        handpar.allreduce_sequence_parallel_grads(sp)
+    tp = handpar.TensorParallelMLP(fc1, fc2)  # tensor parallelism only: the LayerNorm on every token
+    xt = x0.clone().requires_grad_(True)
+    _, saved_tp = activations.measure_saved_tensors(
+        lambda: xt + tp(F.layer_norm(xt, (TP_D,), norm.weight, norm.bias, norm.eps)), [*tp.parameters(), *norm.parameters()])
+    xs = x0.clone().requires_grad_(True)  # the single-process reference, on every rank
+    ys = xs + fc2(F.gelu(fc1(norm(xs))))
+    _mse(ys, target).backward()
+    pairs = {
+        "output": (y, ys[mine]),
+        "ln_weight": (sp.ln_w.grad, norm.weight.grad), "ln_bias": (sp.ln_b.grad, norm.bias.grad),
+        "w1": (sp.mlp.w1.grad, fc1.weight.grad.chunk(world, 0)[rank]),
+        "b1": (sp.mlp.b1.grad, fc1.bias.grad.chunk(world, 0)[rank]),
+        "w2": (sp.mlp.w2.grad, fc2.weight.grad.chunk(world, 1)[rank]),
+        "b2": (sp.mlp.b2.grad, fc2.bias.grad),
+        "input": (x.grad, xs.grad[mine]),
+    }
+    rel = {k: (_rel(a.detach(), b.detach()) if a is not None else None) for k, (a, b) in pairs.items()}
+    return {"rel": rel, "forward": _calls(fwd), "backward": _calls(bwd), "tokens_held": x.shape[0],
+            "saved_sp": saved_sp.activations, "saved_tp": saved_tp.activations}
+
+
 def part_tp(args: argparse.Namespace) -> dict[str, Any]:
     res = _gather(_tp_case())
-    return {"tokens": TP_TOKENS, "d_model": TP_D, "hidden": 4 * TP_D, "ranks": res}
+    sp = _gather(_sp_case())
+    return {"tokens": TP_TOKENS, "d_model": TP_D, "hidden": 4 * TP_D, "ranks": res, "sp": sp,
+            "loop_rel": _gather(_sp_loop_rel())}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -630,8 +781,86 @@ def part_pp(args: argparse.Namespace) -> dict[str, Any]:
             "p2p": _gather(_calls(events)),
         }
     out["reference_loss"] = ref_loss
+    out["loop_rel"] = _gather(_gpipe_loop_rel())
+    out["fixed_cost"] = _pp_fixed_cost(args.micro)
     out["pipelining"] = _pipelining(4, ref_loss, ref_grads)
     return out
+
+
+def _gpipe_loop_rel(steps: int = 3, m: int = 4, width: int = 256) -> float:
+    """handpar.train_gpipe, the whole loop (SGD, ``m`` micro-batches), against the whole model trained in one
+    process: the largest relative difference of this rank's stage's parameters."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    stage = _pp_model(width)[rank]
+    whole = torch.nn.Sequential(*_pp_model(width))
+    batches = [_pp_data(PP_BATCH, width) for _ in range(steps)]  # the same batch each step: fine for a check
+    handpar.train_gpipe(stage, torch.optim.SGD(stage.parameters(), lr=0.1),
+                        [(x if rank == 0 else None, y if rank == world - 1 else None) for x, y in batches],
+                        _mse, m, (PP_BATCH // m, width))
+    opt = torch.optim.SGD(whole.parameters(), lr=0.1)
+    for x, y in batches:
+        opt.zero_grad()
+        _mse(whole(x), y).backward()
+        opt.step()
+    mine = whole[rank]
+    return max(_rel(a.detach(), b.detach()) for a, b in zip(stage.parameters(), mine.parameters()))
+
+
+PP_FIXED_MS = (80.0, 160.0)  # the fixed-cost pipeline: ms of forward and of backward per stage for the whole batch
+
+
+def _pp_fixed_cost(micro: list[int], width: int = 64) -> dict[str, Any]:
+    """The bubble of the same GPipe step when each stage's work has a fixed cost that needs no core: a narrow
+    stage, then a wait of ``PP_FIXED_MS`` (forward, backward) in proportion to the micro-batch's rows. Two ranks
+    sharing a small machine's cores then cannot slow each other down, and only the schedule sets the bubble."""
+    import torch
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    fwd_ms, bwd_ms = PP_FIXED_MS
+
+    class Work(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, t: Any) -> Any:
+            ctx.rows = t.shape[0]
+            time.sleep(fwd_ms * 1e-3 * t.shape[0] / PP_BATCH)
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            time.sleep(bwd_ms * 1e-3 * ctx.rows / PP_BATCH)
+            return g
+
+    class Stage(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, t: Any) -> Any:
+            return Work.apply(self.inner(t))
+
+    rank = dist.get_rank()
+    x, y = _pp_data(PP_BATCH, width)
+    bubbles: dict[str, float] = {}
+    for m in micro:
+        stage = Stage(_pp_model(width)[rank])
+        tl = _Timeline(stage)
+        measured = []
+        for rep in range(3):  # one warm-up, two timed steps
+            stage.zero_grad(set_to_none=True)
+            tl.spans.clear()
+            dist.barrier()
+            _pp_run(m, handpar.gpipe_step, stage, x, y)
+            if rep:
+                measured.append(_bubble(_gather(tl.spans))["bubble"])
+        bubbles[str(m)] = statistics.median(measured)
+    return {"forward_ms": fwd_ms, "backward_ms": bwd_ms, "width": width, "bubble": bubbles}
 
 
 def _pipelining(m: int, ref_loss: float, ref_grads: list[Any]) -> dict[str, Any]:
@@ -696,24 +925,24 @@ def _reference_curve(steps: int) -> list[float]:
     return losses
 
 
-def _fsdp2(steps: int) -> dict[str, Any]:
+def _fsdp2(steps: int, mixed: bool = False) -> dict[str, Any]:
+    """FSDP2 on the MLP for ``steps`` steps: losses, the bytes each rank holds after the last backward, the dtypes
+    of what it holds and of the weights its layers compute with, the last step's collectives. ``mixed``: with
+    ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``; otherwise fp32, and a DCP round trip."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     from labkit import handpar
 
     rank = dist.get_rank()
     try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        # the mesh names --device: without it FSDP2 picks the machine's accelerator, a GPU even for a CPU run
-        mesh = init_device_mesh(_device().type, (dist.get_world_size(),))
-        model = _mlp()
+        model = _sharded_mlp(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                             if mixed else None)
+        seen: set[str] = set()  # the dtype of the gathered weights each linear layer computes with
         for layer in model.net:
             if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+                layer.register_forward_pre_hook(lambda m, a: seen.add(_dtype_name(m.weight)))
         opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, foreach=False)
         losses, events, snap = [], [], {}
         for step in range(steps):
@@ -721,27 +950,144 @@ def _fsdp2(steps: int) -> dict[str, Any]:
             last = step == steps - 1
             opt.zero_grad(set_to_none=True)
             with handpar.recorded_collectives() if last else contextlib.nullcontext([]) as ev:
-                loss = _mse(model(x), y)
+                loss = _mse(model(x).float(), y)
                 loss.backward()
             if last:
                 params = list(model.parameters())
                 states = [v for p in params for k, v in opt.state[p].items() if k != "step"]
                 snap = {"params": _storage_bytes(params), "grads": _storage_bytes(p.grad for p in params),
                         "optimizer": _storage_bytes(states),
-                        "shards": [list(_local(p).shape) for p in params]}
+                        "shards": [list(_local(p).shape) for p in params],
+                        "dtypes": sorted({_dtype_name(_local(p)) for p in params}),
+                        "grad_dtypes": sorted({_dtype_name(_local(p.grad)) for p in params})}
                 events = ev
             opt.step()
             losses.append(_mean_over_ranks(loss))
     except Exception as exc:
         return {"works": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
-    return {"works": True, "losses": losses, "bytes": _gather(snap), "collectives": _calls(events)}
+    out = {"works": True, "losses": losses, "bytes": _gather(snap), "compute_dtypes": sorted(seen),
+           "collectives": _calls(events)}
+    return out if mixed else out | {"dcp": _dcp_roundtrip(model)}
+
+
+def _dtype_name(t: Any) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+@contextlib.contextmanager
+def _checkpoint_dir() -> Any:
+    """A fresh private directory that every rank sees: rank 0 makes it, the others learn its name; removed at the
+    end (it is this run's own). ``None`` when the ranks span several nodes: a temporary directory is not shared."""
+    import shutil
+    import tempfile
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())) != dist.get_world_size():
+        yield None
+        return
+    path = [tempfile.mkdtemp(prefix="labkit-ckpt-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(path, src=0)
+    try:
+        yield path[0]
+    finally:
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(path[0], ignore_errors=True)
+
+
+def _dcp_roundtrip(model: Any) -> dict[str, Any]:
+    """Save FSDP2's sharded state dict with torch.distributed.checkpoint (each rank writes its shards), load it
+    into a plain, unsharded MLP, and compare with the FSDP2 model's full weights."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    with _checkpoint_dir() as ckpt:
+        if ckpt is None:
+            return {"works": False, "error": "the ranks span several nodes: a temporary directory is not shared"}
+        try:
+            dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt)
+            files = sorted(os.listdir(ckpt))
+            plain = _mlp(seed=1)  # other initial weights: the load must overwrite every one
+            target = {"model": plain.state_dict()}
+            dcp.load(target, checkpoint_id=ckpt)  # every rank reads whole tensors from both ranks' shards
+            plain.load_state_dict(target["model"])
+            full = [p.full_tensor() for p in model.parameters()]
+            equal = all(torch.equal(a.detach(), b.detach()) for a, b in zip(plain.parameters(), full))
+        except Exception as exc:
+            return {"works": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"works": True, "files": files, "equal": _gather(equal)}
+
+
+def _sharded_mlp(mp: Any = None) -> Any:
+    """The MLP with ``fully_shard`` on each linear layer, then on the whole model (``mp``: a MixedPrecisionPolicy)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # the mesh names --device: without it FSDP2 picks the machine's accelerator, a GPU even for a CPU run
+    mesh = init_device_mesh(_device().type, (dist.get_world_size(),))
+    kw = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
+    model = _mlp()
+    for layer in model.net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def _fsdp_unsharded_grad_bytes(model: Any) -> int | None:
+    """Bytes of the whole (unsharded) gradients FSDP2 keeps between micro-batches while gradient sync is off.
+
+    They live inside FSDP2, not in ``p.grad`` (which holds only the sharded gradient): this reads its internal
+    ``FSDPParam`` objects, a private API, so ``None`` when this torch lays them out differently."""
+    from torch.distributed.fsdp import FSDPModule
+
+    try:
+        held = []
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                for group in module._get_fsdp_state()._fsdp_param_groups:
+                    for fp in group.fsdp_params:
+                        g = fp.unsharded_accumulated_grad
+                        held.append(g if g is not None else fp._unsharded_param.grad)
+        return _storage_bytes(held)
+    except AttributeError:
+        return None
+
+
+def _fsdp2_accumulation(micro: int = 2) -> dict[str, Any]:
+    """FSDP2 accumulating ``micro`` micro-batches, gradient sync off until the last: the collectives and the
+    gradient bytes after each micro-batch."""
+    import torch.distributed as dist
+
+    from labkit import handpar
+
+    rank = dist.get_rank()
+    try:
+        model = _sharded_mlp()
+        per_micro = []
+        for i in range(micro):
+            last = i == micro - 1
+            model.set_requires_gradient_sync(last)  # no reduce-scatter until the last micro-batch
+            x, y = _batch(100 + i, rank)
+            with handpar.recorded_collectives() as ev:
+                (_mse(model(x), y) / micro).backward()
+            grads = [p.grad for p in model.parameters()]
+            per_micro.append({"collectives": _calls(ev), "sharded_grad_bytes": _storage_bytes(grads),
+                              "unsharded_grad_bytes": _fsdp_unsharded_grad_bytes(model)})
+    except Exception as exc:
+        return {"works": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"works": True, "per_micro": per_micro}
 
 
 def part_fsdp(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"steps": args.steps, "reference_losses": _reference_curve(args.steps),
-                           "fsdp2": _fsdp2(args.steps)}
+                           "fsdp2": _fsdp2(args.steps), "fsdp2_accumulation": _fsdp2_accumulation(),
+                           "fsdp2_mixed": _fsdp2(args.steps, mixed=True)}
     if args.deepspeed:
-        ds = _ds_run(3, args.steps)
+        ds = _ds_run(3, args.steps, checkpoint=True)
         ds.pop("_flat")
         out["deepspeed"] = ds
     return out

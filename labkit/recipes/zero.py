@@ -41,6 +41,7 @@ Introduced in notebook 10.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import glob
 import hashlib
@@ -199,13 +200,23 @@ def _loss_scale(engine: Any) -> float | None:
     return None
 
 
+def _collectives(events: list[tuple[str, int]]) -> dict[str, dict[str, int]]:
+    """``handpar.recorded_collectives``' events as {name: {"calls": n, "elements": total}}."""
+    out: dict[str, dict[str, int]] = {}
+    for name, n in events:
+        c = out.setdefault(name, {"calls": 0, "elements": 0})
+        c["calls"] += 1
+        c["elements"] += n
+    return out
+
+
 def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, world: int, rank: int,
              task: Any) -> dict[str, Any]:
     import deepspeed
     import torch
     import torch.distributed as dist
 
-    from labkit import data, models, zero
+    from labkit import data, handpar, models, zero
     from labkit import dist as ldist
 
     model = models.TinyGPT(vocab_size=task.vocab_size, seq_len=task.seq_len, d_model=args.d_model,
@@ -229,20 +240,26 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
     batches = data.Batches(task.inputs, task.targets, batch_size=args.micro_batch * world, seed=args.seed)
     losses, scales, overflows, step_s = [], [], [], []
     snapshot: dict[str, Any] | None = None
+    per_micro: list[dict[str, Any]] = []
     ga = args.grad_accum
     t_train = time.perf_counter()
     stopped_at = None
     for step in range(args.steps):
         ts = time.perf_counter()
         acc = torch.zeros((), dtype=torch.float64, device="cpu")  # .cpu() below syncs: step_s is GPU time
+        last = step == args.steps - 1
         for m in range(ga):
             x, y = batches(step * ga + m, rank=rank, world_size=world)
-            logits = engine(x.to(engine.device))
-            loss = models.lm_loss(logits.float(), y.to(engine.device))
-            engine.backward(loss)
-            if step == args.steps - 1 and (m == 0 if ga > 1 else True):
-                snapshot = zero.count_model_states(engine)
-            engine.step()
+            # the last step's collectives, micro-batch by micro-batch (the profiler only runs then)
+            with handpar.recorded_collectives() if last else contextlib.nullcontext([]) as events:
+                logits = engine(x.to(engine.device))
+                loss = models.lm_loss(logits.float(), y.to(engine.device))
+                engine.backward(loss)
+                if last and (m == 0 if ga > 1 else True):
+                    snapshot = zero.count_model_states(engine)
+                engine.step()
+            if last:
+                per_micro.append(_collectives(events))
             acc += loss.detach().double().cpu()
         step_s.append(time.perf_counter() - ts)
         acc = acc.to(engine.device)  # NCCL reduces device tensors only
@@ -267,6 +284,8 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
         "checksums": [g["checksum"] for g in gathered],
         "param_sums": [g["param_sum"] for g in gathered],
         "n_params": sum(numels), "param_numels": numels,
+        # the last step's collectives on this rank, one dict per micro-batch: {name: {"calls", "elements"}}
+        "collectives_per_micro": per_micro,
         "config": cfg,
         # fp16's loss-scale settings, under the names labkit.scaling.deepspeed_scale_sequence takes (None in bf16)
         **{k: (cfg["fp16"][k] if dtype == "fp16" else None)

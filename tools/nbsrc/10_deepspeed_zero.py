@@ -2,7 +2,7 @@
 # # 10 · DeepSpeed and ZeRO: sharding model states across ranks
 #
 # **Objectives**
-# - explain what ZeRO stages 1, 2 and 3 shard, and what communication each one adds;
+# - explain what ZeRO stages 1, 2 and 3 shard, and what communication each one adds, per micro-batch and per step;
 # - build a DeepSpeed config with `labkit.zero.config`, read it key by key, and catch a bad one early;
 # - run stages 0-3 in bf16 on 2 ranks, check that they train the same model, and measure each rank's model-state
 #   bytes exactly, against the prediction of `labkit.memory` (notebook 06);
@@ -52,8 +52,9 @@ from labkit.exercises.nb10 import CONFIG_SETUP
 #
 # Each rank *owns* 1/N of the parameters: it keeps their master weights and Adam states, receives their summed
 # gradients (a reduce-scatter), updates them, and hands the new 16-bit weights to the others (an all-gather).
-# Stages 1 and 2 therefore cost no more communication than DDP. Stage 3 keeps even the 16-bit weights sharded
-# and gathers each layer just before it is used, costing 1.5x the traffic. **Offload** (ZeRO-Offload) goes
+# With one micro-batch per step, stages 1 and 2 therefore cost no more communication than DDP. Stage 3 keeps even
+# the 16-bit weights sharded and gathers each layer just before it is used, costing 1.5x the traffic. The table
+# counts one micro-batch per optimizer step; section 2 measures what gradient accumulation changes. **Offload** (ZeRO-Offload) goes
 # further: the optimizer side lives in CPU RAM, and the optimizer step runs on the CPU.
 #
 # Our model is the tiny GPT of notebook 04. Here is what `labkit.memory` predicts per rank for 2 ranks:
@@ -159,6 +160,58 @@ print("largest relative difference to stage 0 over 8 steps < 0.5%:", worst < 5e-
 assert worst < 5e-3 and ref[-1] < ref[0]
 
 # %% [markdown]
+# ### Communication with gradient accumulation, measured
+#
+# Each step of these runs accumulates 2 micro-batches. The recipe recorded every collective of the last step, micro-batch by
+# micro-batch (`labkit.handpar.recorded_collectives`, which reads them from the profiler, so DeepSpeed's own calls
+# count). Sizes are in units of Ψ, the parameter count; an all-gather is counted by the size of what it assembles:
+
+# %%
+n, world = bf16_runs[0]["n_params"], res["world_size"]
+for r in bf16_runs:
+    per_mb = [", ".join(f"{op} {c['elements'] * (world if op == 'all_gather' else 1) / n:.2f}Ψ "
+                        f"({c['calls']} call{'s' if c['calls'] > 1 else ''})"
+                        for op, c in sorted(mb.items())) or "nothing" for mb in r["collectives_per_micro"]]
+    print(f"ZeRO-{r['stage']}: " + " | ".join(f"micro-batch {i + 1}: {t}" for i, t in enumerate(per_mb)))
+first_mb = [r["collectives_per_micro"][0] for r in bf16_runs]
+summed = [sum(c["elements"] for op, c in mb.items() if op in ("all_reduce", "reduce_scatter")) for mb in first_mb]
+assert first_mb[0] == first_mb[1] == {}  # stages 0 and 1 accumulate locally: nothing crosses the network
+assert summed[2] >= n / world and "all_gather" not in first_mb[2]  # stage 2 sums every micro-batch's gradients
+assert summed[3] >= n / world and world * first_mb[3]["all_gather"]["elements"] >= n  # stage 3 also gathers
+
+# %% [markdown]
+# Two patterns, and the reason for each:
+# - **Stages 0 and 1 communicate once per step.** Every rank holds the whole gradient, so it can add up its
+#   micro-batches locally (DDP does the same inside `no_sync()`, notebook 09) and sum across ranks only at the
+#   last one. Stage 1 then all-gathers the updated weights.
+# - **Stages 2 and 3 communicate on every micro-batch.** A stage-2 rank keeps only its slice of the gradients, so it
+#   cannot hold on to the other ranks' parts until the end of the step: it sums each bucket across the ranks as
+#   backward produces it, micro-batch after micro-batch. Stage 3 also gathers the weights for every micro-batch.
+#
+# Reading the rows: at stages 1 and 2, DeepSpeed sums each gradient bucket with an **all-reduce** and then keeps its
+# own slices (`use_multi_rank_bucket_allreduce`, on by default, does that for every bucket that spans more than one
+# rank's slice): fewer, larger calls, but twice the bytes of the reduce-scatter the ZeRO paper counts. Stage 3 sums
+# with a reduce-scatter (`reduce_scatter_coalesced`); gloo has none, so torch emulates it with an all-reduce of the
+# whole bucket, and it shows up as an all-reduce here too. At stage 3 DeepSpeed gathered this tiny model's weights
+# once per micro-batch, not twice: `stage3_max_live_parameters` and `stage3_max_reuse_distance` (10⁹ elements by
+# default) let it keep gathered weights from forward until backward reuses them. A model larger than those limits
+# releases them after forward and gathers them again in backward.
+#
+# Per optimizer step, with k micro-batches, in the ring units of the table above (Ψ per reduce-scatter or
+# all-gather, 2Ψ per all-reduce), counting the reduce-scatters the ZeRO paper assumes (DeepSpeed's bucket all-reduces
+# add Ψ per reduction at stages 1 and 2):
+#
+# | | per micro-batch | per step of k micro-batches |
+# |---|---|---|
+# | DDP with `no_sync()`, ZeRO-0, ZeRO-1 | nothing, then 2Ψ at the last one | **2Ψ** |
+# | ZeRO-2 | reduce-scatter Ψ (+ all-gather Ψ at the last one) | **(k + 1)Ψ** |
+# | ZeRO-3 | all-gather Ψ forward + Ψ backward, reduce-scatter Ψ | **3kΨ** (2kΨ if weights stay gathered) |
+# | FSDP2 with `set_requires_gradient_sync(False)` until the last | all-gathers 2Ψ (+ reduce-scatter Ψ at the last one) | **(2k + 1)Ψ** |
+#
+# The saving has a price. FSDP2 without gradient sync keeps each micro-batch's *unsharded* gradients until the last
+# one, which is the memory sharding was meant to save (notebook 11 measures it). ZeRO-2 keeps its memory and pays
+# k reductions instead; at large k, that is a reason to prefer ZeRO-1 when its gradients fit.
+#
 # ### Memory per rank: measured vs predicted
 #
 # The measured bytes are exact (no sampling, no allocator noise), so we can compare them with the prediction
@@ -400,9 +453,10 @@ assert est.device_total < no_off < 80e9 < ddp13
 # ## 7. DeepSpeed or DDP?
 #
 # - **Stay with DDP** while the model states fit on one GPU with room for activations. DDP overlaps its
-#   all-reduce with backward, needs no config, and ZeRO-1/2 communicate just as much.
-# - **Switch to ZeRO** when they do not fit. Try stage 1 first, then 2: same communication as DDP, up to 8x less
-#   memory. Then try 3 (1.5x communication), then offload (PCIe and CPU speed).
+#   all-reduce with backward, needs no config, and ZeRO-1/2 communicate just as much (per micro-batch: with
+#   gradient accumulation, ZeRO-2 communicates k times per step where DDP and ZeRO-1 communicate once).
+# - **Switch to ZeRO** when they do not fit. Try stage 1 first, then 2: up to 8x less memory, the same
+#   communication as DDP per micro-batch (stage 2 pays it on every micro-batch). Then try 3 (1.5x communication), then offload (PCIe and CPU speed).
 #   `labkit.memory.smallest_fitting_stage` does the arithmetic.
 # - **`overlap_comm: true`** reduces gradient buckets while backward is still running, like DDP's buckets, at the
 #   cost of extra bucket memory. It matters on GPUs, where the reduce can run concurrently with compute.
@@ -486,13 +540,14 @@ def batch_keys(global_batch, micro_batch, world_size):
 check("10.batch-triple", batch_keys)
 
 # %% [markdown]
-# **10.comm-volume.** Per optimizer step, how much data does each rank move at ZeRO-2 and at ZeRO-3, in units
-# of Ψ? Give a pair.
+# **10.comm-volume.** A step accumulates 4 micro-batches. Per optimizer step, how much data does each rank move at
+# ZeRO-1, ZeRO-2 and ZeRO-3, in units of Ψ? Count as the ZeRO paper does (a reduce-scatter or an all-gather of Ψ
+# elements is Ψ; stage 3 gathers the weights before each forward and again before each backward). Give a triple.
 
 # %%
-comm_volume = ...   # (stage 2, stage 3)
+comm_volume = ...   # (ZeRO-1, ZeRO-2, ZeRO-3)
 ### BEGIN SOLUTION
-comm_volume = (2, 3)
+comm_volume = (2, 5, 12)
 ### END SOLUTION
 check("10.comm-volume", comm_volume)
 
@@ -502,8 +557,11 @@ check("10.comm-volume", comm_volume)
 # - ZeRO partitions what data parallelism replicates. Stage 1 shards the optimizer states and master weights,
 #   stage 2 also the gradients, stage 3 also the parameters. Per rank, that is 16 → 4 + 12/N → 2 + 14/N → 16/N
 #   bytes per parameter.
-# - Stages 1 and 2 cost the same 2Ψ communication as DDP; stage 3 costs 3Ψ; offload trades GPU memory for PCIe
-#   and CPU time.
+# - With one micro-batch per step, stages 1 and 2 cost the same 2Ψ communication as DDP and stage 3 costs 3Ψ. With
+#   k accumulated micro-batches, DDP (under `no_sync()`) and stage 1 still communicate once per step, stage 2
+#   reduces every micro-batch ((k + 1)Ψ), and stage 3 gathers and reduces on every micro-batch (3kΨ in the paper's
+#   count): the measured pattern.
+#   Offload trades GPU memory for PCIe and CPU time.
 # - Measured exactly, DeepSpeed holds what the model predicts. The exception is stage 2, which accumulates
 #   gradients for whole tensors at the slice boundaries. We also found one stage-0 quirk, DeepSpeed's pre-step of
 #   Adam, and undid it.

@@ -6,14 +6,17 @@
 #   buckets), get gradients **bit-identical** to `torch.nn.parallel.DistributedDataParallel`, and know why they are;
 # - shard AdamW over the ranks (ZeRO-1): the same weights as unsharded AdamW, bit for bit, with per-rank optimizer
 #   bytes equal to `labkit.memory`'s prediction and to DeepSpeed stage 1's;
-# - split an MLP the Megatron way (column-parallel, then row-parallel, with the conjugate operators f and g) and a
-#   model into a 2-stage GPipe pipeline; measure their communication and the pipeline bubble against the formulas;
-# - run PyTorch's FSDP2 next to DeepSpeed ZeRO-3 on one model: same loss curve, different bytes and messages;
-# - choose: what each rank holds, what it sends per step, and when each strategy is worth it.
+# - split an MLP the Megatron way (column-parallel, then row-parallel, with the conjugate operators f and g), add
+#   sequence parallelism (an all-gather and a reduce-scatter in their place), and split a model into a 2-stage GPipe
+#   pipeline; measure their communication and the pipeline bubble against the formulas;
+# - run PyTorch's FSDP2 next to DeepSpeed ZeRO-3 on one model: same loss curve, different bytes and messages; with
+#   gradient accumulation, mixed precision and sharded checkpoints (DCP, `zero_to_fp32`);
+# - choose: what each rank holds, what it sends per step, and when each strategy is worth it; size a 70B run on 64
+#   GPUs with tensor, pipeline and data parallelism.
 #
 # **Prerequisites:** notebooks 06 (the memory model), 09 (DDP, launching ranks) and 10 (ZeRO, DeepSpeed).
 #
-# **Estimated time:** 60 min
+# **Estimated time:** 75 min
 #
 # Everything runs for real on 2 ranks: two processes started by `torchrun`, talking over gloo. They are CPU
 # processes wherever this notebook runs (`--device cpu`), because the point is the mechanism. The code follows its
@@ -30,7 +33,7 @@ import math
 import matplotlib.pyplot as plt
 import torch
 
-from labkit import handpar, memory, models
+from labkit import handpar, memory, models, sizing
 from labkit.check import check, predict, reveal
 from labkit.dist import launch
 from labkit.exercises.nb11 import PREDICT_SETUP, rank_module
@@ -504,6 +507,48 @@ for rank, r in enumerate(tp["ranks"]):
 # compute. The volume still grows with tokens × d, not with the parameter count, and whatever is not hidden waits on
 # the link. That is why tensor parallelism stays inside a node, on NVLink: 2-8 GPUs.
 #
+# ### Sequence parallelism
+#
+# Around the MLP, a transformer layer also runs LayerNorm, dropout and the residual add. With tensor parallelism
+# alone every rank runs them on every token and keeps all of their activations: in Megatron's accounting
+# (Korthikanti et al., 2022) that is 10·s·b·h of a layer's 34·s·b·h bytes that tensor parallelism does not divide
+# by t. Megatron's **sequence parallelism** splits these regions by tokens: rank r keeps tokens r·T/n to
+# (r+1)·T/n. Entering the MLP, f becomes an **all-gather** of the token slices (its backward: a reduce-scatter of
+# the input gradient); leaving it, g becomes a **reduce-scatter**, which hands each rank the finished sum for its
+# own tokens (its backward: an all-gather). A ring all-reduce *is* a reduce-scatter followed by an all-gather, so
+# the link carries the same bytes as before. The cost is elsewhere: the LayerNorm's weight and bias and fc2's bias
+# are whole on every rank but each rank's copy sees only its tokens, so their gradients are partial sums that one
+# more (small) all-reduce adds up. Below, labkit's entry operator and block (in the order they run). The launch ran
+# the pre-norm block x + MLP(LayerNorm(x)) this way, each rank given only its 128 tokens, against the whole block in
+# one process. It also measured what autograd keeps for backward on each rank (as notebook 06 does), with and
+# without sequence parallelism:
+
+# %%
+print(inspect.getsource(handpar.GatherFromSequence))
+print(inspect.getsource(handpar.SequenceParallelBlock.forward))
+T, d = tp["tokens"], tp["d_model"]
+for rank, r in enumerate(tp["sp"]):
+    sizes = {when: {op: c["sizes"] for op, c in r[when].items()} for when in ("forward", "backward")}
+    print(f"rank {rank}: holds {r['tokens_held']} of {T} tokens; the output of its tokens and all "
+          f"{len(r['rel']) - 1} gradients equal one process within 1e-5: {max(r['rel'].values()) < 1e-5}")
+    print(f"  collectives (elements): {sizes}")
+    print(f"  saved for backward: {r['saved_sp']:,} B, against {r['saved_tp']:,} B with tensor parallelism only "
+          f"({1 - r['saved_sp'] / r['saved_tp']:.1%} less)")
+    assert max(r["rel"].values()) < 1e-5 and r["tokens_held"] == T // 2
+    assert r["saved_tp"] - r["saved_sp"] == (T - T // 2) * (d + 2) * 4  # the norm's input and 2 statistics, fp32
+
+# %% [markdown]
+# Read the collectives with gloo in mind: it has no reduce-scatter, so torch emulates each one with an all-reduce of
+# the whole tensor (the 32,768 elements) and keeps a slice. On NCCL these are real reduce-scatters of 16,384
+# elements per rank, and the forward and backward each move what one all-reduce moved before. The three 128-element
+# all-reduces are the partial gradients of the LayerNorm's weight and bias and of b2.
+#
+# The saving measured here is exactly the LayerNorm's input (and its mean and inverse deviation) for the other
+# rank's tokens: small, because this block is mostly MLP, whose hidden activations tensor parallelism already
+# splits, and because fc1 keeps the gathered, full-length LayerNorm output for its backward. Megatron saves that
+# one in its sharded form too and all-gathers it again during backward, so every activation outside the split
+# GEMMs is divided by t: leaving the attention scores aside, 34·s·b·h/t per layer instead of (10 + 24/t)·s·b·h.
+#
 # ## 5. Pipeline parallelism: GPipe on 2 stages
 #
 # Split the model's layers into stages, one per rank: here 6 linear layers of width 1024, 3 per stage. Stage 0 sends
@@ -595,23 +640,33 @@ for m, r in pp["runs"].items():
 # The bubble, measured: hooks around each stage module record when its forward and backward run (instrumentation
 # outside the schedule). A rank's idle share is the part of the step (first start to last end, over both ranks) in
 # which that rank computed nothing; the bubble is the mean of the two ranks' idle shares, which is what the formula
-# counts. The formula assumes free communication and stages of equal cost; the measurement includes everything else
-# (sending, waiting for a core).
+# counts. The formula assumes free communication and stages of equal cost. Our real stages are not that: the two
+# ranks share this machine's cores, so a stage can wait for a core as well as for the other stage. So the launch
+# measured the schedule twice: with the real stages, and with stages whose work has a **fixed cost** that needs no
+# core (a narrow layer, then a wait of 80 ms forward and 160 ms backward per whole batch, split over the
+# micro-batches by rows; a stand-in for a GPU that runs the kernels while the CPU waits).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print(f"{'m':>3}{'measured':>10}{'(p-1)/(m+p-1)':>15}{'step (ms)':>11}")
+fixed = pp["fixed_cost"]["bubble"]
+print(f"{'m':>3}{'(p-1)/(m+p-1)':>15}{'fixed cost':>12}{'real stages':>13}{'real step (ms)':>16}")
 for m, r in pp["runs"].items():
-    print(f"{m:>3}{r['bubble']:>10.2f}{handpar.bubble_fraction(2, int(m)):>15.2f}{1e3 * r['span_s']:>11.1f}")
-first, best = pp["runs"]["1"]["bubble"], min(r["bubble"] for r in pp["runs"].values())
-print(f"here the measured bubble went from {first:.2f} with one micro-batch down to {best:.2f} at best")
+    print(f"{m:>3}{handpar.bubble_fraction(2, int(m)):>15.3f}{fixed[m]:>12.3f}{r['bubble']:>13.3f}"
+          f"{1e3 * r['span_s']:>16.1f}")
+gap = {m: fixed[m] - handpar.bubble_fraction(2, int(m)) for m in fixed}
+worst = max(gap, key=gap.get)
+print(f"fixed cost: at most {gap[worst]:+.3f} from the formula (at m = {worst}); real stages: from "
+      f"{pp['runs']['1']['bubble']:.2f} at m = 1 down to {min(r['bubble'] for r in pp['runs'].values()):.2f} at best")
 
 # %% [markdown]
-# With one micro-batch the two stages cannot overlap at all, so at least half of each step is idle whatever the
-# machine; the cell asserts that much. How close the others come to the formula depends on the machine: each extra
-# micro-batch adds messages and smaller matrix products, and two ranks sharing cores with other work wait for a core
-# as well as for each other. On GPUs, where a micro-batch's compute dwarfs its transfer, the measured points sit on
-# the curve.
+# With fixed-cost stages only the schedule and the hand-offs remain. Every micro-batch is one more hand-off between
+# the stages (a message, a process waking up), idle time that the formula does not count, so what the fixed-cost
+# column has above the formula tends to grow with m. The real stages add two more effects: on a small CPU the ranks
+# compete for cores, and each micro-batch is a smaller matrix product, which runs at a lower fraction of the
+# machine's peak. That is the trade-off on GPUs too: a larger m shrinks the bubble, but a micro-batch too small to
+# keep the GPU's matrix units busy makes every slot slower, so m is raised only while the micro-batch stays large
+# enough for efficient GEMMs (and the activation memory allows it). With one micro-batch the stages cannot overlap
+# at all: at least half of each step is idle whatever the machine, and the cells assert that much.
 #
 # Memory is the other side of it. GPipe runs all m forwards before the first backward, so each stage keeps the
 # activations of all m micro-batches, that is of the whole batch. Here the batch is fixed (256 rows, cut into m
@@ -633,7 +688,8 @@ m4 = pp["runs"]["4"]["timeline"]
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.2))
 ms = [int(m) for m in pp["runs"]]
 ax1.plot(ms, [handpar.bubble_fraction(2, m) for m in ms], "o-", label="(p-1)/(m+p-1)")
-ax1.plot(ms, [pp["runs"][str(m)]["bubble"] for m in ms], "s--", label="measured")
+ax1.plot(ms, [fixed[str(m)] for m in ms], "^-", label="measured, fixed-cost stages")
+ax1.plot(ms, [pp["runs"][str(m)]["bubble"] for m in ms], "s--", label="measured, real stages")
 ax1.set(xscale="log", xticks=ms, xticklabels=ms, xlabel="micro-batches m", ylabel="bubble fraction", ylim=(0, 1))
 ax1.legend()
 for rank, spans in enumerate(m4):
@@ -643,7 +699,10 @@ ax2.set(yticks=[0, 1], yticklabels=["stage 0", "stage 1"], xlabel="ms (blue: for
         title="GPipe, m = 4, as measured")
 ax2.invert_yaxis()
 plt.show()
+first = pp["runs"]["1"]["bubble"]
 assert first >= 0.45 and all(0 <= r["bubble"] < 1 for r in pp["runs"].values())
+assert all(fixed[str(a)] > fixed[str(b)] for a, b in zip(ms, ms[1:]))  # more micro-batches, a smaller bubble
+assert all(abs(g) < 0.1 for g in gap.values())
 
 # %% [markdown]
 # PyTorch has this built in: `torch.distributed.pipelining` (a `PipelineStage` per rank and a `ScheduleGPipe`).
@@ -677,8 +736,6 @@ rel = max(abs(a - b) / b for curve in (f2["losses"], ds3["losses"]) for a, b in 
 print(f"FSDP2 and DeepSpeed ZeRO-3 losses equal one process within 1e-5 (relative), every step: {rel < 1e-5}")
 print("FSDP2 and DeepSpeed ZeRO-3 losses bitwise equal to each other:", f2["losses"] == ds3["losses"])
 assert f2["works"] and rel < 1e-5
-
-# %%
 fig, ax = plt.subplots(figsize=(6, 3.2))
 steps = range(1, fs["steps"] + 1)
 ax.plot(steps, fs["reference_losses"], "k-", lw=4, alpha=0.3, label="one process, global batch")
@@ -690,7 +747,7 @@ plt.show()
 
 # %% [markdown]
 # The bytes each rank holds (after the last backward, so the gradients exist too), against `labkit.memory`'s
-# prediction for stage 3 (the whole model as one flat vector, split in two):
+# prediction for stage 3 (the whole model as one flat vector, split in two), and FSDP2's own rule (below):
 
 # %%
 pred3 = memory.model_state_bytes(n_params, "fp32", "adamw", stage=3, world_size=2).device
@@ -705,16 +762,6 @@ for rank in (0, 1):
 print("FSDP2 local shards on rank 1:", f2["bytes"][1]["shards"])
 assert all({k: b[k] for k in ("params", "grads", "optimizer")} == {k: pred3[k] for k in ("params", "grads", "optimizer")}
            for b in ds3["bytes"])
-
-# %% [markdown]
-# DeepSpeed pads each parameter to a multiple of the world size and splits it flat: 74,241 elements per rank, as
-# predicted. Even in fp32 it also keeps a separate fp32 copy of its slice (`master`), which the optimizer updates.
-# FSDP2 splits every tensor along its **first dimension** and pads that dimension: the last layer's 1 × 256 weight
-# and its one-element bias cannot be split, so rank 0 holds them whole and rank 1 a padded, empty row. Its
-# parameters and gradients take 74,369 elements' storage on both ranks (the rule, checked below), its AdamW states
-# only the real elements. FSDP2 in fp32 keeps no master copy: AdamW steps the shards in place.
-
-# %%
 shapes = [tuple(p.shape) for p in mlp.parameters()]
 dim0_rule = sum(-(-s[0] // 2) * (s[1] if len(s) > 1 else 1) for s in shapes)  # ceil(rows / 2) x columns
 print(f"FSDP2 storage per rank by the dim-0 rule: {dim0_rule:,} elements = {4 * dim0_rule:,} bytes")
@@ -722,6 +769,13 @@ assert all(b["params"] == b["grads"] == 4 * dim0_rule for b in f2["bytes"])
 assert f2["bytes"][0]["optimizer"] - f2["bytes"][1]["optimizer"] == 8 * (256 + 1)  # rank 1: no states for the empty row
 
 # %% [markdown]
+# DeepSpeed pads each parameter to a multiple of the world size and splits it flat: 74,241 elements per rank, as
+# predicted. Even in fp32 it also keeps a separate fp32 copy of its slice (`master`), which the optimizer updates.
+# FSDP2 splits every tensor along its **first dimension** and pads that dimension: the last layer's 1 × 256 weight
+# and its one-element bias cannot be split, so rank 0 holds them whole and rank 1 a padded, empty row. Its
+# parameters and gradients take 74,369 elements' storage on both ranks (the rule, checked above), its AdamW states
+# only the real elements. FSDP2 in fp32 keeps no master copy: AdamW steps the shards in place.
+#
 # And what they send per step (profiler, rank 0; an all-gather's size is this rank's piece, the gathered tensor is
 # twice that; on gloo a reduce-scatter appears as an all-reduce of the whole tensor):
 
@@ -744,7 +798,80 @@ assert round(gathered["fsdp2"], 2) == 2.0 and round(gathered["ds3"], 2) == 1.0
 # copies: 2Ψ, at the price of holding the whole model during the step. Both knobs trade memory for messages; FSDP2's
 # is `reshard_after_forward=False`.
 #
-# **What works on CPU/gloo with this torch**, as run above: FSDP2 (`fully_shard`), `torch.distributed.pipelining`
+# **Accumulation and mixed precision with FSDP2.** The launch made two more FSDP2 runs. One accumulates 2
+# micro-batches with `model.set_requires_gradient_sync(False)` before the first (FSDP2's `no_sync()`) and looks after
+# each micro-batch at what was sent and what gradients are held. The other trains with
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`:
+
+# %%
+acc, mp = fs["fsdp2_accumulation"], fs["fsdp2_mixed"]
+for i, m in enumerate(acc["per_micro"], 1):
+    c = m["collectives"]
+    print(f"micro-batch {i}: gathered {2 * c['all_gather']['elements'] / n_params:.2f}Ψ, reduced "
+          f"{c.get('all_reduce', {}).get('elements', 0) / n_params:.2f}Ψ; gradients held: whole "
+          f"{m['unsharded_grad_bytes']:,} B, sharded {m['sharded_grad_bytes']:,} B")
+b, b32 = mp["bytes"][0], f2["bytes"][0]
+print(f"bf16 policy: layers compute in {mp['compute_dtypes']}; rank 0 holds {b['dtypes']} parameters "
+      f"{b['params']:,} B, {b['grad_dtypes']} gradients {b['grads']:,} B, AdamW {b['optimizer']:,} B "
+      f"(fp32 run: {b32['params']:,} / {b32['grads']:,} / {b32['optimizer']:,} B)")
+first, second = acc["per_micro"]
+assert "all_reduce" not in first["collectives"] and first["unsharded_grad_bytes"] == 4 * n_params
+assert second["unsharded_grad_bytes"] == 0 and second["sharded_grad_bytes"] == f2["bytes"][0]["grads"]
+assert mp["compute_dtypes"] == ["bfloat16"] and all(
+    {k: x[k] for k in ("params", "grads", "optimizer")} == {k: y[k] for k in ("params", "grads", "optimizer")}
+    for x, y in zip(mp["bytes"], f2["bytes"]))
+
+# %% [markdown]
+# Without gradient sync FSDP2 behaves like DDP under `no_sync()`: no reduce-scatter until the last micro-batch. It
+# still gathers every layer twice per micro-batch, so a step of k micro-batches moves (2k + 1)Ψ (notebook 10's
+# table), and between micro-batches each rank keeps the **whole** model's gradients in fp32, here 4 bytes × Ψ, N
+# times the sharded gradients on N ranks: the memory sharding was meant to save. Leaving sync on keeps the
+# gradients sharded and pays a reduce-scatter per micro-batch instead, ZeRO-2's choice.
+#
+# With the bf16 policy FSDP2 keeps its shards in fp32 (they *are* the master weights) and casts them to bf16 when it
+# gathers them: the all-gathers carry bf16, half the bytes of the fp32 run for the same elements, and the layers
+# compute in bf16. Gradients are reduced in `reduce_dtype` (fp32) into fp32 shards. What a rank holds between uses is
+# therefore byte for byte the fp32 run's, 4 + 4 + 8 = 16 bytes per parameter over N. DeepSpeed ZeRO-3 in bf16
+# (notebook 10) also comes to 16/N, split differently: bf16 weight and gradient shards (2 + 2) plus an fp32 master
+# copy and Adam's moments (12). Mixed precision saves activation memory, bandwidth and time, not model-state bytes.
+#
+# **Checkpoints of a sharded model.** No rank holds the whole model, so `torch.save(model.state_dict())` on rank 0
+# would save one shard (or first gather everything into one rank's memory). Each library has its own answer:
+# - FSDP2 uses **`torch.distributed.checkpoint`** (DCP): `dcp.save({"model": model.state_dict()}, checkpoint_id=dir)`
+#   has every rank write its own shards, in parallel, plus one metadata file; `dcp.load` reads them back into any
+#   layout, a different number of ranks or no sharding at all (`get_state_dict`/`set_state_dict` from
+#   `torch.distributed.checkpoint.state_dict` add the optimizer).
+# - DeepSpeed's `engine.save_checkpoint(dir)` writes each rank's partitions of the fp32 weights and optimizer states.
+#   To get one ordinary fp32 state dict out, offline and without GPUs, use `zero_to_fp32.py`, which DeepSpeed puts
+#   next to the checkpoint, or `deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(dir)`.
+#
+# The launch did both after training: FSDP2's shards loaded by DCP into a plain, unsharded MLP, and DeepSpeed's
+# ZeRO-3 checkpoint merged by `zero_to_fp32`, each compared with the trained weights:
+
+# %%
+ck, z2f = f2["dcp"], ds3["zero_to_fp32"]
+print(f"DCP: files {ck['files']}; loaded into an unsharded MLP, equal to FSDP2's full weights on each rank: "
+      f"{ck['equal']}")
+print(f"zero_to_fp32: from {len(z2f['files'])} partition files, {z2f['keys']} tensors in {z2f['dtypes']}, equal to the "
+      f"engine's gathered weights: {z2f['equal']}")
+assert ck["works"] and ck["equal"] == [True, True] and z2f["works"] and z2f["equal"]
+
+# %% [markdown]
+# **Across nodes: HSDP and ZeRO++.** FSDP and ZeRO-3 gather every layer's weights from all n ranks, twice per
+# micro-batch, on the critical path. Inside a node that runs over NVLink; across nodes every gather waits on the
+# slower network. Two remedies:
+# - **HSDP** (hybrid sharding; in FSDP2, `fully_shard(..., mesh=...)` with a 2-D mesh of (replicate, shard)
+#   dimensions) shards inside a group of g GPUs, usually a node, and replicates across groups. The per-layer
+#   gathers stay inside the node; only gradients cross nodes: after the reduce-scatter inside the node, each rank
+#   all-reduces its 1/g shard with the ranks that hold the same shard in the other nodes, DDP-style. Model states
+#   are then divided by g, not by n.
+# - **ZeRO++** (DeepSpeed) keeps full sharding and makes the cross-node traffic cheaper: quantised weight
+#   all-gathers (qwZ, `zero_quantized_weights`: int8, half the bytes of bf16), a secondary copy of the weights
+#   sharded only inside each node so that backward's gathers stay there (hpZ, `zero_hpz_partition_size`: costs
+#   that copy's memory), and quantised gradient reduction through all-to-all (qgZ, `zero_quantized_gradients`).
+#
+# **What works on CPU/gloo with this torch**, as run above: FSDP2 (`fully_shard`, with `MixedPrecisionPolicy` and
+# without gradient sync), `torch.distributed.pipelining`
 # (`ScheduleGPipe`), DeepSpeed stages 1 and 3, and every collective used here. What gloo lacks is a native
 # reduce-scatter: torch emulates it with an all-reduce, which sends twice the bytes a ring reduce-scatter would. That
 # changes the speed, not the results.
@@ -758,7 +885,7 @@ assert round(gathered["fsdp2"], 2) == 2.0 and round(gathered["ds3"], 2) == 1.0
 # | strategy | each rank holds | communicates per step: payload (ring traffic per rank) | use it when |
 # |---|---|---|---|
 # | DDP | the whole model, gradients and optimizer states | all-reduce of the gradients: Ψ (≈ 2Ψ), overlapped with backward | the model states fit on one GPU |
-# | ZeRO-1 | the whole model and gradients; 1/n of the optimizer states | reduce-scatter Ψ + all-gather Ψ (≈ 2Ψ, as DDP) | the optimizer states do not fit (ZeRO-2: also shard the gradients, same traffic) |
+# | ZeRO-1 | the whole model and gradients; 1/n of the optimizer states | reduce-scatter Ψ + all-gather Ψ (≈ 2Ψ, as DDP) | the optimizer states do not fit (ZeRO-2: also shard the gradients, same traffic per micro-batch, but it reduces on every micro-batch: notebook 10) |
 # | FSDP / ZeRO-3 | 1/n of everything; one layer whole while it runs | all-gather 2Ψ (forward and backward) + reduce-scatter Ψ (≈ 3Ψ) | even the weights do not fit; any number of nodes |
 # | tensor (Megatron) | 1/n of every weight matrix | per MLP block: all-reduce of b·s·d forward and of b·s·d backward (≈ 4 b·s·d), in the critical path | one layer is too big or too slow; inside a node (NVLink) |
 # | pipeline (GPipe) | 1/n of the layers | per stage boundary: b·s·d forward + b·s·d backward, point to point; plus a bubble | the model is too deep for a node; across nodes |
@@ -781,11 +908,60 @@ for name, got, formula in table:
 assert all(got == formula for _, got, formula in table)
 
 # %% [markdown]
+# **Each strategy's loop, whole.** The pieces above come together in a training loop of about ten lines per
+# strategy, with nothing in it but the training. The launch ran each one and checked it against the real thing in
+# a wrapper (`labkit.recipes.handpar`): DDP by hand against torch DDP and ZeRO-1 by hand against AdamW (bit for bit,
+# from each rank's own initial weights), the sequence-parallel block and GPipe against the same model trained in
+# one process:
+
+# %%
+for loop in (handpar.train_ddp, handpar.train_zero1, handpar.train_sequence_parallel, handpar.train_gpipe):
+    src = inspect.getsource(loop)
+    print(src[:src.index('    """')] + src[src.index('"""', src.index('    """') + 7) + 4:])  # without the docstring
+checks = {"DDP": ddp["loop_bitwise_vs_ddp"], "ZeRO-1": z["loop_bitwise_vs_adamw"],
+          "TP + SP (within 1e-5)": [r < 1e-5 for r in tp["loop_rel"]], "GPipe (within 1e-5)": [r < 1e-5 for r in pp["loop_rel"]]}
+print("each loop equals the real thing, rank 0 and rank 1:", checks)
+assert all(v == [True, True] for v in checks.values())
+
+# %% [markdown]
+# ### Sizing a real run: 3D parallelism
+#
 # How they combine in practice ("3D parallelism"): tensor parallel inside a node, where NVLink makes its per-layer
-# all-reduces affordable; pipeline parallel across groups of nodes, where only activations at a few boundaries
-# cross the slower network; data parallel, usually with ZeRO-1 or FSDP, over everything else. Sequence (context)
-# parallelism splits long sequences and exchanges keys and values between ranks; it needs attention, which our
-# MLPs do not have, and is not run here.
+# collectives affordable; pipeline parallel across groups of nodes, where only activations at a few boundaries
+# cross the slower network; data parallel, usually with ZeRO-1 or FSDP, over everything else. Context parallelism
+# (splitting a long sequence over ranks that exchange keys and values for attention) is a fourth dimension; it needs
+# attention, which our MLPs do not have, and is not run here.
+#
+# `labkit.sizing` does the arithmetic for a GPT-style model: model states from `labkit.memory` (ZeRO over the
+# data-parallel group), activations from Korthikanti et al. (2022) with tensor and sequence parallelism and selective
+# recomputation, 1F1B's live micro-batches, and the bubble. A Llama-2-70B-like shape (80 layers, width 8192, 64
+# heads, 4096 tokens) on 64 GPUs of 80 GB, global batch 1024 sequences, ZeRO-1, one sequence per micro-batch:
+
+# %%
+plans = sizing.search_plans(64, 80 * memory.GB, model="70B")
+best = plans[0]
+print(best)
+print("\nother layouts that fit (tp x pp x dp: GB per GPU, bubble):",
+      ", ".join(f"{p.tp}x{p.pp}x{p.dp}: {p.total_bytes / memory.GB:.1f}, {p.bubble:.1%}" for p in plans[1:]))
+pure_dp = sizing.plan_3d(64, 80 * memory.GB, 1, 1, 64, model="70B", zero=3)
+print(f"pure data parallel, ZeRO-3 over 64: model states {pure_dp.model_state_bytes / memory.GB:.1f} GB, "
+      f"activations {pure_dp.activation_bytes / memory.GB:.1f} GB: fits = {pure_dp.fits}")
+states = memory.model_state_bytes(best.params_per_gpu, best.policy, "adam", stage=1, world_size=best.dp)
+assert best.model_state_bytes == states.device_total and best.fits and not pure_dp.fits
+s_len, width = 4096, 8192  # Korthikanti et al., sequence-parallel and selective: 34·s·b·h / t bytes per layer
+assert best.act_per_layer == s_len * 1 * width * 34 // best.tp and best.activation_bytes == (
+    best.layers_per_stage * best.act_per_layer * best.live_micro_batches)
+
+# %% [markdown]
+# Read the winner from the bottom up. Pure data parallelism cannot work: even with every model state sharded 64 ways
+# (ZeRO-3), each GPU would still hold all 80 layers' activations for its sequence. Tensor parallelism of 8, inside
+# a node, with sequence parallelism divides both the weights and the activations by 8, and ZeRO-1 over the 8
+# data-parallel replicas divides the optimizer states further. Pipeline parallelism would divide the weights too,
+# but not the activations of its first stage: under 1F1B that stage holds L/pp layers for up to pp micro-batches in
+# flight, L layers' worth, the same as without a pipeline. It adds a bubble (small here, with hundreds of
+# micro-batches per step) and point-to-point messages, so the calculator prefers the smallest model-parallel degree
+# that fits. The numbers are estimates for planning: leave room for the CUDA context, communication
+# buffers, fragmentation and the logits (`reserve_bytes`), and measure the first steps.
 #
 # ## Summary
 #
@@ -799,12 +975,20 @@ assert all(got == formula for _, got, formula in table)
 #   agree). It saves memory only if nothing is held twice: parameters and gradients as views into flat buffers.
 #   Clipping sharded gradients needs the global norm: one all-reduce of the shards' sums of squares.
 # - Megatron's MLP needs one all-reduce forward (g) and one backward (f) per block, of activations, in the critical
-#   path; forgetting f's backward all-reduce leaves the input with half a gradient and no error message.
+#   path; forgetting f's backward all-reduce leaves the input with half a gradient and no error message. Sequence
+#   parallelism turns f and g into an all-gather and a reduce-scatter (the same bytes on a ring) so that LayerNorm,
+#   dropout and the residual run on 1/t of the tokens; their replicated parameters then need their gradients summed.
 # - GPipe trades a bubble of (p − 1)/(m + p − 1) for splitting the layers; more micro-batches shrink it, while the
 #   bytes between stages stay the same; at a fixed micro-batch size the activations GPipe holds grow with m. 1F1B
 #   keeps the bubble and bounds the activations to p micro-batches; interleaving and zero-bubble schedules shrink
 #   the bubble itself.
 # - FSDP2 and DeepSpeed ZeRO-3 train the same curve; they differ in how they split tensors (first dimension vs flat)
-#   and in whether backward gathers the weights again.
+#   and in whether backward gathers the weights again. FSDP2 without gradient sync accumulates whole gradients (its
+#   memory saving gone until the last micro-batch); its bf16 policy keeps fp32 shards and gathers bf16 copies.
+#   Sharded models are saved by every rank (DCP; DeepSpeed's partitions, merged offline by `zero_to_fp32`); HSDP and
+#   ZeRO++ keep the per-layer gathers off the slow network between nodes.
+# - Every strategy's loop is ten lines of ordinary training; what differs is where the collectives hide. Sizing a
+#   real run (`labkit.sizing`) is the same memory model with tensor, pipeline and data degrees: 70B on 64 × 80 GB
+#   fits with tensor parallelism 8 inside each node and ZeRO-1 across nodes, not with data parallelism alone.
 #
 # Next, notebook 12 takes the multi-rank recipes to a cluster with Slurm.
