@@ -76,8 +76,11 @@ __all__ = [
 ]
 
 #: The precision policy by default: DeepSpeed's estimators' mixed precision, 20 B/param with Adam (bf16 params
-#: and grads, fp32 grads, fp32 master, Adam's two fp32 moments). Megatron-LM's own layout (an fp32 ``main_grad``
-#: and no bf16 gradient kept) is ``"bf16-master-fp32-grads"``, 18 B/param.
+#: and grads, fp32 grads, fp32 master, Adam's two fp32 moments). At ZeRO-1 DeepSpeed keeps the bf16 gradients
+#: whole (micro-batches accumulate there) and shards the fp32 gradient partition with the optimizer. Megatron-LM's
+#: distributed optimizer differs: it accumulates into a whole fp32 ``main_grad`` and keeps no bf16 gradient, so at
+#: ZeRO-1 it holds 2 + 4 + 12/dp B/param, which :func:`labkit.memory.model_state_bytes` does not model (its
+#: ``"bf16-master-fp32-grads"`` shards the fp32 gradients at stage 1): add it by hand (notebook 11 does).
 DEFAULT_POLICY = "bf16-master-fp32-accum"
 
 #: Activation recomputation modes: Korthikanti et al.'s none, selective (attention scores) and full (per layer).
@@ -146,9 +149,9 @@ class TransformerShape:
 #: bare parameter counts (70e9 for "70B"); the activations need a shape, and the GPT formula on these shapes
 #: gives 6.57e9, 12.75e9 and 64.69e9 parameters.
 SHAPES: dict[str, TransformerShape] = {
-    "7B": TransformerShape(32, 4096, 32, 4096, 32000, "Llama-2-7B-like GPT"),
-    "13B": TransformerShape(40, 5120, 40, 4096, 32000, "Llama-2-13B-like GPT"),
-    "70B": TransformerShape(80, 8192, 64, 4096, 32000, "Llama-2-70B-like GPT"),
+    "7B": TransformerShape(32, 4096, 32, 4096, 32000, "GPT with Llama-2-7B's shape"),
+    "13B": TransformerShape(40, 5120, 40, 4096, 32000, "GPT with Llama-2-13B's shape"),
+    "70B": TransformerShape(80, 8192, 64, 4096, 32000, "GPT with Llama-2-70B's shape"),
 }
 
 
@@ -422,7 +425,7 @@ def plan_3d(
     ``tp·pp·dp`` must equal ``n_gpus``; ``tp`` must divide the heads and the hidden size, ``pp`` the layers;
     ``global_batch`` must be a multiple of ``micro_batch·dp`` (``m = B/(b·dp)`` micro-batches per step).
     ``zero`` (0-3) shards over the ``dp`` replicas only. ``policy`` must compute in 16 bits (the activation
-    formula's assumption). Defaults: the 70B example, Megatron's distributed optimizer (ZeRO-1), selective
+    formula's assumption). Defaults: the 70B example, ZeRO-1 in DeepSpeed's layout (:data:`DEFAULT_POLICY`), selective
     recomputation with sequence parallelism (Korthikanti et al.'s recommendation), 1F1B, B = 1024 sequences
     (Llama 2's 4M tokens at s=4096). ZeRO-3's gathered working set is the largest weight matrix on the GPU,
     ``max(4h², V·h)/tp`` (as DeepSpeed's estimator counts). DeepSpeed's pipeline engine runs ZeRO-1 at most;

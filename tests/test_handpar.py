@@ -585,6 +585,60 @@ def zero1_step(flat_param, flat_grad, shard, optimizer):
     optimizer.step()
     dist.all_gather_single(flat_param, shard.detach())
 ''', "never reduce-scattered"),
+    "ddp-wait-for-nothing": ("ddp", '''
+def overlap_gradients(model):
+    world = dist.get_world_size()
+    def hook(p):
+        p.grad.div_(world)
+        dist.all_reduce(p.grad, async_op=True)  # started, and the work object dropped
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+    return lambda: None
+''', "never waited for"),
+    "gpipe-receives-all-first": ("gpipe", '''
+def gpipe_step(stage, inputs, targets, loss_fn, act_shape):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == world - 1
+    p = next(stage.parameters())
+    m = len(inputs if first else targets)
+    if first:
+        xs = list(inputs)
+    else:  # every micro-batch's activations received before the first forward: no overlap left
+        xs = [torch.empty(act_shape, dtype=p.dtype, device=p.device) for _ in range(m)]
+        for x in xs:
+            dist.recv(x, rank - 1)
+            x.requires_grad_(True)
+    outs = []
+    for i, x in enumerate(xs):
+        y = stage(x)
+        if last:
+            y = loss_fn(y, targets[i]) / m
+        else:
+            dist.send(y.detach(), rank + 1)
+        outs.append(y)
+    for i in reversed(range(m)):
+        if last:
+            outs[i].backward()
+        else:
+            grad = torch.empty_like(outs[i])
+            dist.recv(grad, rank + 1)
+            outs[i].backward(grad)
+        if not first:
+            dist.send(xs[i].grad, rank - 1)
+    return float(sum(float(y) for y in outs)) if last else None
+''', "received in this order"),
+    "zero1-reduce-scatter-unused": ("zero1", '''
+def zero1_step(flat_param, flat_grad, shard, optimizer):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    n = shard.numel()
+    mine = torch.empty_like(shard)
+    dist.reduce_scatter_single(mine, flat_grad)  # done, then not used
+    g = flat_grad / world
+    dist.all_reduce(g)
+    shard.grad = g[rank * n:(rank + 1) * n].clone()
+    optimizer.step()
+    dist.all_gather_single(flat_param, shard.detach())
+''', "as well as reduce-scattering"),
     "zero1-summed": ("zero1", '''
 def zero1_step(flat_param, flat_grad, shard, optimizer):
     g = torch.empty_like(shard)
@@ -739,3 +793,15 @@ def test_recipes_refuse_to_start_outside_a_two_rank_torchrun_and_reject_bad_flag
                 ["labkit.recipes.handpar_grade", "--file", f"sgd={tmp_path / 'x.py'}"]):
         out = subprocess.run([sys.executable, "-m", *cmd], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and "error" in out.stderr and "Traceback" not in out.stderr, cmd
+
+
+@pytest.mark.parametrize("prediction, named", [
+    ({"naive": 8, "bucketed": 1, "ddp": 1}, "bucketed: you said 1 ≠ measured 3"),  # one bucket for everything
+    ({"naive": 8, "bucketed": 8, "ddp": 1}, "bucketed: you said 8 ≠ measured 3"),  # buckets as if per tensor
+    ({"naive": 16, "bucketed": 3, "ddp": 1}, "naive: you said 16 ≠ measured 8"),    # counting both ranks' calls
+])
+def test_allreduce_count_prediction_names_each_wrong_count(prediction, named, monkeypatch):
+    monkeypatch.setenv("LABKIT_PROGRESS", "off")
+    measured = {"naive": 8, "overlap": 8, "bucketed": 3, "ddp": 1}
+    verdict = evaluate("11.allreduce-count", (prediction, measured))
+    assert verdict.status == "wrong" and named in verdict.message

@@ -449,7 +449,7 @@ EXERCISES = [
              "gradient. Write a fixed version.",
              _grade_average,
              "What does all_reduce compute by default: a sum or a mean?",
-             method="torch.distributed.all_reduce defaults to ReduceOp.SUM (gloo has no AVG). After it, every rank "
+             method="torch.distributed.all_reduce defaults to ReduceOp.SUM. After it, every rank "
                     "holds the sum over world_size ranks; the mean needs one more step.",
              solution="for p in params:\n    all_reduce(p.grad)\n    p.grad /= world_size",
              kind="debug", wrong_why=_AVG_WHY, reference=_reference_average, wrong=_broken_average),

@@ -223,6 +223,11 @@ def _judge_ddp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
                            "blocks backward until that gradient is reduced on every rank, so nothing overlaps (the "
                            "count of all-reduces issued during backward looks right, the timeline does not). Start it "
                            "with async_op=True, keep the work object, and wait for it in wait().")
+        if any(x.get("unwaited") for x in ranks):
+            n = max(x.get("unwaited", 0) for x in ranks)
+            return False, (f"{n} all-reduce(s) you started were never waited for: wait() must wait on every work "
+                           "object the hooks started. Here gloo happened to finish them in time; on a GPU, NCCL runs "
+                           "them on its own stream, and optimizer.step() would read gradients not yet reduced.")
         if any(x.get("waited_early") for x in ranks):
             return False, ("You wait for an all-reduce before backward has issued the last one (work.wait() inside the "
                            "hook): that blocks backward just like a blocking call. Keep the work objects and wait for "
@@ -246,6 +251,10 @@ def _judge_zero1(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
             return False, ("The weights are right, but you never reduce-scattered: all-reducing the whole gradient "
                            "moves twice the bytes a rank needs, since each rank updates only its slice. Use "
                            "dist.reduce_scatter_single.")
+        if any(x.get("whole_all_reduces") for x in ranks):
+            return False, ("The weights are right, but you all-reduce the whole gradient as well as reduce-scattering "
+                           "it: the all-reduce moves twice the bytes a rank needs and makes the reduce-scatter "
+                           "pointless. Reduce-scatter only, into this rank's slice.")
         return True, ""
     if any(x["outside_unchanged"] for x in ranks):
         return False, ("Each rank's parameters outside its own slice never change: the updated slices were not "
@@ -277,23 +286,29 @@ def _judge_tp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
 
 
 def _gpipe_order(order: str, m: int, stage: int, stages: int) -> str:
-    """GPipe's order for one stage: every micro-batch forward, each sent on at once ("F" or "FS"), then every
-    backward, each gradient sent back at once ("B" or "BS"); the first stage sends nothing back, the last nothing
-    on. Returns "" where ``order`` is that, else what is wrong with it."""
-    fwd = ("FS" if stage < stages - 1 else "F") * m
-    bwd = ("BS" if stage > 0 else "B") * m
+    """GPipe's order for one stage: every micro-batch forward, each received just before ("R", except on the first
+    stage) and sent on at once ("S", except on the last), then every backward, its gradient received just before
+    (except on the last stage) and sent back at once (except on the first). Returns "" where ``order`` is that,
+    else what is wrong with it."""
+    first, last = stage == 0, stage == stages - 1
+    fwd = (("" if first else "R") + "F" + ("" if last else "S")) * m
+    bwd = (("" if last else "R") + "B" + ("" if first else "S")) * m
     if order == fwd + bwd:
         return ""
     if order.count("F") != m or order.count("B") != m:
         return (f"stage {stage} ran {order.count('F')} forward(s) and {order.count('B')} backward(s) for {m} "
                 "micro-batches: run each micro-batch through the stage separately")
-    if order.replace("S", "") != "F" * m + "B" * m:
+    if order.replace("S", "").replace("R", "") != "F" * m + "B" * m:
         return (f"stage {stage} ran {' '.join(order.replace('S', ''))}: a backward started before every forward was "
                 "done, so the stages take turns instead of working at once. GPipe runs all m forwards, then all m "
                 "backwards (1F1B interleaves them on purpose, with a warm-up; this exercise is GPipe)")
-    return (f"stage {stage} sent in this order: {' '.join(order)} (S = a send). Each micro-batch's activations (or "
-            "gradient) must go to the next stage as soon as they exist, or the other stage waits for the whole batch "
-            "and nothing overlaps")
+    if order.replace("R", "") != fwd.replace("R", "") + bwd.replace("R", ""):
+        return (f"stage {stage} sent in this order: {' '.join(order)} (S = a send, R = a receive). Each micro-batch's "
+                "activations (or gradient) must go to the next stage as soon as they exist, or the other stage waits "
+                "for the whole batch and nothing overlaps")
+    return (f"stage {stage} received in this order: {' '.join(order)} (R = a receive, S = a send). Receive each "
+            "micro-batch's activations (or gradient) just before the forward (or backward) that needs them: waiting "
+            "for all of them first makes this stage idle until the other stage has finished the whole batch")
 
 
 def _judge_gpipe(ranks: list[dict[str, Any]]) -> tuple[bool, str]:

@@ -459,8 +459,9 @@ def _zero1_loop_equal(steps: int, reference: Any) -> bool:
 
     from labkit import handpar
 
-    model = _mlp()
-    handpar.train_zero1(model, [_batch(step, dist.get_rank()) for step in range(steps)], _mse, lr=LR, weight_decay=WD)
+    rank = dist.get_rank()
+    model = _mlp(0 if rank == 0 else 1000 + rank)  # each rank its own initial weights: the loop's step 0 must fix it
+    handpar.train_zero1(model, [_batch(step, rank) for step in range(steps)], _mse, lr=LR, weight_decay=WD)
     return torch.equal(_flat(model.parameters()), reference)
 
 

@@ -67,9 +67,13 @@ class _Work:
 
     def __init__(self, work: Any, rec: _Calls, name: str) -> None:
         self._work, self._rec, self._name = work, rec, name
+        self.waited = False
+        rec.works.append(self)
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self.waited = True
         self._rec.events.append(("wait", self._name))
+        self._rec.numels.append(0)
         return self._work.wait(*args, **kwargs)
 
     def __getattr__(self, attr: str) -> Any:
@@ -78,12 +82,16 @@ class _Work:
 
 class _Calls:
     """While active, the ``torch.distributed`` functions in ``names`` record each call in ``events`` as
-    ``(name, "blocking" | "async")``, and a wait on an async call's handle as ``("wait", name)``. They are patched
-    where a learner's module can reach them: as ``dist.<name>`` or imported by name after entering."""
+    ``(name, "blocking" | "async")``, and a wait on an async call's handle as ``("wait", name)``; ``numels`` holds,
+    event by event, the element count of a call's first tensor (0 for waits and marks), ``works`` every handle
+    handed out. They are patched where a learner's module can reach them: as ``dist.<name>`` or imported by name
+    after entering."""
 
     def __init__(self, *names: str) -> None:
         self.names = names
         self.events: list[tuple[str, str]] = []
+        self.numels: list[int] = []
+        self.works: list[_Work] = []
         self._saved: list[tuple[Any, str, Any]] = []
         self._depth = 0
 
@@ -103,6 +111,8 @@ class _Calls:
                 finally:
                     self._depth -= 1
                 self.events.append((_name, "blocking" if work is None else "async"))
+                first = args[0] if args else next(iter(kwargs.values()), None)
+                self.numels.append(first.numel() if hasattr(first, "numel") else 0)
                 return work if work is None else _Work(work, self, _name)
 
             for owner in (dist, c10d):
@@ -122,6 +132,11 @@ class _Calls:
     def step_done(self) -> None:
         """Mark the end of a training step: :meth:`waited_early` looks at each step on its own."""
         self.events.append(("step", ""))
+        self.numels.append(0)
+
+    def unwaited(self) -> int:
+        """Async calls whose handle nobody waited on (their results may not have arrived when used)."""
+        return sum(1 for w in self.works if not w.waited)
 
     def waited_early(self) -> int:
         """Waits that came, within a step, before that step's last call was issued (waiting inside a hook
@@ -172,7 +187,8 @@ def _grade_ddp(mod: Any, calls: _Calls | None = None) -> dict[str, Any]:
     return {"bitwise": bitwise, "ratio": ratios[0], "in_backward": min(c["issued_in_backward"] for c in issued),
             "issued": issued[-1]["issued"], "n_tensors": len(list(mine.parameters())),
             "blocking": calls.count("blocking") if calls is not None else 0,
-            "waited_early": calls.waited_early() if calls is not None else 0}
+            "waited_early": calls.waited_early() if calls is not None else 0,
+            "unwaited": calls.unwaited() if calls is not None else 0}
 
 
 def _grade_zero1(mod: Any) -> dict[str, Any]:
@@ -192,11 +208,21 @@ def _grade_zero1(mod: Any) -> dict[str, Any]:
             "outside_unchanged": bool(torch.equal(mine[outside], init[outside])),
             "inside_rel": H._rel(mine[lo:hi], theirs[lo:hi]), "digest": H._digest(mine),
             "state_numel": sum(v.numel() for k, v in opt.optimizer.state[opt.shard].items() if k != "step"),
-            "part": opt.part, "collectives": H._calls(events)}
+            "part": opt.part, "padded": opt.padded, "collectives": H._calls(events)}
 
 
-def _sends(calls: _Calls | None) -> int:
-    return 0 if calls is None else sum(1 for name, _ in calls.events if name not in ("wait", "step"))
+def _p2p_marks(calls: _Calls | None, start: int) -> tuple[str, int]:
+    """The point-to-point events since event ``start``, as marks: "S" a send or isend, "R" a blocking recv or the
+    wait on an irecv (when the data is needed); and the new event count."""
+    if calls is None:
+        return "", 0
+    marks = []
+    for name, kind in calls.events[start:]:
+        if name in ("send", "isend"):
+            marks.append("S")
+        elif name == "recv" or (name == "wait" and kind == "irecv"):
+            marks.append("R")
+    return "".join(marks), len(calls.events)
 
 
 def _grade_gpipe(mod: Any, calls: _Calls | None = None) -> dict[str, Any]:
@@ -211,14 +237,13 @@ def _grade_gpipe(mod: Any, calls: _Calls | None = None) -> dict[str, Any]:
     from labkit import handpar
 
     # what this stage did, in order: "F" per forward of its first layer, "B" per backward reaching its last layer's
-    # output, "S" per send or isend (recorded by `calls`; the sends made since the last mark go first)
+    # output, "S" per send or isend, "R" per receive (recorded by `calls`; those made since the last mark go first)
     order: list[str] = []
-    seen = [_sends(calls)]
+    seen = [len(calls.events) if calls is not None else 0]
 
     def mark(kind: str) -> None:
-        now = _sends(calls)
-        order.extend("S" * (now - seen[0]))
-        seen[0] = now
+        marks, seen[0] = _p2p_marks(calls, seen[0])
+        order.extend(marks)
         order.append(kind)
 
     hooks = [stage[0].register_forward_pre_hook(lambda *_: mark("F")),
@@ -229,7 +254,7 @@ def _grade_gpipe(mod: Any, calls: _Calls | None = None) -> dict[str, Any]:
     finally:
         for h in hooks:
             h.remove()
-    order.extend("S" * (_sends(calls) - seen[0]))
+    order.extend(_p2p_marks(calls, seen[0])[0])
     grads = [p.grad for p in stage.parameters()]
     if any(g is None for g in grads):
         return {"missing_grads": True, "order": "".join(order)}
@@ -256,8 +281,9 @@ def grade(name: str, path: str) -> dict[str, Any]:
         raise ValueError("grade runs on a rank: join the process group first (run under torchrun)")
     # the learner's module is loaded and run while its collectives are recorded (how it calls them: blocking or
     # not, waited when, reduce-scatter or all-reduce, sends between which computations)
-    watched = {"ddp": _SYNC_CALLS, "zero1": ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter"),
-               "tp": (), "gpipe": ("send", "isend")}[name]
+    watched = {"ddp": _SYNC_CALLS,
+               "zero1": ("reduce_scatter_single", "reduce_scatter_tensor", "reduce_scatter", "all_reduce"),
+               "tp": (), "gpipe": ("send", "isend", "recv", "irecv")}[name]
     with _Calls(*watched) as calls:
         mod = _load(str(path))
         missing = [n for n in GRADES[name] if not hasattr(mod, n)]
@@ -265,9 +291,11 @@ def grade(name: str, path: str) -> dict[str, Any]:
             return {"missing": missing}
         if name == "ddp":
             return _grade_ddp(mod, calls)
-        if name == "zero1":  # (the references around it all-reduce too; only reduce-scatters are the learner's)
-            return {**_grade_zero1(mod), "reduce_scatters": sum(1 for n, _ in calls.events
-                                                                if n.startswith("reduce_scatter"))}
+        if name == "zero1":  # (the references around it all-reduce too, per tensor: a whole-vector one is the learner's)
+            found = _grade_zero1(mod)
+            return {**found, "reduce_scatters": sum(1 for n, _ in calls.events if n.startswith("reduce_scatter")),
+                    "whole_all_reduces": sum(1 for (n, _), k in zip(calls.events, calls.numels)
+                                             if n == "all_reduce" and k >= found["padded"])}
         if name == "tp":
             return H._tp_case(f=mod.CopyToTP, g=mod.ReduceFromTP)
         return _grade_gpipe(mod, calls)

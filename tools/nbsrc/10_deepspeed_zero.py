@@ -20,6 +20,7 @@
 # %%
 # %matplotlib inline
 import json
+import os
 
 import matplotlib.pyplot as plt
 import torch
@@ -104,7 +105,7 @@ except ValueError as err:
 # backward of a micro-batch while gradients are being accumulated. This is where stages 1 and 2 differ.
 #
 # Two set-up details are handled by the recipe:
-# - DeepSpeed's CPU accelerator would first JIT-compile a shared-memory all-reduce (about a minute, once). The
+# - DeepSpeed's CPU accelerator would first JIT-compile a shared-memory all-reduce (a C++ build, once per machine). The
 #   recipe marks that op unavailable (`--shm-comm off`), so all collectives go through gloo, as DDP's do, and no
 #   `/dev/shm` buffers are created.
 # - At stage 0, DeepSpeed's bf16 wrapper steps the optimizer once with zero gradients to allocate Adam's states.
@@ -114,13 +115,18 @@ except ValueError as err:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+caps = device.capabilities()
+on_gpus = caps.device_type == "cuda" and caps.gpu_count >= 2  # 2 ranks need 2 GPUs; otherwise DeepSpeed's CPU
+if not on_gpus:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # ask the accelerator the ranks will use
 ds_fp16 = device.deepspeed_accepts(torch.float16)  # DeepSpeed's own answer, not torch's
-fp16_ok = ds_fp16 and device.computes(torch.float16)
+fp16_ok = ds_fp16 and device.computes(torch.float16, "cuda" if on_gpus else "cpu")
 run_list = "0:bf16,1:bf16,2:bf16,3:bf16,2:bf16:cpu" + (",2:fp16" if fp16_ok else "")
 res = launch("labkit.recipes.zero", nproc=2, timeout=300, stream=False,
              args=["--runs", run_list, "--steps", "8", "--micro-batch", "8", "--grad-accum", "2",
                    "--bucket", "32768", "--initial-scale-power", "21", "--loss-scale-window", "2",
-                   "--hysteresis", "1", "--torch-adam"])  # torch's AdamW: no C++ compile (section 5)
+                   "--hysteresis", "1", "--torch-adam"],  # torch's AdamW: no C++ compile (section 5)
+             env=None if on_gpus else {"DS_ACCELERATOR": "cpu"})
 runs = {(r["stage"], r["offload"], r["dtype"]): r for r in res["runs"]}
 print(f"DeepSpeed {res['deepspeed']} on {res['accelerator']}, backend {res['backend']}, "
       f"world size {res['world_size']}: {res['timings']['total_s']:.1f} s in the ranks")
@@ -175,9 +181,11 @@ for r in bf16_runs:
     print(f"ZeRO-{r['stage']}: " + " | ".join(f"micro-batch {i + 1}: {t}" for i, t in enumerate(per_mb)))
 first_mb = [r["collectives_per_micro"][0] for r in bf16_runs]
 summed = [sum(c["elements"] for op, c in mb.items() if op in ("all_reduce", "reduce_scatter")) for mb in first_mb]
+last_mb = [r["collectives_per_micro"][-1] for r in bf16_runs]
 assert first_mb[0] == first_mb[1] == {}  # stages 0 and 1 accumulate locally: nothing crosses the network
-assert summed[2] >= n / world and "all_gather" not in first_mb[2]  # stage 2 sums every micro-batch's gradients
-assert summed[3] >= n / world and world * first_mb[3]["all_gather"]["elements"] >= n  # stage 3 also gathers
+assert round(summed[2] / n, 2) == 1.0 and "all_gather" not in first_mb[2]  # stage 2 sums every micro-batch's grads
+assert all(round(world * last_mb[s]["all_gather"]["elements"] / n, 2) == 1.0 for s in (1, 2))  # weights, once
+assert summed[3] >= n / world and round(world * first_mb[3]["all_gather"]["elements"] / n, 2) == 1.0  # one gather
 
 # %% [markdown]
 # Two patterns, and the reason for each:
@@ -189,8 +197,8 @@ assert summed[3] >= n / world and world * first_mb[3]["all_gather"]["elements"] 
 #   backward produces it, micro-batch after micro-batch. Stage 3 also gathers the weights for every micro-batch.
 #
 # Reading the rows: at stages 1 and 2, DeepSpeed sums each gradient bucket with an **all-reduce** and then keeps its
-# own slices (`use_multi_rank_bucket_allreduce`, on by default, does that for every bucket that spans more than one
-# rank's slice): fewer, larger calls, but twice the bytes of the reduce-scatter the ZeRO paper counts. Stage 3 sums
+# own slices (`use_multi_rank_bucket_allreduce`, on by default; turned off, each slice is reduced to the rank that
+# owns it instead): fewer, larger calls, but twice the bytes of the reduce-scatter the ZeRO paper counts. Stage 3 sums
 # with a reduce-scatter (`reduce_scatter_coalesced`); gloo has none, so torch emulates it with an all-reduce of the
 # whole bucket, and it shows up as an all-reduce here too. At stage 3 DeepSpeed gathered this tiny model's weights
 # once per micro-batch, not twice: `stage3_max_live_parameters` and `stage3_max_reuse_distance` (10⁹ elements by
@@ -336,9 +344,9 @@ else:
           f"recorded on {zero.RECORDED_FP16_RUN['recorded_on']}. On a GPU or an AMX Xeon it is this machine's own.")
 
 # %% [markdown]
-# Every overflowing step is skipped (the weights do not move), and the scale halves. After 3 clean steps (window + 1)
-# it doubles, and if the doubled scale overflows again it halves straight back. The scale settles at the largest
-# power of two at which this model's gradients fit in fp16. The trace is exactly DeepSpeed's rule replayed on the
+# By the rule, every overflowing step is skipped (the weights do not move) and the scale halves; after 3 clean steps
+# (window + 1) it doubles, and if the doubled scale overflows it halves straight back. So the scale hovers around the
+# largest power of two at which the model's gradients fit in fp16 (the cell prints where this trace ended). The trace is exactly DeepSpeed's rule replayed on the
 # observed overflows (`labkit.scaling.deepspeed_scale_sequence`). Where DeepSpeed refused fp16, the figure is labelled
 # as the stored example (`labkit.zero.RECORDED_FP16_RUN`), and the same replay is checked against it:
 
@@ -351,7 +359,9 @@ replay = scaling.deepspeed_scale_sequence(fp["overflow"], **knobs)
 assert fp["loss_scales"] == replay[1:] and fp["skipped_steps"] == sum(fp["overflow"])
 plots.scale_history(replay[:-1], fp["overflow"], title=f"DeepSpeed fp16 loss scale (ZeRO-2, 2 ranks)\n{source}")
 plt.show()
-print(f"DeepSpeed's trace ({source}) == the replayed rule: True")
+print(f"DeepSpeed's trace ({source}) == the replayed rule: True; {sum(fp['overflow'])} of {len(fp['overflow'])} "
+      f"steps overflowed, and the scale ended at 2^{int(fp['loss_scales'][-1]).bit_length() - 1} "
+      f"(started at 2^{knobs['initial_scale_power']})")
 
 # %% [markdown]
 # Compared with GradScaler: both halve on overflow and double after a run of clean steps. With `hysteresis: 2`
@@ -396,7 +406,7 @@ print(f"labkit.memory's offload model for this run: host {pred.host_total:,} B =
 # On this CPU-only machine, "offloaded" tensors were on the CPU all along. On a GPU node, `by_device` splits them
 # into `cuda` and `cpu`. The Adam step on the host is the bottleneck of offload. DeepSpeed's `DeepSpeedCPUAdam`
 # (AVX-vectorised C++) is several times faster than `torch.optim.AdamW` there, but it is compiled on first use
-# (about 90 s on a 2-core Xeon, once per machine, cached in `TORCH_EXTENSIONS_DIR`). This notebook uses `torch_adam` to skip
+# (a C++ build of a minute or more on a small machine, once, cached in `TORCH_EXTENSIONS_DIR`). This notebook uses `torch_adam` to skip
 # that compile. On a GPU cluster, set `torch_adam=False` in `zero.config`.
 #
 # ## 6. The seeds' reference setup: 13B parameters on 8×A100-80GB
@@ -474,14 +484,15 @@ assert est.device_total < no_off < 80e9 < ddp13
 # | ZeRO-1/2/3 / FSDP | whole computation; a shard of optimizer states, gradients (and weights, stage 3) | reduce-scatter of gradients, all-gather of weights (stage 3: every layer, forward and backward) | any number of nodes |
 # | tensor | a slice of every weight matrix (columns or rows) | an all-reduce of activations inside every layer, forward and backward | within one node (NVLink) |
 # | pipeline | a contiguous group of layers | activations to the next stage and gradients back, per micro-batch; idle "bubbles" at start and end | across nodes |
-# | sequence / context | a slice of the sequence | the pieces of attention that need other positions (all-gather or ring exchange of keys/values) | long sequences |
+# | sequence (Megatron) | with tensor parallelism: a slice of the tokens outside the split layers (LayerNorm, dropout, residual) | tensor parallelism's all-reduces become all-gathers and reduce-scatters of the same volume | within one node, with tensor parallelism |
+# | context | a slice of a long sequence, in every layer | the pieces of attention that need other positions (all-gather or ring exchange of keys/values) | long sequences |
 #
 # Large runs combine them ("3D parallelism"): tensor parallel inside a node, pipeline across groups of nodes, data
 # parallel (often with ZeRO-1) across the rest. **Notebook 11 runs the first four rows for real, by hand:** you write
-# DDP (with hooks and buckets), a ZeRO-1 optimizer, a Megatron tensor-parallel MLP and a GPipe pipeline, run them on
-# 2 ranks, and check them against torch DDP, AdamW, DeepSpeed, FSDP2 and `torch.distributed.pipelining`, with the
-# communication of each measured against these formulas. Sequence parallelism needs attention to split and stays
-# described here.
+# DDP (with hooks and buckets), a ZeRO-1 optimizer, a Megatron tensor-parallel MLP (with sequence parallelism) and a
+# GPipe pipeline, run them on 2 ranks, and check them against torch DDP, AdamW, DeepSpeed, FSDP2 and
+# `torch.distributed.pipelining`, with the communication of each measured against these formulas. Context
+# parallelism needs attention to split and stays described here.
 
 # %%
 for size in ("1B", "7B", "13B", "70B"):

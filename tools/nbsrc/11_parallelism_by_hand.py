@@ -392,17 +392,21 @@ for name, c in z["collectives"].items():
     print(f"by hand    {name:<11} {c['calls']} call(s), sizes {c['sizes']}")
 for name, c in zds["collectives"].items():
     print(f"DeepSpeed  {name:<11} {c['calls']} call(s), sizes {c['sizes']}")
-assert z["collectives"]["all_gather"]["sizes"] == [z["part"]] and z["collectives"]["all_reduce"]["sizes"] == [z["padded"]]
+rs = z["collectives"].get("reduce_scatter") or z["collectives"]["all_reduce"]  # NCCL's name, or gloo's emulation
+assert z["collectives"]["all_gather"]["sizes"] == [z["part"]] and rs["sizes"] in ([z["padded"]], [z["part"]])
+assert sum(zds["collectives"]["all_reduce"]["sizes"]) == z["n_params"] + 1  # every gradient, plus one element
 
 # %% [markdown]
 # Two things to read here. Our `reduce_scatter_single` shows up as an **all-reduce of the whole padded vector**:
 # gloo has no reduce-scatter, and torch emulates it with an all-reduce, then keeps the slice. On NCCL it is a real
 # reduce-scatter, which sends half the bytes of an all-reduce: ZeRO-1 then costs reduce-scatter (Ψ) + all-gather
 # (Ψ) = 2Ψ per step, the same as DDP's all-reduce (2Ψ as reduce-scatter + all-gather inside the ring). The
-# all-gather's input is this rank's slice; the whole gathered vector is world × that. DeepSpeed stage 1 on gloo does
-# the same its own way: it all-reduces the gradients bucket by bucket as backward produces them (`reduce_bucket_size`,
-# 65,536 elements here; the sizes add up to the 148,481 unpadded gradients, plus one all-reduce of a single
-# element), then one all-gather of the slices.
+# all-gather's input is this rank's slice; the whole gathered vector is world × that. DeepSpeed stage 1 does it its
+# own way, on NCCL too: after backward (with `overlap_comm` off, as here) it goes through the parameters in order and
+# sums their gradients in buckets of `reduce_bucket_size` (65,536 elements here) with **all-reduces**, each rank then
+# keeping its slice (`use_multi_rank_bucket_allreduce`, on by default: twice the bytes of a reduce-scatter, in fewer
+# calls; off, each slice is reduced to its owner). The sizes add up to the 148,481 unpadded gradients plus one
+# all-reduce of a single element, as the cell asserts; then one all-gather of the slices.
 #
 # ## 4. Tensor parallelism: a Megatron MLP on 2 ranks
 #
@@ -660,13 +664,14 @@ print(f"fixed cost: at most {gap[worst]:+.3f} from the formula (at m = {worst});
 
 # %% [markdown]
 # With fixed-cost stages only the schedule and the hand-offs remain. Every micro-batch is one more hand-off between
-# the stages (a message, a process waking up), idle time that the formula does not count, so what the fixed-cost
-# column has above the formula tends to grow with m. The real stages add two more effects: on a small CPU the ranks
+# the stages (a message, a process waking up): idle time that the formula does not count, and the reason the
+# fixed-cost column can sit above the formula (the line under the table prints by how much, here). The real stages add two more effects: on a small CPU the ranks
 # compete for cores, and each micro-batch is a smaller matrix product, which runs at a lower fraction of the
 # machine's peak. That is the trade-off on GPUs too: a larger m shrinks the bubble, but a micro-batch too small to
 # keep the GPU's matrix units busy makes every slot slower, so m is raised only while the micro-batch stays large
 # enough for efficient GEMMs (and the activation memory allows it). With one micro-batch the stages cannot overlap
-# at all: at least half of each step is idle whatever the machine, and the cells assert that much.
+# at all: about half of each step is idle whatever the machine (the cells assert at least 0.45, leaving room for
+# timer noise).
 #
 # Memory is the other side of it. GPipe runs all m forwards before the first backward, so each stage keeps the
 # activations of all m micro-batches, that is of the whole batch. Here the batch is fixed (256 rows, cut into m
@@ -781,7 +786,7 @@ assert f2["bytes"][0]["optimizer"] - f2["bytes"][1]["optimizer"] == 8 * (256 + 1
 
 # %%
 for who, c in (("FSDP2", f2["collectives"]), ("DeepSpeed-3", ds3["collectives"])):
-    ag, ar = c["all_gather"], c["all_reduce"]
+    ag, ar = c["all_gather"], c.get("reduce_scatter") or c["all_reduce"]  # NCCL's reduce-scatter, or gloo's emulation
     print(f"{who:<12} all-gather: {ag['calls']} calls, {2 * ag['elements']:,} elements gathered | "
           f"reduce: {ar['calls']} calls, {ar['elements']:,} elements")
 gathered = {who: 2 * c["all_gather"]["elements"] / n_params for who, c in (("fsdp2", f2["collectives"]),
@@ -829,9 +834,11 @@ assert mp["compute_dtypes"] == ["bfloat16"] and all(
 # gradients sharded and pays a reduce-scatter per micro-batch instead, ZeRO-2's choice.
 #
 # With the bf16 policy FSDP2 keeps its shards in fp32 (they *are* the master weights) and casts them to bf16 when it
-# gathers them: the all-gathers carry bf16, half the bytes of the fp32 run for the same elements, and the layers
-# compute in bf16. Gradients are reduced in `reduce_dtype` (fp32) into fp32 shards. What a rank holds between uses is
-# therefore byte for byte the fp32 run's, 4 + 4 + 8 = 16 bytes per parameter over N. DeepSpeed ZeRO-3 in bf16
+# gathers them: the all-gathers carry bf16, half the bytes of the fp32 run for the same elements (FSDP2's documented
+# behaviour: `param_dtype` is the dtype of the unsharded parameter and of the parameter all-gather), and the layers
+# compute in bf16 (measured above: they saw bf16 weights). Gradients are reduced in `reduce_dtype` (fp32) into fp32
+# shards. What a rank holds between uses is therefore byte for byte the fp32 run's, 4 + 4 + 8 = 16 bytes per parameter
+# over N (asserted). DeepSpeed ZeRO-3 in bf16
 # (notebook 10) also comes to 16/N, split differently: bf16 weight and gradient shards (2 + 2) plus an fp32 master
 # copy and Adam's moments (12). Mixed precision saves activation memory, bandwidth and time, not model-state bytes.
 #
@@ -898,8 +905,8 @@ f2c, psi_pad, fsdp_pad = f2["collectives"], z["padded"], 2 * dim0_rule  # DeepSp
 sent = {k: sum(c["elements"] for op, c in p.items() if op == "send") for k, p in enumerate(pp["runs"]["4"]["p2p"])}
 table = [  # strategy, measured, formula
     ("DDP", ddp["collectives"]["ddp"]["all_reduce"]["elements"], n_params),
-    ("ZeRO-1", z["collectives"]["all_reduce"]["elements"] + 2 * z["collectives"]["all_gather"]["elements"], 2 * psi_pad),
-    ("FSDP2", 2 * f2c["all_gather"]["elements"] + f2c["all_reduce"]["elements"], 3 * fsdp_pad),
+    ("ZeRO-1", rs["elements"] + 2 * z["collectives"]["all_gather"]["elements"], 2 * psi_pad),
+    ("FSDP2", 2 * f2c["all_gather"]["elements"] + (f2c.get("reduce_scatter") or f2c["all_reduce"])["elements"], 3 * fsdp_pad),
     ("tensor", sum(tp["ranks"][0][k]["all_reduce"]["elements"] for k in ("forward", "backward")), 2 * tp["tokens"] * tp["d_model"]),
     ("pipeline", sent[0] + sent[1], 2 * pp["batch"] * pp["width"]),
 ]
@@ -934,8 +941,11 @@ assert all(v == [True, True] for v in checks.values())
 #
 # `labkit.sizing` does the arithmetic for a GPT-style model: model states from `labkit.memory` (ZeRO over the
 # data-parallel group), activations from Korthikanti et al. (2022) with tensor and sequence parallelism and selective
-# recomputation, 1F1B's live micro-batches, and the bubble. A Llama-2-70B-like shape (80 layers, width 8192, 64
-# heads, 4096 tokens) on 64 GPUs of 80 GB, global batch 1024 sequences, ZeRO-1, one sequence per micro-batch:
+# recomputation, 1F1B's live micro-batches, and the bubble. A GPT-style model with Llama-2-70B's depth, width and
+# sequence (80 layers, width 8192, 64 heads, 4096 tokens; 65 billion parameters by the GPT count, since it keeps a
+# 4h GELU MLP and full multi-head attention) on 64 GPUs of 80 GB, global batch 1024 sequences, ZeRO-1 in
+# DeepSpeed's layout (bf16 weights and gradients whole; the fp32 gradient partition, master weights and Adam states
+# sharded: 20 bytes per parameter before sharding), one sequence per micro-batch:
 
 # %%
 plans = sizing.search_plans(64, 80 * memory.GB, model="70B")
@@ -943,18 +953,26 @@ best = plans[0]
 print(best)
 print("\nother layouts that fit (tp x pp x dp: GB per GPU, bubble):",
       ", ".join(f"{p.tp}x{p.pp}x{p.dp}: {p.total_bytes / memory.GB:.1f}, {p.bubble:.1%}" for p in plans[1:]))
-pure_dp = sizing.plan_3d(64, 80 * memory.GB, 1, 1, 64, model="70B", zero=3)
-print(f"pure data parallel, ZeRO-3 over 64: model states {pure_dp.model_state_bytes / memory.GB:.1f} GB, "
-      f"activations {pure_dp.activation_bytes / memory.GB:.1f} GB: fits = {pure_dp.fits}")
+for recompute in ("selective", "full"):
+    dp64 = sizing.plan_3d(64, 80 * memory.GB, 1, 1, 64, model="70B", zero=3, recompute=recompute)
+    print(f"pure data parallel, ZeRO-3 over 64, {recompute} recomputation: model states "
+          f"{dp64.model_state_bytes / memory.GB:.1f} GB, activations {dp64.activation_bytes / memory.GB:.1f} GB, "
+          f"total {dp64.total_bytes / memory.GB:.1f} GB: fits = {dp64.fits}")
+    assert dp64.fits == (recompute == "full")
+megatron = best.params_per_gpu * (2 + 4 + 12 / best.dp)  # bf16 weights, a whole fp32 main_grad, 12 B sharded
+print(f"Megatron-LM's layout instead (gradients accumulated in a whole fp32 buffer): model states "
+      f"{megatron / memory.GB:.1f} GB, total {(best.total_bytes - best.model_state_bytes + megatron) / memory.GB:.1f} GB")
 states = memory.model_state_bytes(best.params_per_gpu, best.policy, "adam", stage=1, world_size=best.dp)
-assert best.model_state_bytes == states.device_total and best.fits and not pure_dp.fits
+assert best.model_state_bytes == states.device_total and best.fits
 s_len, width = 4096, 8192  # Korthikanti et al., sequence-parallel and selective: 34·s·b·h / t bytes per layer
 assert best.act_per_layer == s_len * 1 * width * 34 // best.tp and best.activation_bytes == (
     best.layers_per_stage * best.act_per_layer * best.live_micro_batches)
 
 # %% [markdown]
-# Read the winner from the bottom up. Pure data parallelism cannot work: even with every model state sharded 64 ways
-# (ZeRO-3), each GPU would still hold all 80 layers' activations for its sequence. Tensor parallelism of 8, inside
+# Read the winner from the bottom up. Pure data parallelism fits only with full recomputation: with every model state
+# sharded 64 ways (ZeRO-3), each GPU still holds all 80 layers' activations for its sequence, unless it keeps only
+# each layer's input and recomputes the rest in backward (about a third more compute), and its per-layer gathers of
+# ZeRO-3 then cross the network between nodes for every micro-batch. Tensor parallelism of 8, inside
 # a node, with sequence parallelism divides both the weights and the activations by 8, and ZeRO-1 over the 8
 # data-parallel replicas divides the optimizer states further. Pipeline parallelism would divide the weights too,
 # but not the activations of its first stage: under 1F1B that stage holds L/pp layers for up to pp micro-batches in
@@ -962,6 +980,18 @@ assert best.act_per_layer == s_len * 1 * width * 34 // best.tp and best.activati
 # micro-batches per step) and point-to-point messages, so the calculator prefers the smallest model-parallel degree
 # that fits. The numbers are estimates for planning: leave room for the CUDA context, communication
 # buffers, fragmentation and the logits (`reserve_bytes`), and measure the first steps.
+#
+# **What this notebook leaves out**, for the next step on real GPUs:
+# - Memory is measured here after backward; the peak is often inside `optimizer.step()` (DeepSpeed ZeRO-1/2
+#   allocate an fp32 gradient partition there). Plan with `torch.cuda.max_memory_allocated`, not a snapshot.
+# - FSDP2's prefetching (forward and backward) and `set_reshard_after_backward(False)` with accumulation, and
+#   DeepSpeed's `stage3_prefetch_bucket_size`, take gathers off the critical path at the price of memory.
+# - DDP's knobs: `bucket_cap_mb`, `gradient_as_bucket_view=True` (no second copy of the gradients), `static_graph`,
+#   and communication hooks such as `bf16_compress_hook`.
+# - A loss averaged per rank is the global per-token mean only when every rank sees the same number of tokens
+#   (padding breaks it); sum and divide by the all-reduced count instead.
+# - Megatron's overlap of tensor-parallel communication needs `CUDA_DEVICE_MAX_CONNECTIONS=1`, and a pipeline with
+#   tied input and output embeddings needs an extra all-reduce between its first and last stage.
 #
 # ## Summary
 #
@@ -989,6 +1019,7 @@ assert best.act_per_layer == s_len * 1 * width * 34 // best.tp and best.activati
 #   ZeRO++ keep the per-layer gathers off the slow network between nodes.
 # - Every strategy's loop is ten lines of ordinary training; what differs is where the collectives hide. Sizing a
 #   real run (`labkit.sizing`) is the same memory model with tensor, pipeline and data degrees: 70B on 64 × 80 GB
-#   fits with tensor parallelism 8 inside each node and ZeRO-1 across nodes, not with data parallelism alone.
+#   fits with tensor parallelism 8 inside each node and ZeRO-1 across nodes; data parallelism alone needs ZeRO-3 and
+#   full recomputation.
 #
 # Next, notebook 12 takes the multi-rank recipes to a cluster with Slurm.
