@@ -27,11 +27,13 @@ import math
 import numbers
 import os
 import re
+import stat
 import time
 import traceback
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -436,10 +438,13 @@ def export_results(path: str | Path = ".", name: str | None = None) -> Path:
         target = target / f"{who}.json"
     merged: dict[str, str] = {}
     if target.exists():
-        old = json.loads(target.read_text())
+        try:
+            old = _parse_json(_read_small_file(target))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{target} is not a labkit results file ({e}); not overwriting it") from None
         if not isinstance(old, dict) or not isinstance(old.get("results"), dict):
             raise ValueError(f"{target} is not a labkit results file; not overwriting it")
-        merged = {k: v for k, v in old["results"].items() if v in _RANK}
+        merged = {k: v for k, v in old["results"].items() if isinstance(v, str) and v in _RANK}
     for ex_id, status in _RESULTS.items():
         if _RANK[status] >= _RANK.get(merged.get(ex_id, "not attempted"), 0):
             merged[ex_id] = status
@@ -458,24 +463,108 @@ def export_results(path: str | Path = ".", name: str | None = None) -> Path:
 
 
 def load_results(folder: str | Path) -> dict[str, dict[str, str]]:
-    """Read every results file that :func:`export_results` wrote into ``folder``: {name: {exercise id: status}}.
+    """Read every results file that :func:`export_results` wrote into ``folder``: {student: {exercise id: status}}.
 
-    Files that are not labkit results files are skipped. Introduced in notebook 00.
+    Each student is listed under the file's own name (``alice.json``: ``alice``), never under the name the file
+    claims inside: a file whose ``"name"`` differs is listed under its file name, with one printed line saying
+    so. One student's file cannot break the others: only regular files are read (a FIFO, a device or a folder
+    named ``*.json`` is skipped; a symbolic link is followed only to a regular file inside ``folder``), each of
+    at most 1 MiB and nested at most 32 deep; a file that is not a labkit results file is skipped. Each skipped
+    file is said in one printed line. Statuses other than "correct", "wrong" and "not attempted" are left out.
+    Nothing in ``folder`` is written. Raises ``ValueError`` if ``folder`` is not a folder. Introduced in notebook 00.
     """
-    import json
-
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a folder's path (str or Path), got {type(folder).__name__}")
     out: dict[str, dict[str, str]] = {}
     d = Path(folder).expanduser()
     if not d.is_dir():
         raise ValueError(f"{d} is not a folder")
+    inside = d.resolve()
     for f in sorted(d.glob("*.json")):
         try:
-            doc = json.loads(f.read_text())
-        except (OSError, ValueError):
+            claimed, out[f.stem] = _student_results(f, inside)
+        except (OSError, ValueError) as e:
+            _say(_one_line(f"(load_results: skipped {f.name}: {e})"))
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("results"), dict):
-            out[str(doc.get("name", f.stem))] = {k: v for k, v in doc["results"].items() if v in _RANK}
+        if claimed != f.stem:
+            _say(_one_line(f"(load_results: {f.name} gives the name {claimed!r:.70}; listed as {f.stem})"))
     return out
+
+
+def _student_results(path: Path, inside: Path) -> tuple[Any, dict[str, str]]:
+    """Read one student's results file: ``(the name it claims, {exercise id: status})``.
+
+    ``inside`` is the class folder, resolved: a symbolic link must lead to a regular file in it. Raises
+    ``ValueError`` (or ``OSError``) for a file that cannot be read safely or is not a labkit results file.
+    """
+    target = path
+    if path.is_symlink():
+        target = path.resolve()
+        if inside not in target.parents:
+            raise ValueError(f"a symbolic link to {target}, outside the folder")
+    doc = _parse_json(_read_small_file(target))
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict):
+        raise ValueError("not a labkit results file")
+    results = {k: v for k, v in doc["results"].items() if isinstance(v, str) and v in _RANK}
+    return doc.get("name", path.stem), results
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every run of white space (newlines in a file's name included) made one space."""
+    return " ".join(text.split())
+
+
+# ------------------------------------------------------------------------------------ reading small JSON files
+#: The most bytes read from a progress record or a results file (a real one holds a few kilobytes).
+_JSON_MAX_BYTES = 1 << 20
+#: The deepest nesting of [] and {} accepted in those files (a real one nests 3 deep).
+_JSON_MAX_DEPTH = 32
+# one JSON string (its closing quote optional, so that no match ever backtracks); what is not a bracket
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _read_small_file(path: Path, limit: int = _JSON_MAX_BYTES) -> bytes:
+    """Return the bytes of the regular file ``path`` (a link is followed), of at most ``limit`` bytes.
+
+    ``FileNotFoundError`` if there is none; ``ValueError`` for a FIFO, device, socket or folder (never opened
+    in a way that blocks) or a larger file; another ``OSError`` if it cannot be read.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError(f"{path} is not a regular file")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):  # replaced between the two looks
+            raise ValueError(f"{path} is not a regular file")
+        data = fh.read(limit + 1) if info.st_size <= limit else b""
+    if info.st_size > limit or len(data) > limit:
+        raise ValueError(f"{path} is larger than {limit / 2**20:g} MiB")
+    return data
+
+
+def _too_deep(text: str, max_depth: int) -> bool:
+    """Whether ``[]`` and ``{}`` nest deeper than ``max_depth`` in JSON ``text`` (brackets inside strings not
+    counted); linear time, in C loops (about 0.1 s for 1 MiB of brackets)."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > max_depth
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _parse_json(data: bytes, max_depth: int = _JSON_MAX_DEPTH) -> Any:
+    """Parse UTF-8 JSON ``data``; ``ValueError`` if it is not JSON, holds NaN/Infinity, or nests deeper than
+    ``max_depth`` (checked before parsing, so no file can exhaust the recursion limit)."""
+    text = data.decode("utf-8")  # UnicodeDecodeError is a ValueError
+    if _too_deep(text, max_depth):
+        raise ValueError(f"it nests deeper than {max_depth} levels")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:  # pragma: no cover - the depth check above comes first
+        raise ValueError("it nests too deep") from None
 
 
 # ------------------------------------------------------------------------------------------- progress record
@@ -532,17 +621,40 @@ def progress_path(start: str | Path | None = None) -> Path | None:
 
 
 def _read_record(path: Path) -> dict[str, dict[str, Any]]:
-    """The ``exercises`` of a progress record ({} if there is no file); ValueError if it is not one."""
-    if not path.exists():
-        return {}
+    """The ``exercises`` of a progress record ({} if there is no file); ValueError if it is not one.
+
+    Not one: not a regular file (a FIFO is never opened), larger than 1 MiB, not JSON, nested deeper than 32,
+    or not a labkit progress record whose entries have the types :func:`_record` writes. The file is only read.
+    """
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = _parse_json(_read_small_file(path))
+    except FileNotFoundError:
+        return {}
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path} cannot be read as a labkit progress record ({e})") from None
+        raise ValueError(f"{path} cannot be read as a labkit progress record ({e}); it was left as it is") from None
     ex = doc.get("exercises") if isinstance(doc, dict) and doc.get("kind") == _PROGRESS_KIND else None
-    if not isinstance(ex, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in ex.items()):
+    if not isinstance(ex, dict) or not all(isinstance(k, str) and _entry_ok(v) for k, v in ex.items()):
         raise ValueError(f"{path} is not a labkit progress record; not touching it")
     return ex
+
+
+#: The type of each field :func:`_record` writes in an exercise's entry (other fields are kept as they are).
+_ENTRY_FIELDS: dict[str, type] = {
+    "status": str, "attempts": int, "last": str, "solved": str, "solution_seen": bool,
+    "solved_after_solution": bool}
+
+
+def _entry_ok(entry: Any) -> bool:
+    """Whether ``entry`` is an exercise's entry as :func:`_record` writes it: a dict whose known fields have
+    their types, a known status, and a count of attempts that is an int >= 0 (not a bool, not a float)."""
+    if not isinstance(entry, dict):
+        return False
+    for key, kind in _ENTRY_FIELDS.items():
+        value = entry.get(key)
+        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            return False
+    attempts = entry.get("attempts")
+    return entry.get("status", "not attempted") in _RANK and (attempts is None or attempts >= 0)
 
 
 @contextlib.contextmanager
@@ -571,7 +683,8 @@ def _locked(path: Path) -> Iterator[None]:
 
 def _record(exercise_id: str, status: str | None, solution_seen: bool = False) -> None:
     """Add one event to the progress record: a graded answer (``status``) or a solution shown. Never raises:
-    a record that cannot be written is said once per kernel, and the check goes on."""
+    a record that cannot be written, or one that is damaged (left as it is, never overwritten), is said once per
+    kernel, and the check goes on."""
     try:
         path = progress_path()
         if path is None:
@@ -584,7 +697,7 @@ def _record(exercise_id: str, status: str | None, solution_seen: bool = False) -
             entry = dict(record.get(exercise_id, {}))
             old = entry.get("status") if entry.get("status") in _RANK else "not attempted"
             if status is not None:
-                entry["attempts"] = int(entry.get("attempts", 0) or 0) + 1
+                entry["attempts"] = (entry.get("attempts") or 0) + 1
                 entry["last"] = now
                 if status == "correct" and not entry.get("solved"):
                     entry["solved"] = now
@@ -607,10 +720,11 @@ def _record(exercise_id: str, status: str | None, solution_seen: bool = False) -
                 os.replace(tmp, path)
             finally:
                 tmp.unlink(missing_ok=True)
-    except (OSError, ValueError, TypeError, RuntimeError) as e:
+    except Exception as e:  # whatever the record holds or the disk does, check() goes on (said once)
         if not _PROGRESS_FAILED:
             _PROGRESS_FAILED.append(str(e))
-            _say(f"(labkit: your progress was not saved: {' '.join(str(e).split())}. Set {PROGRESS_ENV} to a "
+            fix = "Move that file aside to start a new record, or set" if isinstance(e, ValueError) else "Set"
+            _say(f"(labkit: your progress was not saved: {_one_line(str(e))}. {fix} {PROGRESS_ENV} to a "
                  "file you can write, or to off.)")
 
 
@@ -626,13 +740,12 @@ def load_progress(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """Return the progress record, ``{exercise id: {"status", "attempts", "solved", "last", ...}}``.
 
     ``path`` defaults to :func:`progress_path`; a missing file (or no record here) gives ``{}``. Raises
-    ``ValueError`` for a file that is not a labkit progress record. Introduced in notebook 00.
+    ``ValueError`` for a file that is not a labkit progress record (not a regular file, over 1 MiB, not JSON,
+    nested too deep, or with entries of the wrong types); the file is only read. Introduced in notebook 00.
     """
     file = _record_arg(path)
     if file is None:
         return {}
-    if file.exists() and not file.is_file():
-        raise ValueError(f"{file} is not a file")
     return _read_record(file)
 
 

@@ -15,11 +15,14 @@ of files it wrote and their SHA-256. An output folder is used only if it is new,
 whose files are all still as that build wrote them; anything else is refused, saying what is in the way,
 unless ``force=True`` (``--force``), which moves the old folder aside to ``<out>.replaced-<time>``, intact.
 The build is written to a temporary folder next to the output and renamed into place, so an interrupted
-build leaves the previous one as it was. Then the previous build's own files, and only those, are removed.
+build leaves the previous one as it was; on every way out the temporary folder is gone (renamed into place,
+or removed: only the one that build made). Then the previous build's own files, and only those, are removed.
+No build is ever written into the workbook checkout's own folders (``labkit/``, ``tools/``, ``tests/``...).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -236,23 +239,53 @@ def _not_from_build(out: Path, manifest: dict[str, str]) -> list[str]:
     return odd
 
 
-def _refuse_places(out: Path, anchors: dict[str, Path], inside: dict[str, Path]) -> None:
+def _refuse_places(out: Path, anchors: Iterable[tuple[str, Path]], inside: Iterable[tuple[str, Path]]) -> None:
     """Raise ``ValueError`` if ``out`` is one of the ``anchors`` or a folder above one, or lies inside one
-    of the ``inside`` folders. Keys name the folders in the message.
+    of the ``inside`` folders. Each comes as ``(what, folder)``: ``what`` names the folder in the message.
 
     Introduced in notebook 00.
     """
     if out == out.parent:
         raise ValueError(f"out_dir {out} is the file system root; choose a new folder such as dist/student")
-    for what, path in anchors.items():
+    for what, path in anchors:
         if out == path or out in path.parents:
             raise ValueError(f"out_dir {out} is {what} ({path}) or a folder above it, and a build "
                              "would replace it; choose a new folder such as dist/student")
-    for what, path in inside.items():
+    for what, path in inside:
         if out == path or path in out.parents:
             raise ValueError(f"out_dir {out} is inside {what} ({path}), where pytest, JupyterLab and the "
                              "workbook tools would pick the copies up; choose a folder outside it, "
                              "such as dist/student")
+
+
+def _is_checkout(root: Path) -> bool:
+    """Whether ``root`` looks like a workbook checkout (or a student tree): it has ``tools/nbsrc/`` or
+    ``slurm/jupyter.sbatch`` (an installed labkit's ``site-packages`` has neither). Introduced in notebook 00."""
+    return (root / "tools" / "nbsrc").is_dir() or (root / "slurm" / "jupyter.sbatch").is_file()
+
+
+def _checkouts(start: Path) -> list[Path]:
+    """Return the checkouts no build may be written into: the one ``start`` lies in (if any), and the one
+    labkit itself is imported from (an editable install), if it is one. Introduced in notebook 00."""
+    found = [next((r for r in start.parents if _is_checkout(r)), None), Path(__file__).resolve().parents[1]]
+    return list(dict.fromkeys(r for r in found if r is not None and _is_checkout(r)))
+
+
+def _source_tree(roots: Iterable[Path]) -> tuple[list[tuple[str, Path]], list[tuple[str, Path]]]:
+    """Return ``(anchors, inside)`` for :func:`_refuse_places` that keep a build out of the checkouts ``roots``:
+    each checkout itself (and the folders above it), and its own folders (:data:`_WORKBOOK_DIRS`) and hidden
+    folders (``.git``, a virtual environment...). A new folder such as ``dist/student`` stays allowed.
+    Introduced in notebook 00.
+    """
+    anchors: list[tuple[str, Path]] = []
+    inside: list[tuple[str, Path]] = []
+    for root in roots:
+        anchors.append(("the workbook checkout", root))
+        hidden: list[str] = []
+        with contextlib.suppress(OSError):
+            hidden = sorted(p.name for p in root.iterdir() if p.name.startswith(".") and p.is_dir())
+        inside += [(f"the checkout's {d}/ folder", root / d) for d in (*_WORKBOOK_DIRS, *hidden)]
+    return anchors, inside
 
 
 def _plan(out: Path, force: bool) -> tuple[str, dict[str, str]]:
@@ -345,41 +378,65 @@ def _write(root: Path, rel: str, data: bytes, files: dict[str, str], like: Path 
 def _publish(out: Path, kind: str, force: bool, fill: Callable[[Path, dict[str, str]], None]) -> BuildReport:
     """Build into a fresh folder next to ``out`` with ``fill(folder, files)``, then rename it into place.
 
-    An exception while building removes the fresh folder and leaves ``out`` as it was.
-
-    Introduced in notebook 00.
+    Whatever happens (an exception, an interruption, another build that took ``out`` meanwhile), the fresh
+    folder this call made is gone when it returns: renamed into place, or removed. ``out`` is left as it was
+    unless the build took its place. Introduced in notebook 00.
     """
     how, manifest = _plan(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _sibling(out, "building")
     tmp.mkdir()
-    files: dict[str, str] = {}
     try:
+        files: dict[str, str] = {}
         fill(tmp, files)
         marker = {"about": _ABOUT, "format": _FORMAT, "kind": kind, "files": dict(sorted(files.items()))}
         (tmp / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # the fresh folder this call made; nobody else writes there
-        raise
+        return _swap_in(tmp, out, how, manifest, tuple(sorted(files)))
+    finally:
+        if tmp.is_dir() and not tmp.is_symlink():  # not renamed into place: the fresh folder this call made
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _swap_in(tmp: Path, out: Path, how: str, manifest: dict[str, str], files: tuple[str, ...]) -> BuildReport:
+    """Rename the finished build ``tmp`` to ``out`` as :func:`_plan` decided (``how``), moving the earlier
+    folder aside or removing the earlier build's own files. Raises ``ValueError`` if ``out`` changed meanwhile
+    (another build, say), leaving it as that left it. Introduced in notebook 00.
+    """
     if how == "new":
-        tmp.rename(out)
-        return BuildReport(out, {}, tuple(sorted(files)))
+        try:
+            tmp.rename(out)
+        except OSError as e:
+            raise ValueError(f"out_dir {out} appeared while this build ran (another build at the same time?) "
+                             f"and was left as it is ({e.strerror}); run the build again") from None
+        return BuildReport(out, {}, files)
     old = _sibling(out, "replaced", hidden=False) if how == "aside" else _sibling(out, "previous")
-    moved = False
     try:
         out.rename(old)
-        moved = True
+    except OSError as e:
+        raise ValueError(f"out_dir {out} changed while this build ran (another build at the same time?) and "
+                         f"was left as it is ({e.strerror}); run the build again") from None
+    try:
         tmp.rename(out)
     except BaseException:
-        if moved:
-            old.rename(out)
-        shutil.rmtree(tmp, ignore_errors=True)
+        _put_back(old, out)
         raise
     if how == "aside" or _remove_build(old, manifest):
-        return BuildReport(out, {}, tuple(sorted(files)), old if how == "aside" else None)
+        return BuildReport(out, {}, files, old if how == "aside" else None)
     kept = _sibling(out, "replaced", hidden=False)  # someone added a file while this build ran: keep it
     old.rename(kept)
-    return BuildReport(out, {}, tuple(sorted(files)), kept)
+    return BuildReport(out, {}, files, kept)
+
+
+def _put_back(old: Path, out: Path) -> None:
+    """Rename ``old`` (the earlier folder, moved aside) back to ``out``; if ``out`` was taken meanwhile, give
+    it a visible name beside ``out`` instead and say where (``ValueError``). Nothing is deleted."""
+    try:
+        old.rename(out)
+    except OSError:
+        kept = _sibling(out, "replaced", hidden=False)
+        old.rename(kept)
+        raise ValueError(f"out_dir {out} was taken by another build while this one ran; what was there "
+                         f"before is now {kept}") from None
 
 
 def _resolve_out(out_dir: str | Path) -> Path:
@@ -393,12 +450,12 @@ def _resolve_out(out_dir: str | Path) -> Path:
     return out.parent.resolve() / out.name if out.name not in ("", ".", "..") else out.resolve()
 
 
-def _user_anchors() -> dict[str, Path]:
-    """Return the folders a build must never take the place of, whatever ``force`` says.
+def _user_anchors() -> list[tuple[str, Path]]:
+    """Return the folders a build must never take the place of, whatever ``force`` says, as ``(what, folder)``.
 
     Introduced in notebook 00.
     """
-    return {"your home folder": Path.home().resolve(), "the current folder": Path.cwd().resolve()}
+    return [("your home folder", Path.home().resolve()), ("the current folder", Path.cwd().resolve())]
 
 
 def _notebooks(src: Path) -> list[Path]:
@@ -418,13 +475,17 @@ def build_student(src_dir: str | Path = "notebooks", out_dir: str | Path = "dist
 
     Cells that held a solution lose their outputs and execution count; every other cell, output and
     file is kept as it is. ``out_dir`` must be new, empty, or an earlier unchanged build (replaced
-    whole); it may not be, hold, or lie inside ``src_dir``. ``force=True`` moves any other folder aside
-    instead of refusing. Nothing is ever deleted but an earlier build's own files. Introduced in notebook 00.
+    whole); it may not be, hold, or lie inside ``src_dir``, nor be the workbook checkout ``src_dir`` lies in
+    (or labkit's own), a folder above it, or inside one of its folders (``labkit/``, ``tools/``, ``tests/``,
+    ``docs/``, ``slurm/``, hidden ones such as ``.git/``): ``ValueError``, whatever ``force`` says. A new folder
+    such as ``dist/student`` is fine. ``force=True`` moves any other folder aside instead of refusing.
+    Nothing is ever deleted but an earlier build's own files. Introduced in notebook 00.
     """
     src, out = Path(src_dir).expanduser().resolve(), _resolve_out(out_dir)
     notebooks = _notebooks(src)
-    _refuse_places(out, {"the source notebooks folder": src, **_user_anchors()},
-                   {"the source notebooks folder": src})
+    anchors, inside = _source_tree(_checkouts(src))
+    _refuse_places(out, [("the source notebooks folder", src), *_user_anchors(), *anchors],
+                   [("the source notebooks folder", src), *inside])
     removed: dict[str, int] = {}
 
     def fill(folder: Path, files: dict[str, str]) -> None:
@@ -466,8 +527,8 @@ def build_student_tree(repo_root: str | Path = ".", out_dir: str | Path = "dist/
     ``out_dir`` gets the student notebooks in ``notebooks/`` plus :data:`TREE_PATHS` (README, its
     images, ``slurm/``, which notebook 12 reads): what a student needs to run the workbook with labkit
     installed in the class environment. ``labkit/``, ``tools/``, ``tests/`` and the instructor's docs
-    stay out. The rules on ``out_dir`` are :func:`build_student`'s; it may also not be the checkout,
-    a folder above it, or inside one of its folders. Introduced in notebook 00.
+    stay out. The rules on ``out_dir`` are :func:`build_student`'s: it may not be the checkout, a folder
+    above it, or inside one of its folders. Introduced in notebook 00.
     """
     root, out = Path(repo_root).expanduser().resolve(), _resolve_out(out_dir)
     if not (root / "slurm" / "jupyter.sbatch").is_file():
@@ -475,8 +536,8 @@ def build_student_tree(repo_root: str | Path = ".", out_dir: str | Path = "dist/
                          "give its root folder")
     notebooks = _notebooks(root / "notebooks")
     copies = _tree_sources(root)
-    inside = {f"the checkout's {d}/ folder": root / d for d in _WORKBOOK_DIRS}
-    _refuse_places(out, {"the workbook checkout": root, **_user_anchors()}, inside)
+    anchors, inside = _source_tree(dict.fromkeys([root, *_checkouts(root / "notebooks")]))
+    _refuse_places(out, [*anchors, *_user_anchors()], inside)
     removed: dict[str, int] = {}
 
     def fill(folder: Path, files: dict[str, str]) -> None:

@@ -196,6 +196,11 @@ def make_optimizer(
     raise ValueError(f"unknown optimizer {name!r}; choose 'adamw', 'adam' or 'sgd', or pass a callable")
 
 
+#: The per-step lists of a :class:`TrainResult`: what its ``history()`` holds, and all that a checkpoint's
+#: history may set on resume (other keys are ignored, so a file can never set ``model``, ``policy``...).
+_HISTORY_KEYS = ("steps", "loss", "grad_norm", "scale", "skipped", "step_time")
+
+
 @dataclass
 class TrainResult:
     """What :func:`train` measured, one list entry per completed step (``steps[i]`` is the step number).
@@ -252,7 +257,7 @@ class TrainResult:
 
     def history(self) -> dict[str, list]:
         """Return the per-step lists as a plain dict (what a checkpoint stores). Introduced in notebook 04."""
-        return {k: list(getattr(self, k)) for k in ("steps", "loss", "grad_norm", "scale", "skipped", "step_time")}
+        return {k: list(getattr(self, k)) for k in _HISTORY_KEYS}
 
     def summary(self) -> dict[str, Any]:
         """Return final loss, skipped steps, median step time and peak memory as a dict. Introduced in notebook 04."""
@@ -456,6 +461,13 @@ def _checkpoint_payload(path: Path) -> bytes:
     return payload
 
 
+def _cpu_rng_ok(value: Any) -> bool:
+    """Whether ``value`` is a state torch's CPU generator can take: a 1-D uint8 CPU tensor of exactly the
+    length ``torch.random.get_rng_state()`` has (5056 bytes, the Mersenne Twister's state)."""
+    return (type(value) is torch.Tensor and value.dtype == torch.uint8 and value.dim() == 1
+            and value.device.type == "cpu" and value.numel() == torch.random.get_rng_state().numel())
+
+
 def _type_problem(state: Any) -> str | None:
     """Return what is wrong with a loaded checkpoint's keys or value types, or None if nothing is."""
     if not isinstance(state, dict):
@@ -471,8 +483,9 @@ def _type_problem(state: Any) -> str | None:
         "optimizer": lambda v: isinstance(v, dict) and isinstance(v.get("state"), dict)
         and isinstance(v.get("param_groups"), list) and all(isinstance(g, dict) for g in v["param_groups"]),
         "scaler": lambda v: v is None or isinstance(v, dict),
-        "rng_cpu": lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1,
-        "rng_device": lambda v: v is None or isinstance(v, torch.Tensor),
+        "rng_cpu": _cpu_rng_ok,
+        "rng_device": lambda v: v is None or (isinstance(v, torch.Tensor) and v.dtype == torch.uint8
+                                              and v.dim() == 1 and v.numel() > 0),
         "history": lambda v: isinstance(v, dict) and all(
             isinstance(k, str) and isinstance(row, list)
             and all(x is None or isinstance(x, (bool, int, float)) for x in row) for k, row in v.items()),
@@ -514,6 +527,14 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if problem is not None:
         raise CheckpointError(path, problem)
     return state
+
+
+def _restore_history(result: TrainResult, history: dict[str, list]) -> None:
+    """Set ``result``'s per-step lists from a checkpoint's ``history``: only those named in ``_HISTORY_KEYS``;
+    any other key (``model``, ``policy``, ``device``...) is ignored, never set."""
+    for key in _HISTORY_KEYS:
+        if key in history:
+            setattr(result, key, list(history[key]))
 
 
 class _SavedTensorBytes:
@@ -585,7 +606,8 @@ def train(
     - With ``checkpoint_dir`` and ``checkpoint_every > 0`` a checkpoint is written atomically every
       ``checkpoint_every`` steps and after the last step. ``resume=True`` loads
       ``checkpoint_dir/last.pt`` if it exists (model, optimizer, scaler, RNG, history) and runs the
-      remaining steps up to ``steps``; the result then equals an uninterrupted run.
+      remaining steps up to ``steps``; the result then equals an uninterrupted run. The history sets only
+      the per-step lists (``steps``, ``loss``, ``grad_norm``, ``scale``, ``skipped``, ``step_time``).
     - ``progress`` shows a ``tqdm.auto`` bar; ``callback(step, record)`` is called after every step.
 
     Introduced in notebook 04.
@@ -641,8 +663,7 @@ def train(
         torch.random.set_rng_state(state["rng_cpu"])
         if state.get("rng_device") is not None:
             dev_gate.set_rng_state(state["rng_device"], dev)
-        for k, v in state["history"].items():
-            setattr(result, k, list(v))
+        _restore_history(result, state["history"])
         start = result.resumed_from = int(state["step"])
 
     activation_bytes = 0

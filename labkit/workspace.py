@@ -14,6 +14,9 @@ records the SHA-256 of every file it copied, so a later run can tell the three c
   ``NN_topic.updated.ipynb``, with a one-line message, and the learner's copy stays as it is;
 * a notebook that is new upstream, or a copy the learner removed or renamed, is copied in.
 
+A path the learner made is never replaced or written through: a symbolic link (or a folder) where a copy, its
+folder or its ``.updated`` file would go is kept as it is, and the report says so in one line.
+
 Notebooks read ``slurm/`` beside them (notebook 12): a workspace inside the checkout finds the checkout's; a
 workspace elsewhere gets its own copy, kept up to date by the same rules.
 
@@ -273,8 +276,10 @@ def _place(dest: Path, rel: str, data: bytes, files: dict[str, dict[str, str | N
     path = dest / rel
     entry = files.get(rel)
     shown = (Path(dest.name) / rel).as_posix()
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        log.lines.append(f"{shown}: not a plain file; left alone (rename it to get a fresh copy)")
+    theirs = _learners_path(dest, rel)
+    if theirs is not None:
+        log.lines.append(f"{(Path(dest.name) / theirs).as_posix()}: yours ({_what_is(dest / theirs)}); kept as it "
+                         f"is, so {rel} was not brought up to date (rename it to get a fresh copy)")
         return
     if not path.exists():
         again = entry is not None
@@ -311,21 +316,55 @@ def _place(dest: Path, rel: str, data: bytes, files: dict[str, dict[str, str | N
         else:
             log.unchanged += 1  # the learner removed the .updated file: dismissed until upstream changes again
         return
-    n, beside = 1, updated_name(rel)
-    while True:  # a name for the new version: our own earlier .updated file may go, the learner's may not
-        target = dest / beside
-        if not target.exists() and not target.is_symlink():
-            break
-        if _file_sha(target) in (record.get("updated"), new):
-            break
-        n += 1
-        beside = updated_name(rel, n)
+    beside, kept = _beside_name(dest, rel, {record.get("updated"), new} - {None})
     _write_atomic(dest / beside, data, like)
     record.update(updated=new, updated_file=beside)
     files[rel] = record
     log.beside.append(beside)
+    also = f" ({', '.join(kept)}: yours, kept as {'it is' if len(kept) == 1 else 'they are'})" if kept else ""
     log.lines.append(f"{(Path(dest.name) / beside).as_posix()}: {rel} changed upstream; the new version is "
-                     f"beside your copy, which stays as you left it")
+                     f"beside your copy, which stays as you left it{also}")
+
+
+def _beside_name(dest: Path, rel: str, ours: set[str]) -> tuple[str, list[str]]:
+    """Return a name for the new version of ``rel`` beside the learner's copy, and the names passed over.
+
+    ``NN_x.updated.ipynb``, else ``NN_x.updated-2.ipynb``, ...: the first that is free or is a plain file this
+    workspace wrote (its SHA-256 in ``ours``). A path the learner made there (a changed file, a symbolic link,
+    a folder) is passed over and kept as it is.
+    """
+    n, kept = 1, []
+    while True:
+        beside = updated_name(rel, n)
+        target = dest / beside
+        if not target.exists() and not target.is_symlink():
+            return beside, kept
+        if _file_sha(target) in ours:  # None (a link, a folder) is never ours
+            return beside, kept
+        if target.is_symlink() or not target.is_file():
+            kept.append(f"{beside} ({_what_is(target)})")
+        n += 1
+
+
+def _learners_path(dest: Path, rel: str) -> str | None:
+    """Return the part of ``rel`` (itself, or a folder above it inside ``dest``) that the learner made into
+    something a copy must not be written through or over: a symbolic link, or not a plain file/folder. None if
+    there is none."""
+    parts = Path(rel).parts
+    for i in range(1, len(parts) + 1):
+        sub = Path(*parts[:i])
+        path = dest / sub
+        last = i == len(parts)
+        if path.is_symlink() or (path.exists() and not (path.is_file() if last else path.is_dir())):
+            return sub.as_posix()
+    return None
+
+
+def _what_is(path: Path) -> str:
+    """A few words on what ``path`` is, for a message: "a symbolic link", "a folder", "not a plain file"."""
+    if path.is_symlink():
+        return "a symbolic link"
+    return "a folder" if path.is_dir() else "not a plain file"
 
 
 def _check_places(root: Path, dest: Path) -> None:

@@ -508,3 +508,81 @@ def test_progress_view_and_command_line(tmp_path, capsys):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a labkit progress record" in bad.stderr
     with pytest.raises(TypeError):
         C.format_progress({"01.fp16-max": "correct"})
+
+
+def _finishes(fn, timeout: float = 20.0, fifo=None):
+    """Run ``fn()`` in a thread and return its result; fail if it is still running after ``timeout`` seconds
+    (a reader blocked on ``fifo`` is then released, so that the test run goes on)."""
+    import os
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the test below
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        if fifo is not None:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"still running after {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _record_text(entry: str) -> str:
+    return '{"kind": "labkit-progress", "format": 1, "exercises": {"01.fp16-max": ' + entry + '}}'
+
+
+DAMAGED = {
+    "infinite attempts": lambda: _record_text('{"status": "wrong", "attempts": Infinity}'),
+    "overflowing attempts": lambda: _record_text('{"status": "wrong", "attempts": 1e400}'),
+    "a list as status": lambda: _record_text('{"status": ["correct"], "attempts": 1}'),
+    "a string as attempts": lambda: _record_text('{"status": "wrong", "attempts": "many"}'),
+    "200,000 deep": lambda: _record_text("[" * 200_000 + "]" * 200_000),
+    "valid but 2 MB": lambda: _record_text('{"status": "wrong", "attempts": 1, "note": "' + "x" * (2 << 20) + '"}'),
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGED))
+def test_a_damaged_record_is_left_alone_said_once_and_never_breaks_check(kind, tmp_path, capsys):
+    path = tmp_path / "progress.json"
+    path.write_text(DAMAGED[kind]())
+    before = path.read_bytes()
+    _finishes(lambda: [C.check("01.fp16-max", 65504), C.check("01.fp16-max", 1.0)], timeout=10)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("✓") and lines[-1].startswith("✗") and len(lines) == 3, lines
+    assert "not saved" in lines[1] and ("left as it is" in lines[1] or "not touching it" in lines[1]), lines
+    assert path.read_bytes() == before, "the record is never rewritten"
+    with pytest.raises(ValueError, match=str(path)):
+        C.load_progress(path)
+
+
+def test_a_fifo_at_the_record_path_never_blocks(tmp_path, capsys):
+    import os
+
+    path = tmp_path / "progress.json"
+    os.mkfifo(path)
+    _finishes(lambda: C.check("01.fp16-max", 65504), fifo=path)
+    out = capsys.readouterr().out
+    assert out.startswith("✓") and "not saved" in out and "not a regular file" in out
+    with pytest.raises(ValueError, match="not a regular file"):
+        _finishes(lambda: C.load_progress(path), fifo=path)
+
+
+def test_the_progress_command_reports_a_damaged_record_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    deep = tmp_path / "deep.json"
+    deep.write_text(DAMAGED["200,000 deep"]())
+    cli = subprocess.run([sys.executable, "-m", "labkit", "progress", "--file", str(deep)],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr, cli.stderr
+    assert "nests deeper" in cli.stderr

@@ -136,6 +136,11 @@ def _state(good: bytes) -> dict:
     return torch.load(io.BytesIO(_payload(good)), weights_only=True)
 
 
+def _altered(good: bytes, **entries) -> bytes:
+    """A real checkpoint with some entries replaced, under a correct header."""
+    return _with_header(_torch_bytes({**_state(good), **entries}))
+
+
 BAD = {
     "empty": lambda g, m: b"",
     "truncated": lambda g, m: g[: len(g) // 2],
@@ -151,6 +156,10 @@ BAD = {
     "wrong type": lambda g, m: _with_header(_torch_bytes({**_state(g), "step": "3"})),
     "wrong nested type": lambda g, m: _with_header(_torch_bytes({**_state(g), "model": [1, 2]})),
     "not a dict": lambda g, m: _with_header(_torch_bytes([1, 2, 3])),
+    "7-byte CPU RNG state": lambda g, m: _altered(g, rng_cpu=torch.zeros(7, dtype=torch.uint8)),
+    "one byte more CPU RNG state": lambda g, m: _altered(g, rng_cpu=torch.zeros(5057, dtype=torch.uint8)),
+    "int64 CPU RNG state": lambda g, m: _altered(g, rng_cpu=_state(g)["rng_cpu"].long()),
+    "float device RNG state": lambda g, m: _altered(g, rng_device=torch.zeros(16)),
     "malicious raw pickle": lambda g, m: pickle.dumps(_Evil(m)),
     "malicious pickle with a valid header": lambda g, m: _with_header(pickle.dumps(_Evil(m))),
     "malicious torch.save with a valid header": lambda g, m: _with_header(_torch_bytes({**_state(g), "step": _Evil(m)})),
@@ -171,6 +180,19 @@ def test_every_bad_checkpoint_raises_checkpoint_error_naming_the_file(kind, good
     assert str(path) in msg and "Delete it" in msg and "start fresh" in msg
     assert "weights_only=False" not in msg  # never advise the unsafe load
     assert not marker.exists(), "the checkpoint ran code"
+
+
+def test_a_crafted_history_sets_only_the_per_step_lists(good, task, tmp_path):
+    """History keys named like other TrainResult fields (model, policy, device...) never set them on resume."""
+    state = _state(good)
+    state["history"] = {**state["history"], "model": [1.0], "policy": [2], "device": [3], "checkpoint": [4],
+                        "peak_memory": [5], "memory_source": [6]}
+    (tmp_path / train.CHECKPOINT_NAME).write_bytes(_with_header(_torch_bytes(state)))
+    r = _run(task, policy="fp16", steps=4, checkpoint_dir=tmp_path, resume=True,
+             scaler_kwargs={"init_scale": 2.0**10, "growth_interval": 2})
+    assert isinstance(r.model, torch.nn.Module) and r.policy == "fp16" and r.device == "cpu"
+    assert isinstance(r.memory_source, str) and r.resumed_from == 3 and r.steps == [0, 1, 2, 3]
+    assert set(r.history()) == {"steps", "loss", "grad_norm", "scale", "skipped", "step_time"}
 
 
 def test_the_malicious_payload_is_real(tmp_path):

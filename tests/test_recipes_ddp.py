@@ -166,6 +166,41 @@ def test_cli_help_and_bad_flags_fail_cleanly():
     assert out.stderr.count("\n") == 1 and "--lr" in out.stderr
 
 
+SMALL = ["--model", "mlp", "--hidden", "32", "--depth", "1", "--batch", "8", "--data-size", "64", "--steps", "4"]
+
+
+def _small_checkpoint(ckpt_dir, history) -> None:
+    """A checkpoint at step 2 for the SMALL run, with the given history (what another writer might leave)."""
+    args = ddp.build_parser().parse_args(SMALL)
+    model, _, _ = ddp._build(args)
+    opt = train.make_optimizer(model.parameters(), "adamw", lr=args.lr)
+    train.save_checkpoint(ckpt_dir / train.CHECKPOINT_NAME, step=2, model=model, optimizer=opt, scaler=None,
+                          policy=args.precision, history=history)
+
+
+@pytest.mark.parametrize("history", [{}, {"loss": [0.5]}, {"loss": [0.5, None]}, {"steps": [0, 1]}],
+                         ids=["no history", "too short", "not numbers", "no loss"])
+def test_resume_refuses_a_history_without_a_loss_per_step(history, tmp_path):
+    _small_checkpoint(tmp_path, history)
+    state = train.load_checkpoint(tmp_path / train.CHECKPOINT_NAME)
+    with pytest.raises(train.CheckpointError, match="no 'loss' list of 2 numbers") as info:
+        ddp._resumed_losses(tmp_path / train.CHECKPOINT_NAME, state)
+    assert str(tmp_path) in str(info.value) and "\n" not in str(info.value)
+    assert ddp._resumed_losses(tmp_path, {**state, "history": {"loss": [0.5, 0.25]}}) == [0.5, 0.25]
+
+
+def test_resume_of_a_history_without_loss_fails_in_one_line_not_a_key_error(tmp_path):
+    """One plain process (a single rank, no torchrun): --resume of a checkpoint whose history lacks "loss"."""
+    _small_checkpoint(tmp_path, {"steps": [0, 1]})
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID")}
+    env.update({"MASTER_PORT": str(dist.find_free_port()), "OMP_NUM_THREADS": "1"})
+    out = subprocess.run([sys.executable, "-m", "labkit.recipes.ddp", *SMALL, "--ckpt-dir", str(tmp_path),
+                          "--resume"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode != 0 and "KeyError" not in out.stderr, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1].removeprefix("[rank0]: ")  # torch prefixes a rank's stderr
+    assert last.startswith("labkit.train.CheckpointError: checkpoint ") and "no 'loss' list of 2 numbers" in last, last
+
+
 def test_checksum_detects_a_single_bit_flip():
     t = torch.linspace(-1, 1, 100)
     u = t.clone()

@@ -62,3 +62,79 @@ def test_export_defaults_to_login_name(tmp_path, monkeypatch):
     monkeypatch.setenv("USER", "dave")
     monkeypatch.setenv("LOGNAME", "dave")
     assert C.export_results(tmp_path).name == "dave.json"
+
+
+# --- one student's file cannot break the class's results -----------------------------------------------------
+
+def _finishes(fn, timeout: float = 20.0, fifo=None):
+    """Run ``fn()`` in a thread; return its result, or fail if it has not finished after ``timeout`` seconds
+    (a reader blocked on ``fifo`` is then released, so that the test run itself goes on)."""
+    import os
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the test below
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        if fifo is not None:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"still running after {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _export(folder, name: str, status: str = "correct"):
+    (folder / f"{name}.json").write_text(json.dumps({"name": name, "updated": "", "results": {"01.fp16-max": status}}))
+
+
+def test_a_hostile_student_file_is_skipped_with_one_line_each(tmp_path, capsys):
+    import os
+
+    folder = tmp_path / "class"
+    folder.mkdir()
+    _export(folder, "alice")
+    _export(folder, "carol", "wrong")
+    os.mkfifo(folder / "bob.json")                                    # would block the reader for ever
+    (folder / "zero.json").symlink_to("/dev/zero")                    # would be read without end
+    (folder / "deep.json").write_text("[" * 100_000 + "]" * 100_000)  # RecursionError
+    (folder / "listy.json").write_text(json.dumps({"name": "listy", "results": {"01.fp16-max": ["correct"]}}))
+    (folder / "big.json").write_text(json.dumps({"results": {}, "pad": "x" * (2 << 20)}))
+    (folder / "dir.json").mkdir()
+    outside = tmp_path / "elsewhere.json"
+    _export(tmp_path, "elsewhere")
+    (folder / "link-out.json").symlink_to(outside)                    # a link to a file outside the folder
+    (folder / "link-in.json").symlink_to(folder / "carol.json")       # a link inside: followed
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name not in ("bob.json", "zero.json")}
+    capsys.readouterr()
+
+    got = _finishes(lambda: C.load_results(folder), fifo=folder / "bob.json")
+    assert got == {"alice": {"01.fp16-max": "correct"}, "carol": {"01.fp16-max": "wrong"},
+                   "link-in": {"01.fp16-max": "wrong"}, "listy": {}}
+    lines = capsys.readouterr().out.splitlines()
+    for name in ("bob.json", "zero.json", "deep.json", "big.json", "dir.json", "link-out.json"):
+        assert sum(name in ln and "skipped" in ln for ln in lines) == 1, (name, lines)
+    assert any("link-in.json" in ln and "'carol'" in ln for ln in lines), lines  # the name it claims
+    assert len(lines) == 7, lines
+    assert {p.name: p.read_bytes() for p in folder.iterdir()
+            if p.is_file() and p.name not in ("bob.json", "zero.json")} == before, "nothing written"
+
+
+def test_a_file_cannot_claim_another_students_name(tmp_path, capsys):
+    folder = tmp_path / "class"
+    folder.mkdir()
+    _export(folder, "alice", "wrong")
+    (folder / "mallory.json").write_text(json.dumps({"name": "alice", "results": {"01.fp16-max": "correct"}}))
+    capsys.readouterr()
+    got = C.load_results(folder)
+    assert got == {"alice": {"01.fp16-max": "wrong"}, "mallory": {"01.fp16-max": "correct"}}
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "mallory.json" in line and "'alice'" in line and "mallory" in line

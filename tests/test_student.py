@@ -241,6 +241,64 @@ def test_tree_needs_a_workbook_checkout(tmp_path):
     assert not (tmp_path / "out").exists() and not (ROOT / "tools" / "student").exists()
 
 
+@pytest.fixture
+def fake_checkout(tmp_path) -> Path:
+    """A workbook checkout in miniature: its own folders, each holding a file, and two notebooks."""
+    co = tmp_path / "co"
+    (co / "notebooks").mkdir(parents=True)
+    for name in ("00_a.ipynb", "01_b.ipynb"):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell("answer = ...\n### BEGIN SOLUTION\nanswer = 42\n### END SOLUTION")]
+        nbformat.write(nb, co / "notebooks" / name)
+    for rel, text in [("labkit/__init__.py", ""), ("tools/nbsrc/00_a.py", "# source"), ("tests/test_x.py", ""),
+                      ("docs/glossary.md", "# words"), ("docs/img/x.png", "png"), ("slurm/jupyter.sbatch", "#!"),
+                      ("README.md", "# workbook"), (".git/HEAD", "ref: main")]:
+        (co / rel).parent.mkdir(parents=True, exist_ok=True)
+        (co / rel).write_text(text)
+    return co
+
+
+def test_out_inside_the_source_tree_is_refused_even_with_force(fake_checkout, tmp_path):
+    co = fake_checkout
+    before = snapshot(co)
+    for rel in ("labkit", "tools/nbsrc", "tools", "tests", "docs", "slurm", ".git", "labkit/student"):
+        for build, src in ((build_student, co / "notebooks"), (build_student_tree, co)):
+            with pytest.raises(ValueError, match=r"inside the checkout's [\w.]+/ folder"):
+                build(src, co / rel, force=True)
+    assert snapshot(co) == before and sorted(p.name for p in tmp_path.iterdir()) == ["co"], "nothing moved"
+    assert build_student(co / "notebooks", co / "dist" / "student").files == ("00_a.ipynb", "01_b.ipynb")
+    assert ROOT in student._checkouts(tmp_path), "labkit's own checkout is always out of bounds"
+
+
+def test_cli_refuses_an_out_inside_the_source_tree_in_one_line(fake_checkout, tmp_path):
+    before = snapshot(fake_checkout)
+    for rel in ("labkit", "tools/nbsrc"):
+        r = cli("--src", str(fake_checkout / "notebooks"), "--out", str(fake_checkout / rel), "--force",
+                cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"inside the checkout's {rel.split('/')[0]}/ folder" in r.stderr
+    assert snapshot(fake_checkout) == before and sorted(p.name for p in tmp_path.iterdir()) == ["co"]
+
+
+def test_a_build_that_loses_a_race_leaves_no_temporary_folder(src, tmp_path, monkeypatch):
+    """Another build finishes first and takes the new out_dir: this one says so, and removes only its own
+    temporary folder; the other build's folder stays as it is."""
+    out = tmp_path / "student"
+    real = student._write
+
+    def other_build_first(root, rel, *args, **kwargs):
+        if not out.exists():
+            out.mkdir()
+            (out / "theirs.ipynb").write_text("the other build's")
+        return real(root, rel, *args, **kwargs)
+
+    monkeypatch.setattr(student, "_write", other_build_first)
+    with pytest.raises(ValueError, match="appeared while this build ran"):
+        build_student(src, out)
+    assert snapshot(out) == {"theirs.ipynb": b"the other build's"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["student", "workbook"], "no .student.building-* left"
+
+
 # --- the command line ----------------------------------------------------------------------------------
 
 

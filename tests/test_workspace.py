@@ -371,3 +371,44 @@ def test_a_workspace_from_a_student_tree(tmp_path):
     note = cells(tree / "work" / "00_environment.ipynb")[0]["source"]
     assert "as it was handed out" in note and "with the solutions" not in note
     assert "handed out" in (tree / "work" / "README.md").read_text()
+
+
+def test_a_path_the_learner_made_is_never_replaced_a_symbolic_link_included(checkout, tmp_path):
+    """A learner's symbolic link where the new version would go (or where a copy is, or above it) is kept, and
+    the report says so; the new version goes to the next free name."""
+    work = checkout / "work"
+    update_workspace(checkout)
+    mine = work / "03_loss_scaling.ipynb"
+    _learner_edits(mine)
+    notes = tmp_path / "my_notes.ipynb"
+    notes.write_text("my notes")
+    (work / "03_loss_scaling.updated.ipynb").symlink_to(notes)
+    (work / "04_amp_training.ipynb").unlink()
+    (work / "04_amp_training.ipynb").symlink_to(notes)
+    _edit_upstream(checkout / "notebooks" / mine.name, "Changed upstream.")
+    _edit_upstream(checkout / "notebooks" / "04_amp_training.ipynb", "Changed upstream too.")
+
+    rep = update_workspace(checkout)
+    link = work / "03_loss_scaling.updated.ipynb"
+    assert link.is_symlink() and os.readlink(link) == str(notes) and notes.read_text() == "my notes"
+    assert (work / "04_amp_training.ipynb").is_symlink()
+    assert rep.beside == ("03_loss_scaling.updated-2.ipynb",)
+    assert "Changed upstream." in (work / "03_loss_scaling.updated-2.ipynb").read_text()
+    assert any("03_loss_scaling.updated.ipynb (a symbolic link)" in ln and "kept" in ln for ln in rep.lines), rep.lines
+    assert any("04_amp_training.ipynb: yours (a symbolic link); kept" in ln for ln in rep.lines), rep.lines
+
+
+def test_a_folder_the_learner_linked_is_never_written_through(checkout, tmp_path):
+    outside = tmp_path / "elsewhere" / "ws"
+    update_workspace(checkout, outside)
+    theirs = tmp_path / "their_slurm"
+    theirs.mkdir()
+    (theirs / "jupyter.sbatch").write_bytes((outside / "slurm" / "jupyter.sbatch").read_bytes())
+    shutil.move(outside / "slurm", tmp_path / "old_slurm")
+    (outside / "slurm").symlink_to(theirs)
+    with open(checkout / "slurm" / "jupyter.sbatch", "a") as fh:
+        fh.write("# changed upstream\n")
+    before = snapshot(theirs)
+    rep = update_workspace(checkout, outside)
+    assert snapshot(theirs) == before, "nothing written through the learner's link"
+    assert any(ln.startswith("ws/slurm: yours (a symbolic link); kept") for ln in rep.lines), rep.lines

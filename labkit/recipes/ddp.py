@@ -23,7 +23,8 @@ What happens, in order:
 4. create the GradScaler (fp16 only). Its place does not matter: a new scaler's state is a constant, and DDP
    neither reads it nor replaces the optimizer's parameters (notebook 09 corrects the seed article on this);
 5. with ``--resume``, restore model/optimizer/scaler/step/loss history from ``CKPT_DIR/last.pt``
-   (:mod:`labkit.train`'s checkpoint format) if it exists; the sampler then skips the batches already seen;
+   (:mod:`labkit.train`'s checkpoint format) if it exists; the sampler then skips the batches already seen. A
+   checkpoint without a loss history of one number per step is refused (``CheckpointError``, one line);
 6. :func:`train_loop`, the loop itself, as plain as nanoGPT's: each step, ``accum`` micro-batches; all but the
    last under ``model.no_sync()`` (no all-reduce), autocast around forward+loss, then the AMP step of
    :mod:`labkit.precision` (scaled backward; unscale, step or skip, update). Around it, not in it: fault
@@ -328,7 +329,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
             opt.load_state_dict(state["optimizer"])
             if scaler is not None and state.get("scaler"):
                 scaler.load_state_dict(state["scaler"])
-            start, losses = int(state["step"]), list(state["history"]["loss"])
+            start, losses = int(state["step"]), _resumed_losses(path, state)
             resumed_from = start
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed,
                                  drop_last=True)
@@ -411,6 +412,35 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         "checkpoint": str(latest_checkpoint(ckpt_dir)) if ckpt_dir is not None else None,
         "threads_per_rank": torch.get_num_threads(),
     }
+
+
+def _resumed_losses(path: Path, state: dict[str, Any]) -> list[float]:
+    """Return the loss curve a ``--resume`` continues: the checkpoint's ``history["loss"]``, one number per step.
+
+    The recipe's checkpoints hold the global mean loss of every step done (``state["step"]`` of them). A
+    checkpoint whose history has no such list (missing, not a list, of another length, or holding anything but
+    numbers: written by something else, or altered) is refused with :class:`labkit.train.CheckpointError`, one
+    line naming the file, rather than resumed with a loss curve that does not match its steps.
+    """
+    from labkit import train as ltrain
+
+    loss, step = state["history"].get("loss"), state["step"]
+    problem = _loss_problem(loss, step)
+    if problem is not None:
+        raise ltrain.CheckpointError(path, f"its history has no 'loss' list of {step} numbers, one per step done "
+                                           f"({problem}), so --resume cannot continue the run's loss curve")
+    return [float(x) for x in loss]
+
+
+def _loss_problem(loss: Any, step: int) -> str | None:
+    """Say what keeps ``loss`` from being a loss history of ``step`` numbers, or None if nothing does."""
+    if not isinstance(loss, list):
+        return "it has none" if loss is None else f"it has a {type(loss).__name__}"
+    if len(loss) != step:
+        return f"it has {len(loss)}"
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in loss):
+        return "it holds something that is not a number"
+    return None
 
 
 def _checkpoint(ckpt_dir: Path, step: int, model: Any, opt: Any, scaler: Any, policy: str,
