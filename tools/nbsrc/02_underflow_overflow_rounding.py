@@ -163,8 +163,9 @@ assert direct == F.round_to(x, "fp16") == 1 + 2**-10 and via_torch == 1.0
 # 260 = 1.0000010 × 2^8 end in 0. Python's own `round()` does the same with decimals: `round(2.5) == 2`.
 
 # %%
-assert round(2.5) == 2 and round(3.5) == 4
-print([round(x) for x in (0.5, 1.5, 2.5, 3.5)])
+ties = [0.5, 1.5, 2.5, 3.5]
+print([round(x) for x in ties])
+assert [round(x) for x in ties] == torch.round(torch.tensor(ties)).tolist()  # torch rounds ties to even too
 
 # %% [markdown]
 # ## 4. Swamping: small numbers added to big ones

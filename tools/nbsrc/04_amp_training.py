@@ -219,14 +219,14 @@ for p, r in runs.items():
     print(f"{p:<13} {r.final_loss():>10.4f} {r.n_skipped:>8} {r.median_step_time() / base:>18.2f} {mem:>10}")
 print("memory:", runs["fp32"].memory_source)
 half = [r.median_step_time() / base for p, r in runs.items() if p != "fp32"]
-print(f"Here the half-precision steps took {min(half):.1f}x to {max(half):.1f}x the fp32 step time.")
+verdict = "slower than" if min(half) > 1 else "faster than" if max(half) < 1 else "some faster, some slower than"
+print(f"Here the half-precision steps took {min(half):.1f}x to {max(half):.1f}x the fp32 step time: {verdict} fp32.")
 
 # %% [markdown]
 # Final losses and times depend on this machine's kernels, so that table is not checked; the verdicts below are.
 # Time ratios on a CPU say little about a GPU: with one thread and tiny matrices, the casts and half-precision
-# kernels cost more than they save, so the low-precision steps are usually *slower* than fp32 here (the table
-# above, and the line under it, say by how much on this machine; notebook 05 measures where BF16 *can* be faster
-# on a CPU). On the CPU, "memory" is a count of tensor bytes (weights,
+# kernels can cost more than they save (the line under the table gives the verdict; notebook 05 measures when BF16
+# wins on a CPU). On the CPU, "memory" is a count of tensor bytes (weights,
 # gradients, optimizer state, and the activations autograd saved), not an allocator peak; on a GPU it is
 # `torch.cuda.max_memory_allocated`.
 

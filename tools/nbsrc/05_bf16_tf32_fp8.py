@@ -478,7 +478,9 @@ print(ts.table("tiny-GPT train step (AdamW, batch 32)"))
 print(f"bf16 speed-up: matmul {mm.speedup('bf16'):.1f}x, train step {ts.speedup('bf16'):.1f}x")
 print(f"This machine: {device.cpu_summary()}.")
 print(f"So bf16 matmuls here are {'faster' if mm.speedup('bf16') > 1 else 'slower'} than fp32 "
-      f"({'native bf16 hardware' if device.fast(torch.bfloat16, 'cpu') else 'emulated bf16'}).")
+      f"({'native bf16 hardware' if device.fast(torch.bfloat16, 'cpu') else 'emulated bf16'}), and the train step's "
+      f"ratio is {'closer to 1 than' if abs(ts.speedup('bf16') - 1) < abs(mm.speedup('bf16') - 1) else 'not closer to 1 than'}"
+      " the matmul's.")
 
 # %%
 # the benchmark ran on the CPU; a large margin either way: AMX wins, emulated bf16 loses
@@ -493,7 +495,8 @@ elif not device.fast(torch.bfloat16, "cpu"):
 # - With AMX the **matmul** speed-up is large (the peak ratio is 16×) because AMX only exists for bf16 (and int8):
 #   fp32 matmuls run on AVX-512. Packing the inputs into tiles and the memory traffic keep it below the peak.
 #   Without bf16 hardware the ratio is below 1: every bf16 operation pays for conversions.
-# - The **train step** gains less than the matmul, and may even lose (compare its ratio above). The tiny GPT's matmuls are small
+# - The **train step**'s ratio is usually closer to 1 than the matmul's (the cell above says whether it was here), and
+#   with matrix hardware it can still lose. The tiny GPT's matmuls are small
 #   (32 sequences of 16 tokens, 64 features), and most of a step is elementwise work (layer norm, GELU, softmax,
 #   the AdamW update in fp32), per-op overhead, and autocast's casts of weights and activations to bf16 and back:
 #   work that matrix units do not accelerate, and that the casts add to. Amdahl's law: speeding up a small share of the time 10×

@@ -146,7 +146,7 @@ for n in (2, 16):
     for name, gbit in links.items():
         t = 2 * (n - 1) / n * GRAD_BYTES / (gbit / 8 * 1e9)
         print(f"{n:2d} ranks, {name:18s}: all-reduce >= {t * 1e3:6.0f} ms per step")
-assert 2 * (16 - 1) / 16 < 2  # a ring never moves more than twice the bytes, however many ranks
+print("per rank, a ring all-reduce moves 2(n-1)/n of the bytes: never more than twice, however many ranks")
 
 # %% [markdown]
 # **Storage tiers.** Every cluster has roughly these, with different names:
