@@ -480,6 +480,41 @@ def _quiet_failure_detail(logs: Path, rank: int | None, lines: list[str]) -> str
 _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
               "TORCHELASTIC_RUN_ID", "GROUP_RANK")
 
+#: The environment variable through which a process started by :func:`_die_with_parent_argv` tells its own
+#: children its pid (torchrun's ranks check that torchrun, not a later stand-in, is still their parent).
+_PARENT_PID_VAR = "LABKIT_PARENT_PID"
+#: A tiny interpreter that asks Linux to signal it when its parent dies, then becomes the real command (execv
+#: keeps the pid, and PR_SET_PDEATHSIG survives execv). Arguments: signal number, the parent's pid (or "-": read
+#: it from $LABKIT_PARENT_PID), the command. If the parent is already gone, it does not start the command.
+_DIE_WITH_PARENT = f"""\
+import ctypes, os, sys
+sig, parent, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+parent = int(os.environ.get("{_PARENT_PID_VAR}", "0") if parent == "-" else parent)
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if parent and os.getppid() != parent:  # it died before the prctl: nobody is left to stop this command
+    os.kill(os.getpid(), sig)
+    os._exit(1)
+os.environ["{_PARENT_PID_VAR}"] = str(os.getpid())
+os.execv(argv[0], argv)
+"""
+
+
+def _die_with_parent_argv(sig: int, parent: int | None = None) -> list[str]:
+    """The command prefix that makes a child receive ``sig`` when its parent dies (Linux; elsewhere ``[]``).
+
+    ``parent`` is the pid the child must have as its parent (default: this process); ``-1`` means the one that
+    started it, when that one ran through this prefix too (torchrun for its ranks). Linux sends the signal when
+    the *thread* that forked the child ends (``PR_SET_PDEATHSIG``), so start such children from a thread that
+    outlives them: :func:`launch` does, since it returns only once every process it started is dead.
+    """
+    if sys.platform != "linux":
+        return []
+    who = "-" if parent == -1 else str(os.getpid() if parent is None else parent)
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(int(sig)), who]
+
 
 class _LineReader:
     """A child's output pipe, read on a daemon thread: each line kept in ``lines`` and echoed as it arrives.
@@ -547,8 +582,24 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
     raise ``TypeError``/``ValueError`` before anything starts. ``MASTER_PORT`` comes from
     :func:`find_free_port` (below the ephemeral port range).
 
+    An interrupt (Ctrl-C: ``KeyboardInterrupt``) kills every process of the launch too, and is raised again.
+    If the calling process itself dies (a notebook kernel killed or crashed), on Linux torchrun gets SIGTERM
+    and stops its ranks, and a rank whose torchrun is gone gets SIGKILL (``PR_SET_PDEATHSIG``), so nothing
+    waits for a process-group timeout.
+
     Introduced in notebook 09.
     """
+    return _launch(module_or_script, nproc, args, timeout, stream=stream, env=env, cwd=cwd,
+                   threads_per_rank=threads_per_rank, log_dir=log_dir)
+
+
+def _launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[str] = (),
+            timeout: float = 120.0, *, stream: bool | Callable[[str], None] = True,
+            env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+            threads_per_rank: int = 1, log_dir: str | os.PathLike | None = None,
+            cancel: threading.Event | None = None) -> dict[str, Any] | None:
+    """:func:`launch`, and ``cancel``: once it is set, the launch is stopped as by an interrupt, from any thread
+    (the clinic's ``run_cases`` sets it for the launches in its worker threads when the caller is interrupted)."""
     work = Path(os.fspath(cwd)) if cwd is not None else Path.cwd()
     if not work.is_dir():
         raise ValueError(f"cwd {work} is not a directory")
@@ -570,12 +621,31 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
         echo = stream
 
     tmp = tempfile.TemporaryDirectory(prefix="labkit-launch-") if log_dir is None else None
-    logs = Path(tmp.name) if tmp is not None else Path(os.fspath(log_dir))
+    try:
+        return _supervise(work, nproc, target, args, timeout, echo, env, threads_per_rank,
+                          Path(tmp.name) if tmp is not None else Path(os.fspath(log_dir)), cancel)
+    finally:  # every way out: a result, a failure, a timeout, an interrupt
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _supervise(work: Path, nproc: int, target: list[str], args: list[str], timeout: float,
+               echo: Callable[[str], None] | None, env: dict[str, str] | None, threads_per_rank: int,
+               logs: Path, cancel: threading.Event | None) -> dict[str, Any] | None:
+    """Start torchrun, follow it to its end (or kill it), and turn how it ended into a result or an error."""
     logs.mkdir(parents=True, exist_ok=True)
     port = find_free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--node-rank", "0",
+    # On Linux both torchrun and each rank start through a tiny wrapper that sets PR_SET_PDEATHSIG: torchrun
+    # gets SIGTERM when this process dies (it then stops its ranks, whole process groups), and a rank gets
+    # SIGKILL when torchrun dies. torchrun runs the ranks' command as given (--no-python); it is what it
+    # would run itself: `python -u <script or -m module> args`.
+    rank_wrap = _die_with_parent_argv(signal.SIGKILL, -1)
+    ranks = ["--no-python", *rank_wrap, sys.executable, "-u"] if rank_wrap else []
+    cmd = [*_die_with_parent_argv(signal.SIGTERM), sys.executable, "-m", "torch.distributed.run",
+           "--nnodes", "1", "--node-rank", "0",
            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port),
-           "--log-dir", str(logs), "--redirects", "3", "--tee", "3", *target, *args]
+           "--log-dir", str(logs), "--redirects", "3", "--tee", "3",
+           *ranks, *target, *args]
     child_env = dict(os.environ)
     child_env.update({"OMP_NUM_THREADS": str(threads_per_rank), "PYTHONUNBUFFERED": "1"})
     for k in _RANK_VARS:
@@ -583,6 +653,8 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
     child_env.update(env or {})
 
     started = time.time()  # wall clock: compared with the mtime of shm buffers the ranks create
+    # Popen from this thread, which returns only once every process of the launch is dead: PR_SET_PDEATHSIG
+    # fires when the thread that started torchrun ends, and that is never before torchrun has.
     proc = subprocess.Popen(cmd, cwd=str(work), env=child_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", bufsize=1, start_new_session=True)
@@ -594,6 +666,8 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
     try:
         while True:
             reader.poll()
+            if cancel is not None and cancel.is_set():
+                raise KeyboardInterrupt
             now = time.monotonic()
             if now - last_scan > 0.5:  # remember every process the launch starts, to kill them later
                 for p in _descendants(proc.pid):
@@ -611,40 +685,36 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
         log = reader.finish()
         if proc.stdout is not None:
             proc.stdout.close()
-    try:
-        if timed_out:
-            tails = []
-            for r in range(nproc):
-                last = _read(_rank_files(logs, r, "stdout.log")).strip().splitlines()[-1:]
-                tails.append(f"  rank {r}: last line {last[0]!r}" if last else f"  rank {r}: no output")
-            raise LaunchTimeout(f"the launch ran past its timeout of {timeout:g} s and was killed "
-                                "(all processes). Last output per rank:\n" + "\n".join(tails),
-                                log=log, leftover=leftover)
-        rc = proc.returncode
-        if rc != 0:
-            rank = _failing_rank(log, logs, nproc)
-            killed = _root_cause_signal(log)
-            sig = None
-            if killed is not None and killed[0] == rank and not _rank_files(logs, rank, "error.json"):
-                sig = killed[1]  # (a rank that raised first and aborted in teardown afterwards "failed")
-            elif rc < 0 and rank is None:  # torchrun itself died of a signal
-                sig = _signal_name(-rc)
-            tb = _rank_traceback(logs, rank) if rank is not None else ""
-            where = f"rank {rank}" if rank is not None else "a rank"
-            last = _exception_line(tb)
-            if sig is not None:
-                who = where if rank is not None or rc >= 0 else "torchrun"
-                hint = _SIGNAL_HINTS.get(sig, "")
-                head = f"{who} killed by {sig}" + (f" ({hint})" if hint else "") + (f": {last}" if last else "")
-            else:
-                head = f"{where} failed: {last or f'torchrun exit status {rc}'}"
-            detail = tb or _quiet_failure_detail(logs, rank, reader.lines)
-            raise LaunchError(f"{head}\n\n{detail}".rstrip(), rank=rank, returncode=rc,
-                              rank_traceback=tb, log=log, leftover=leftover, signal_name=sig)
-        return parse_result(_read(_rank_files(logs, 0, "stdout.log")))
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+    if timed_out:
+        tails = []
+        for r in range(nproc):
+            last = _read(_rank_files(logs, r, "stdout.log")).strip().splitlines()[-1:]
+            tails.append(f"  rank {r}: last line {last[0]!r}" if last else f"  rank {r}: no output")
+        raise LaunchTimeout(f"the launch ran past its timeout of {timeout:g} s and was killed "
+                            "(all processes). Last output per rank:\n" + "\n".join(tails),
+                            log=log, leftover=leftover)
+    rc = proc.returncode
+    if rc != 0:
+        rank = _failing_rank(log, logs, nproc)
+        killed = _root_cause_signal(log)
+        sig = None
+        if killed is not None and killed[0] == rank and not _rank_files(logs, rank, "error.json"):
+            sig = killed[1]  # (a rank that raised first and aborted in teardown afterwards "failed")
+        elif rc < 0 and rank is None:  # torchrun itself died of a signal
+            sig = _signal_name(-rc)
+        tb = _rank_traceback(logs, rank) if rank is not None else ""
+        where = f"rank {rank}" if rank is not None else "a rank"
+        last = _exception_line(tb)
+        if sig is not None:
+            who = where if rank is not None or rc >= 0 else "torchrun"
+            hint = _SIGNAL_HINTS.get(sig, "")
+            head = f"{who} killed by {sig}" + (f" ({hint})" if hint else "") + (f": {last}" if last else "")
+        else:
+            head = f"{where} failed: {last or f'torchrun exit status {rc}'}"
+        detail = tb or _quiet_failure_detail(logs, rank, reader.lines)
+        raise LaunchError(f"{head}\n\n{detail}".rstrip(), rank=rank, returncode=rc,
+                          rank_traceback=tb, log=log, leftover=leftover, signal_name=sig)
+    return parse_result(_read(_rank_files(logs, 0, "stdout.log")))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -20,10 +26,11 @@ import pytest
 from labkit import clinic
 from labkit.clinic import CASES, runner
 from labkit.clinic._script import merge_config
-from labkit.dist import parse_result
+from labkit.dist import _alive, parse_result
 from labkit.exercises import all_exercises
 
 KEYS = list(CASES)
+ROOT = Path(__file__).resolve().parents[1]
 DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 
 
@@ -232,3 +239,184 @@ def _cmdline(pid: int) -> list[str]:
         return psutil.Process(pid).cmdline()
     except psutil.Error:
         return []
+
+
+# --------------------------------------------------------------------------------------------------
+# Ctrl-C, a dead notebook, temporary folders (none of these uses the module fixture: each makes its own short runs)
+# --------------------------------------------------------------------------------------------------
+
+LONG_LOADER = {"num_workers": 2, "steps": 100_000}  # far longer than any test waits: it is stopped on purpose
+
+
+_running = _alive  # the processes of a list still running (a zombie nobody reaps counts as gone)
+
+
+def _gone_within(procs: list[psutil.Process], seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while _running(procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [f"{p.pid} {' '.join(_cmdline(p.pid))[:100]}" for p in _running(procs)]
+
+
+def _own_tempdir(monkeypatch, tmp_path: Path) -> Path:
+    """Give this process, and every process it starts, an empty temporary folder; start the zygote afresh in it."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    clinic.shutdown()  # a zygote started earlier would hand its runs its own TMPDIR
+    return tmp
+
+
+def _left_in(tmp: Path) -> list[str]:
+    """What the runs left in ``tmp``: all but the inductor's cache (torchinductor_<user>), which the zygote's
+    ``import torch`` makes once and every torch process of the user shares."""
+    return sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_"))
+
+
+def _press_ctrl_c_when(ready, record: list[psutil.Process], stop: threading.Event) -> threading.Thread:
+    """A thread that sends SIGINT to this process (what Ctrl-C in a notebook does) once ``ready()`` returns the
+    processes of the run, which it records; ``thread.pressed_at`` is when (monotonic). It never fires after ``stop``
+    is set."""
+    def press() -> None:
+        while not stop.wait(0.05):
+            procs = ready()
+            if procs:
+                record.extend(procs)
+                thread.pressed_at = time.monotonic()
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    thread = threading.Thread(target=press, daemon=True)
+    thread.start()
+    return thread
+
+
+def _zygote_run_with_workers() -> list[psutil.Process]:
+    """The zygote's run and its 2 DataLoader workers, once all three exist."""
+    z = runner._ZYGOTE
+    try:
+        kids = psutil.Process(z.proc.pid).children(recursive=True) if z is not None else []
+    except psutil.Error:
+        return []
+    return kids if len(kids) >= 3 else []
+
+
+def test_ctrl_c_during_a_one_process_case_stops_it_and_the_clinic_still_works(watch_processes, monkeypatch,
+                                                                              tmp_path):
+    tmp = _own_tempdir(monkeypatch, tmp_path)
+    run_procs: list[psutil.Process] = []
+    stop = threading.Event()
+    try:
+        with watch_processes() as w:
+            _press_ctrl_c_when(_zygote_run_with_workers, run_procs, stop)
+            with pytest.raises(KeyboardInterrupt):
+                clinic.run_case("loader", LONG_LOADER, timeout=300, fresh=True)
+            stop.set()
+            assert len(run_procs) >= 3, "the run's workers never started: the interrupt was not tested"
+            assert _gone_within(run_procs, 5.0) == [], "the interrupted run goes on"
+            key = ("loader", json.dumps(merge_config(clinic.settings("loader"), LONG_LOADER), sort_keys=True), ())
+            assert key not in runner._CACHE  # nothing remembered of the interrupted run
+            after = clinic.run_case("clip", fresh=True)  # the same zygote serves the next run, with its own answers
+            clinic.shutdown()
+        assert after.returncode == 0 and after.result is not None and after.symptom, after.log[-2000:]
+        assert w.leftovers() == []
+        assert _left_in(tmp) == []
+    finally:
+        stop.set()
+        for p in _running(run_procs):
+            p.kill()
+        clinic.shutdown()
+
+
+def test_ctrl_c_during_run_cases_stops_every_job_in_every_thread(watch_processes, monkeypatch, tmp_path):
+    """Notebook 13 starts with ``run_cases(..., parallel=2)``: the interrupt reaches the main thread only, while the
+    one-process batch and a torchrun launch run in worker threads. Both stop at once; neither is remembered."""
+    tmp = _own_tempdir(monkeypatch, tmp_path)
+    hang = {"pg_timeout_s": 300.0}
+    run_procs: list[psutil.Process] = []
+    stop = threading.Event()
+
+    def both_jobs_run() -> list[psutil.Process]:
+        zygote_run = _zygote_run_with_workers()
+        torchrun = [p for p in psutil.Process().children(recursive=True)
+                    if "torch.distributed.run" in " ".join(_cmdline(p.pid))]
+        try:
+            ranks = torchrun[0].children(recursive=True) if torchrun else []
+        except psutil.Error:
+            ranks = []
+        return zygote_run + torchrun + ranks if zygote_run and len(ranks) >= 2 else []
+
+    try:
+        with watch_processes() as w:
+            presser = _press_ctrl_c_when(both_jobs_run, run_procs, stop)
+            with pytest.raises(KeyboardInterrupt):
+                clinic.run_cases([("loader", LONG_LOADER), ("hang", hang)], parallel=2)
+            stop.set()
+            assert len(run_procs) >= 6, "the jobs never both ran: the interrupt was not tested"
+            waited = time.monotonic() - presser.pressed_at
+            assert waited < 20, f"run_cases raised {waited:.0f} s after Ctrl-C: it let its jobs run on"
+            assert _gone_within(run_procs, 5.0) == []
+            for key, fix in (("loader", LONG_LOADER), ("hang", hang)):
+                cfg = json.dumps(merge_config(clinic.settings(key), fix), sort_keys=True)
+                assert not [k for k in runner._CACHE if k[:2] == (key, cfg)], key
+            clinic.shutdown()
+        assert w.leftovers() == []
+        assert _left_in(tmp) == []
+    finally:
+        stop.set()
+        for p in _running(run_procs):
+            p.kill()
+        clinic.shutdown()
+
+
+def test_runs_stopped_at_their_timeout_leave_no_temporary_folder(watch_processes, monkeypatch, tmp_path):
+    """A run's processes killed at its timeout cannot remove their own temporary folders (a case's checkpoint folder,
+    multiprocessing's pymp-* of DataLoader workers): the runner removes the run's TMPDIR, and only that."""
+    tmp = _own_tempdir(monkeypatch, tmp_path)
+    other = tmp / "someone-elses"  # made by another program: stays
+    other.mkdir()
+    with watch_processes() as w:
+        one = clinic.run_case("loader", LONG_LOADER, timeout=8, fresh=True)
+        two = clinic.run_case("hang", {"pg_timeout_s": 120.0}, timeout=8, fresh=True)  # each rank made a folder
+        clinic.shutdown()
+    assert one.timed_out and two.timed_out
+    assert w.leftovers() == []
+    assert _left_in(tmp) == ["someone-elses"]
+
+
+# A notebook that runs a one-process case, as the runner does on Linux (zygote) or elsewhere (a plain process).
+RUNNING_PARENT = """
+import json, sys
+from labkit.clinic import CASES, runner
+
+run = runner._run_single if sys.argv[1] == "plain" else runner._run_process
+run(CASES["loader"].module, ["--config", json.dumps(json.loads(sys.argv[2]))], {}, 600.0, None)
+"""
+
+
+@pytest.mark.parametrize("route, count", [("plain", 3), ("zygote", 4)])
+def test_a_dead_notebook_takes_its_one_process_run_with_it(tmp_path, route, count):
+    """The kernel SIGKILLed mid-run: the run's process and its DataLoader workers (and the zygote) end too."""
+    script = tmp_path / "parent.py"
+    script.write_text(RUNNING_PARENT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])))
+    parent = subprocess.Popen([sys.executable, str(script), route, json.dumps(LONG_LOADER)], env=env,
+                              cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    family: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(family) < count and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.1)
+            family = _running(psutil.Process(parent.pid).children(recursive=True))
+        assert len(family) >= count, f"the run and its workers never started ({family})"
+        parent.kill()
+        parent.wait()
+        # the workers notice within 5 s that their parent is gone (DataLoader's watchdog); the rest at once
+        assert _gone_within(family, 15.0) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        for p in _running(family):
+            p.kill()

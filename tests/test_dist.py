@@ -7,16 +7,23 @@ import glob
 import math
 import os
 import re
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from labkit import dist
-from labkit.dist import LaunchError, LaunchTimeout, launch
+from labkit.dist import LaunchError, LaunchTimeout, _alive, launch
 from labkit.recipes import allreduce as ar
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # ------------------------------------------------------------------ small scripts the launches run
 # They import no torch, so a launch costs only torchrun's own start-up (~2-3 s).
@@ -69,6 +76,14 @@ if rank == 1:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
 print(f"rank {rank} waiting forever", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+# Every rank says who it is, then sleeps until it is killed.
+SLEEP_FOREVER_SCRIPT = """
+import os, time
+print(f"rank {os.environ['RANK']} pid {os.getpid()} sleeping", flush=True)
 while True:
     time.sleep(1)
 """
@@ -183,6 +198,26 @@ def test_interrupting_the_cell_still_kills_everything(tmp_path, watch_processes)
     assert len(w.seen) >= 4, w.seen
     assert w.leftovers() == []
     assert set(glob.glob(SHM_GLOB)) <= before_shm
+
+
+def test_an_interrupted_launch_removes_its_log_folder(tmp_path, monkeypatch):
+    """The per-rank logs live in a temporary folder of the launch's: gone after Ctrl-C too, while the interrupt's
+    traceback (which IPython keeps as sys.last_traceback) still holds the launch's frame."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    script = _write(tmp_path, "sleep.py", SLEEP_FOREVER_SCRIPT)
+    seen: list[str] = []
+
+    def interrupt_once_rank1_runs(line: str) -> None:
+        seen.append(line)
+        if "rank 1 pid" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        launch(script, nproc=2, timeout=120, stream=interrupt_once_rank1_runs)
+    assert any("rank 1 pid" in ln for ln in seen), seen
+    assert info.traceback and list(tmp.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -474,3 +509,139 @@ def test_a_rank_that_raised_then_aborted_is_still_the_one_that_failed(tmp_path):
     assert dist._failing_rank(log, tmp_path, 2) == 1
     (tmp_path / "run" / "attempt_0" / "0" / "error.json").unlink()  # killed before writing one: torchrun decides
     assert dist._failing_rank(log, tmp_path, 2) == 0
+
+
+# ------------------------------------------------------------------ a notebook kernel that dies mid-launch
+
+# What a notebook does: launch() from its main thread, streaming the ranks' lines.
+LAUNCHING_PARENT = """
+import sys
+from labkit.dist import launch
+
+launch(sys.argv[1], nproc=2, timeout=600, stream=lambda line: print(line, flush=True))
+"""
+
+
+_running = _alive  # the processes of a list still running (a zombie nobody reaps counts as gone)
+
+
+def _read_until(proc: subprocess.Popen, done, timeout: float) -> list[str]:
+    """Lines of ``proc``'s stdout until ``done(lines)`` holds (or the timeout: then the lines so far)."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [q.put(ln) for ln in proc.stdout] + [q.put(None)], daemon=True).start()
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not done(lines) and time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        lines.append(line.rstrip("\n"))
+    return lines
+
+
+def start_parent_and_kill_it(code: str, argv: list[str], ready, sig: int, tmp_path, wait: float = 10.0):
+    """Run ``code`` in a parent Python process, kill it with ``sig`` once ``ready(lines)``; return what still
+    runs of its descendants ``wait`` seconds later (cleaned up afterwards), the descendants and the lines."""
+    parent_py = tmp_path / "parent.py"
+    parent_py.write_text(textwrap.dedent(code))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])))
+    parent = subprocess.Popen([sys.executable, str(parent_py), *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env, cwd=str(tmp_path))
+    family: list[psutil.Process] = []
+    try:
+        lines = _read_until(parent, ready, 120.0)
+        assert ready(lines), "the parent's children never got going:\n" + "\n".join(lines[-20:])
+        family = psutil.Process(parent.pid).children(recursive=True)
+        parent.send_signal(sig)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + wait
+        while _running(family) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in _running(family)], family, lines
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        for p in _running(family):  # only what this test started (psutil handles: no pid reuse)
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_dead_notebook_takes_torchrun_and_its_ranks_with_it(tmp_path, sig):
+    """The kernel killed (SIGKILL, or SIGTERM without a handler) mid-launch: torchrun and the ranks die too, at
+    once, not at the process-group timeout (which a learner may set to 1e9)."""
+    script = _write(tmp_path, "sleep.py", SLEEP_FOREVER_SCRIPT)
+
+    def ranks_run(lines: list[str]) -> bool:
+        return all(any(f"rank {r} pid" in ln for ln in lines) for r in (0, 1))
+
+    left, family, lines = start_parent_and_kill_it(LAUNCHING_PARENT, [script], ranks_run, sig, tmp_path)
+    rank_pids = {int(m) for m in re.findall(r"rank \d pid (\d+)", "\n".join(lines))}
+    assert rank_pids <= {p.pid for p in family} and len(family) >= 3, (family, lines)  # torchrun and 2 ranks
+    assert left == [], f"still running 10 s after the parent died: {left}"
+
+
+# ------------------------------------------------------------------ the same for slurm/deepspeed.sbatch (plain torchrun)
+
+def _sbatch_function(script: Path, name: str) -> str:
+    """The text of shell function ``name`` in ``script`` (from ``name() {`` to the ``}`` that closes it)."""
+    m = re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", script.read_text(), re.MULTILINE | re.DOTALL)
+    assert m, f"{script.name} defines no {name}()"
+    return m.group(0)
+
+
+def test_deepspeed_sbatch_removes_its_own_shm_buffers_and_nothing_else(tmp_path):
+    """deepspeed.sbatch's exit trap, run on a folder standing in for /dev/shm: it removes the buffers of this job's
+    ranks (DeepSpeed's name for this user, address and port, a rank below nproc, made since the step started) and
+    keeps every other job's, as labkit.dist.launch does."""
+    sbatch = ROOT / "slurm" / "deepspeed.sbatch"
+    text = sbatch.read_text()
+    func = _sbatch_function(sbatch, "labkit_remove_job_shm")
+    # the trap that calls it on every way out, and the rendezvous that makes the ranks' MASTER_ADDR/PORT ours
+    assert re.search(r"""trap 'labkit_remove_job_shm /dev/shm "\$\{MASTER_ADDR\}" "\$\{MASTER_PORT\}" "\$\{nproc\}" """
+                     r""""\$\{step_started\}"' EXIT""", text)
+    assert "--rdzv_backend=static --node_rank=0" in text
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    uid, addr, port, since = os.getuid(), "node1", 30123, int(time.time())
+    name = "deepspeed_allreduce_buffer_{}_{}_{}_{}".format
+    mine = [shm / name(uid, addr, port, r) for r in (0, 1)]
+    others = [shm / name(uid, addr, port, 2),  # a rank this job does not have
+              shm / name(uid, addr, port + 1, 0),  # another job's port
+              shm / name(uid, "node2", port, 0),  # another address
+              shm / name(uid + 1, addr, port, 0),  # another user's name
+              shm / (name(uid, addr, port, 0) + ".decoy"),
+              shm / "unrelated"]
+    for p in mine + others:
+        p.write_bytes(b"\0" * 4096)
+    stale = shm / name(uid, addr, port + 2, 0)  # an earlier job's, on the port this second job uses
+    stale.write_bytes(b"\0")
+    os.utime(stale, (since - 3600, since - 3600))
+    fresh = shm / name(uid, addr, port + 2, 1)
+    fresh.write_bytes(b"\0")
+    target = tmp_path / "precious"
+    target.write_bytes(b"keep")
+    link = shm / name(uid, addr, port + 3, 0)  # a link, even with the right name, is not a buffer
+    link.symlink_to(target)
+
+    script = ("labkit_log() { printf '%s\\n' \"$*\"; }\n" + func +
+              'labkit_remove_job_shm "$1" node1 30123 2 "$2"\n'
+              'labkit_remove_job_shm "$1" node1 30125 2 "$2"\n'
+              'labkit_remove_job_shm "$1" node1 30126 1 "$2"\n'
+              'labkit_remove_job_shm "$1/missing" node1 30123 2 "$2"\n')  # nothing there: no error either
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", script, "sbatch", str(shm), str(since)],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 0, res.stderr
+    assert [p for p in mine + [fresh] if p.exists()] == []
+    assert "removed" in res.stdout and str(mine[0]) in res.stdout
+    assert all(p.exists() for p in others + [stale]) and link.is_symlink() and target.read_bytes() == b"keep"

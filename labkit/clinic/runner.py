@@ -10,6 +10,12 @@ imported torch once (:mod:`labkit.clinic._zygote`, stopped by :func:`shutdown` a
 saves two seconds of start-up per run; elsewhere it is ``python -m labkit.clinic.cases.<name>``. Runs are remembered by (case, settings, environment) for the life of the process, so
 that a cell run twice, or a grader, does not pay twice; ``fresh=True`` runs again.
 
+However a run ends (done, failed, stopped at its timeout, or interrupted with Ctrl-C, which is raised again
+afterwards), every process of it is dead when the call returns, and the folder its processes used as ``TMPDIR``
+(one per run) is removed; an interrupted run is not remembered. If this process dies, its runs die with it (on
+Linux): torchrun and the ranks through ``PR_SET_PDEATHSIG`` (see :func:`labkit.dist.launch`), a plain process the
+same way, the zygote through a thread that watches this process.
+
 :func:`grade_cause` and :func:`grade_fix` are what notebook 13's exercises call: the second runs the case with the
 learner's one-setting fix and asks the case's detector whether the symptom is gone.
 
@@ -26,6 +32,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,7 +48,15 @@ from typing import Any
 from labkit.clinic import _batch
 from labkit.clinic._script import merge_config
 from labkit.clinic.table import CASES, Case, Finding
-from labkit.dist import _RANK_VARS, LaunchError, LaunchTimeout, _LineReader, launch, parse_result
+from labkit.dist import (
+    _RANK_VARS,
+    LaunchError,
+    LaunchTimeout,
+    _die_with_parent_argv,
+    _launch,
+    _LineReader,
+    parse_result,
+)
 
 __all__ = ["CaseRun", "causes", "clear_cache", "grade_cause", "grade_fix", "run_case", "run_cases", "settings",
            "shutdown", "source"]
@@ -178,62 +193,105 @@ def _leader_exited(pid: int) -> bool:
         return True
 
 
+@contextlib.contextmanager
+def _scratch() -> Iterator[str]:
+    """A folder of one run's own, removed with everything in it however the run ends (after its processes are dead).
+
+    The run's processes get its ``tmp`` subfolder as ``TMPDIR``, so what a killed process leaves behind there (a case's
+    ``tempfile.TemporaryDirectory``, multiprocessing's ``pymp-*`` folder of DataLoader workers) goes with it, and
+    nothing of any other run or program is touched.
+    """
+    path = tempfile.mkdtemp(prefix="labkit-run-")
+    try:
+        os.mkdir(os.path.join(path, "tmp"))
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _cancelled(cancel: threading.Event | None) -> None:
+    """Raise KeyboardInterrupt if ``cancel`` is set (``run_cases`` sets it for its worker threads on an interrupt)."""
+    if cancel is not None and cancel.is_set():
+        raise KeyboardInterrupt
+
+
 def _run_single(module: str, args: list[str], env: dict[str, str], timeout: float,
-                echo: Callable[[str], None] | None) -> tuple[int | None, str, bool]:
+                echo: Callable[[str], None] | None,
+                cancel: threading.Event | None = None) -> tuple[int | None, str, bool]:
     """Run ``python -m module args`` in its own session; return (exit status or None, log, timed out).
 
-    Whatever happens (success, failure, timeout, KeyboardInterrupt), every process of the session is killed
-    before this returns. The leader is reaped only after its group has been killed, so the group id cannot have
-    been reused by then.
+    Whatever happens (success, failure, timeout, KeyboardInterrupt, ``cancel`` set), every process of the session is
+    killed and the run's scratch folder removed before this returns. The leader is reaped only after its group has
+    been killed, so the group id cannot have been reused by then. On Linux the process gets SIGKILL if this one dies
+    (this thread, which started it, waits for its end).
     """
-    child_env = dict(os.environ)
-    for k in _RANK_VARS:
-        child_env.pop(k, None)
-    child_env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env})
-    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            bufsize=1, start_new_session=True, env=child_env)
-    reader = _LineReader(proc.stdout, echo, "labkit-clinic-reader")
-    deadline = time.monotonic() + timeout
-    timed_out, exited_at = False, None
-    try:
-        while True:
-            reader.poll()
-            if reader.eof:
-                break  # every process that held the log pipe has closed it
-            now = time.monotonic()
-            if exited_at is None and _leader_exited(proc.pid):
-                exited_at = now
-            if exited_at is not None and now - exited_at > _GRACE_S:
-                break  # the script is done; a straggler (a worker) still holds the pipe: killed below
-            if now > deadline:
-                timed_out = True
-                break
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # the whole session had already ended
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        log = reader.finish()
-        if proc.stdout is not None:
-            proc.stdout.close()
+    _cancelled(cancel)
+    with _scratch() as scratch:
+        child_env = dict(os.environ)
+        for k in _RANK_VARS:
+            child_env.pop(k, None)
+        child_env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env,
+                          "TMPDIR": os.path.join(scratch, "tmp")})
+        proc = subprocess.Popen([*_die_with_parent_argv(signal.SIGKILL), sys.executable, "-m", module, *args],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", bufsize=1, start_new_session=True, env=child_env)
+        reader = _LineReader(proc.stdout, echo, "labkit-clinic-reader")
+        deadline = time.monotonic() + timeout
+        timed_out, exited_at = False, None
+        try:
+            while True:
+                reader.poll()
+                _cancelled(cancel)
+                if reader.eof:
+                    break  # every process that held the log pipe has closed it
+                now = time.monotonic()
+                if exited_at is None and _leader_exited(proc.pid):
+                    exited_at = now
+                if exited_at is not None and now - exited_at > _GRACE_S:
+                    break  # the script is done; a straggler (a worker) still holds the pipe: killed below
+                if now > deadline:
+                    timed_out = True
+                    break
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # the whole session had already ended
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log = reader.finish()
+            if proc.stdout is not None:
+                proc.stdout.close()
     return (None if timed_out else proc.returncode), log, timed_out
 
 
 class _Zygote:
-    """The runner's side of :mod:`labkit.clinic._zygote`: start it, send it a run, follow the run's log, stop it."""
+    """The runner's side of :mod:`labkit.clinic._zygote`: start it, send it a run, follow the run's log, stop it.
+
+    Each request carries an id that the zygote's answers repeat (``PID <id> <pid>``, ``EXIT <id> <status>``), so an
+    answer can never be taken for another run's. When the caller is interrupted during a run, the runner asks the
+    zygote to kill that run (SIGUSR1) and waits for its EXIT: the zygote then serves the next run. If it does not
+    answer within seconds, the zygote is ended (SIGTERM: it kills its run first), and the next run starts a new one.
+    """
 
     def __init__(self) -> None:
         child_env = dict(os.environ)
         for k in _RANK_VARS:
             child_env.pop(k, None)
         child_env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        # No PR_SET_PDEATHSIG here: it fires when the *thread* that started the zygote ends, and that may be a
+        # worker thread of run_cases. The zygote watches this process instead (labkit.clinic._zygote).
         self.proc = subprocess.Popen([sys.executable, "-m", "labkit.clinic._zygote"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
                                      start_new_session=True, env=child_env)
         self.lines: queue.Queue[str | None] = queue.Queue()
+        self._ended = False  # the zygote's stdout has closed
+        self._seq = 0
         threading.Thread(target=self._pump, name="labkit-clinic-zygote", daemon=True).start()
-        if self._next(120.0) != "READY":
-            self.stop()
+        try:
+            ready = self._next(120.0)
+        except BaseException:  # interrupted while it imports torch
+            self.kill()
+            raise
+        if ready != "READY":
+            self.kill()
             raise RuntimeError("the clinic's zygote process did not start")
 
     def _pump(self) -> None:
@@ -243,67 +301,128 @@ class _Zygote:
         self.lines.put(None)
 
     def _next(self, timeout: float) -> str | None:
+        """The zygote's next line; "" when none came within ``timeout``, None once it has ended."""
+        if self._ended:
+            return None
         try:
-            return self.lines.get(timeout=timeout)
+            line = self.lines.get(timeout=timeout)
         except queue.Empty:
             return ""
+        if line is None:
+            self._ended = True
+        return line
+
+    def _answer(self, kind: str, rid: int, timeout: float) -> str | None:
+        """Wait for the answer ``<kind> <rid> <value>`` and return the value; None if it ended or did not answer."""
+        deadline = time.monotonic() + timeout
+        want = f"{kind} {rid} "
+        while True:
+            line = self._next(max(0.0, min(0.1, deadline - time.monotonic())))
+            if line is None:
+                return None
+            if line.startswith(want):
+                return line[len(want):]
+            if time.monotonic() >= deadline:
+                return None
+
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.send_signal(sig)  # (Popen does not signal a process it has reaped)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def run(self, module: str, args: list[str], env: dict[str, str], timeout: float,
-            echo: Callable[[str], None] | None) -> tuple[int | None, str, bool]:
-        """Run one module in a fresh fork; return (exit status or None, log, timed out), as _run_single does."""
-        with tempfile.TemporaryDirectory(prefix="labkit-clinic-") as tmp:
-            path = os.path.join(tmp, "log")
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps({"module": module, "args": args, "env": env, "log": path}) + "\n")
-            self.proc.stdin.flush()
-            head = self._next(30.0) or ""
-            if not head.startswith("PID "):
-                raise RuntimeError(f"the clinic's zygote did not start the run (it said {head!r})")
-            pid = int(head.split()[1])
-            deadline = time.monotonic() + timeout
+            echo: Callable[[str], None] | None,
+            cancel: threading.Event | None = None) -> tuple[int | None, str, bool]:
+        """Run one module in a fresh fork; return (exit status or None, log, timed out), as _run_single does.
+
+        An exception here (KeyboardInterrupt from Ctrl-C or from the echo, ``cancel`` set, a broken zygote) stops
+        the run, its whole session, before it propagates.
+        """
+        self._seq += 1
+        rid = self._seq
+        with _scratch() as scratch:
+            path = os.path.join(scratch, "log")
+            request = {"id": rid, "module": module, "args": args, "log": path,
+                       "env": {**env, "TMPDIR": os.path.join(scratch, "tmp")}}
             lines: list[str] = []
             status: int | None = None
-            timed_out = False
-            with open(path, "a+", errors="replace") as log:
-                log.seek(0)
-                pending = ""
-                while True:
-                    reply = self._next(0.1)
+            timed_out = started = ended = False
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+                if self._answer("PID", rid, 30.0) is None:
+                    raise RuntimeError("the clinic's zygote did not start the run"
+                                       + (" (it has ended)" if self._ended else " within 30 s"))
+                started = True
+                deadline = time.monotonic() + timeout
+                with open(path, "a+", errors="replace") as log:
+                    log.seek(0)
+                    pending = ""
+                    while True:
+                        reply = self._next(0.1)
+                        pending += log.read()
+                        *done, pending = pending.split("\n")
+                        for line in done:
+                            lines.append(line)
+                            if echo is not None:
+                                echo(line)
+                        if reply is None:
+                            raise RuntimeError("the clinic's zygote ended during a run")
+                        if reply.startswith(f"EXIT {rid} "):
+                            status, ended = int(reply.split()[2]), True
+                            break
+                        _cancelled(cancel)
+                        if not timed_out and time.monotonic() > deadline:
+                            timed_out = True  # the zygote kills the run's whole session, then answers EXIT
+                            self._signal(signal.SIGUSR1)
                     pending += log.read()
-                    *done, pending = pending.split("\n")
-                    for line in done:
+                    for line in [ln for ln in pending.split("\n") if ln]:
                         lines.append(line)
                         if echo is not None:
                             echo(line)
-                    if reply is None:
-                        raise RuntimeError("the clinic's zygote ended during a run")
-                    if reply.startswith("EXIT "):
-                        status = int(reply.split()[1])
-                        break
-                    if not timed_out and time.monotonic() > deadline:
-                        timed_out = True  # kill the run's whole session; the zygote then answers EXIT
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(pid, signal.SIGKILL)
-                pending += log.read()
-                for line in [ln for ln in pending.split("\n") if ln]:
-                    lines.append(line)
-                    if echo is not None:
-                        echo(line)
+            finally:
+                if not ended:  # an exception before the zygote said EXIT: the run may still go on
+                    self._abort(rid, started)
         return (None if timed_out else status), "\n".join(lines), timed_out
 
+    def _abort(self, rid: int, started: bool) -> None:
+        """Kill run ``rid`` and wait until the zygote has reaped it; end the zygote if that does not work out."""
+        try:
+            if not self.alive():
+                raise RuntimeError("the zygote has ended")
+            if not started and self._answer("PID", rid, 10.0) is None:
+                raise RuntimeError("the zygote did not start the run")
+            self._signal(signal.SIGUSR1)
+            if self._answer("EXIT", rid, 10.0) is None:
+                raise RuntimeError("the zygote did not end the run")
+        except BaseException:  # no answer, or a second Ctrl-C: end the zygote, which kills its run first
+            self.kill()
+
+    def kill(self) -> None:
+        """End the zygote now: SIGTERM (it SIGKILLs its run's session, then exits), SIGKILL after 5 s."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        self._signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):  # its own session (each run has another)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
     def stop(self) -> None:
+        """End the zygote when it is idle (its stdin closes); :meth:`kill` it if it has not ended within 5 s."""
         with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self.kill()
 
 
 _ZYGOTE: _Zygote | None = None
@@ -326,19 +445,21 @@ atexit.register(shutdown)
 
 
 def _run_process(module: str, args: list[str], env: dict[str, str], timeout: float,
-                 echo: Callable[[str], None] | None) -> tuple[int | None, str, bool]:
+                 echo: Callable[[str], None] | None,
+                 cancel: threading.Event | None = None) -> tuple[int | None, str, bool]:
     """Run a one-process case module: forked from the zygote on Linux, else (or if it cannot start) a new Python."""
     global _ZYGOTE
     if sys.platform != "linux":
-        return _run_single(module, args, env, timeout, echo)
+        return _run_single(module, args, env, timeout, echo, cancel)
     with _ZYGOTE_LOCK:
+        _cancelled(cancel)
         if _ZYGOTE is None or not _ZYGOTE.alive():
             try:
                 _ZYGOTE = _Zygote()
             except (OSError, RuntimeError):
                 _ZYGOTE = None
-                return _run_single(module, args, env, timeout, echo)
-        return _ZYGOTE.run(module, args, env, timeout, echo)
+                return _run_single(module, args, env, timeout, echo, cancel)
+        return _ZYGOTE.run(module, args, env, timeout, echo, cancel)
 
 
 def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str] | None = None,
@@ -348,10 +469,18 @@ def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str]
     ``env`` adds environment variables (e.g. ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}``); ``stream=True`` prints
     the log as it comes; ``timeout`` (seconds) defaults to the case's ``timeout_s``. A run that fails is not an
     exception here: its error is in the returned run. Bad arguments (an unknown case or setting, a value of the
-    wrong type) raise ``TypeError``/``ValueError`` before anything starts.
+    wrong type) raise ``TypeError``/``ValueError`` before anything starts. An interrupt (Ctrl-C) stops the run, every
+    process of it, and is raised again; the interrupted run is not remembered.
 
     Introduced in notebook 13.
     """
+    return _run_case(key, fix, env=env, stream=stream, timeout=timeout, fresh=fresh)
+
+
+def _run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str] | None = None,
+              stream: bool = False, timeout: float | None = None, fresh: bool = False,
+              cancel: threading.Event | None = None) -> CaseRun:
+    """:func:`run_case`, stopped as by an interrupt (KeyboardInterrupt) once ``cancel`` is set."""
     case = _case(key)
     cfg = merge_config(settings(key), fix)
     extra = _check_env(env)
@@ -373,7 +502,7 @@ def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str]
         args = ["--config", json.dumps(cfg)]
         t0 = time.perf_counter()
         if case.nproc == 1:
-            rc, log, timed_out = _run_process(case.module, args, run_env, float(limit), echo)
+            rc, log, timed_out = _run_process(case.module, args, run_env, float(limit), echo, cancel)
             error = "" if rc == 0 else ("stopped at the runner's timeout" if timed_out else _traceback(log))
         else:
             lines: list[str] = []
@@ -383,8 +512,10 @@ def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str]
                 if echo is not None:
                     echo(line)
 
+            scratch = stack.enter_context(_scratch())  # the ranks' TMPDIR: removed even after a kill
             try:
-                launch(case.module, nproc=case.nproc, args=args, timeout=float(limit), stream=collect, env=run_env)
+                _launch(case.module, nproc=case.nproc, args=args, timeout=float(limit), stream=collect,
+                        env={**run_env, "TMPDIR": os.path.join(scratch, "tmp")}, cancel=cancel)
                 rc, error, timed_out = 0, "", False
             except LaunchTimeout as exc:
                 rc, error, timed_out = None, str(exc), True
@@ -398,12 +529,13 @@ def run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str]
     return run
 
 
-def _run_batch(todo: list[tuple[Case, dict[str, Any], Any]], stream: bool) -> None:
-    """Run one-process cases one after the other in one Python process; remember each case's run."""
+def _run_batch(todo: list[tuple[Case, dict[str, Any], Any]], stream: bool,
+               cancel: threading.Event | None = None) -> None:
+    """Run one-process cases one after the other in one Python process; remember each case's run (none if interrupted)."""
     arg = json.dumps([[case.module, cfg] for case, cfg, _ in todo])
     t0 = time.perf_counter()
     rc, log, timed_out = _run_process("labkit.clinic._batch", ["--plan", arg], {},
-                                      sum(case.timeout_s for case, _, _ in todo), print if stream else None)
+                                      sum(case.timeout_s for case, _, _ in todo), print if stream else None, cancel)
     seconds = time.perf_counter() - t0
     parts: dict[int, list[str]] = {}
     status: dict[int, int] = {}
@@ -436,7 +568,8 @@ def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -
     start-up of Python and torch). Each 2-rank case is its own torchrun launch. ``parallel`` (1 or 2) is how many of
     these jobs (the one-process batch counting as one) run at a time: with 2, a launch that mostly waits (for a
     timeout, a rendezvous) overlaps with another one's work. Every job has finished, and left no process behind,
-    when this returns. Runs already made are not made again.
+    when this returns. Runs already made are not made again. An interrupt (Ctrl-C) stops every job in progress,
+    whole process trees, and is raised again; the jobs it stopped are not remembered.
 
     Introduced in notebook 13.
     """
@@ -463,19 +596,25 @@ def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -
             seen.add(ck)
             todo.append((case, cfg, ck))
     jobs: list[Callable[[], Any]] = []
+    cancel = threading.Event()  # set when the caller is interrupted: the jobs in the worker threads stop too
     single = [t for t in todo if t[0].nproc == 1]
     if single:
-        jobs.append(lambda: _run_batch(single, stream))
+        jobs.append(lambda: _run_batch(single, stream, cancel))
     for case, cfg, _ in todo:
         if case.nproc > 1:
-            jobs.append(lambda key=case.key, cfg=cfg: run_case(key, _changes(key, cfg), stream=stream))
+            jobs.append(lambda key=case.key, cfg=cfg: _run_case(key, _changes(key, cfg), stream=stream, cancel=cancel))
     if parallel == 1 or len(jobs) < 2:
         for job in jobs:
             job()
     else:
         with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="labkit-clinic") as pool:
-            for future in [pool.submit(job) for job in jobs]:
-                future.result()
+            futures = [pool.submit(job) for job in jobs]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:  # Ctrl-C reaches this (the main) thread only; a job's error stops the rest too
+                cancel.set()
+                raise
     return [_CACHE[ck] for _, _, ck in plan]
 
 
