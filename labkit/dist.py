@@ -754,6 +754,9 @@ def rank_env(environ: dict[str, str] | None = None) -> RankEnv:
     Introduced in notebook 09.
     """
     env = dict(os.environ if environ is None else environ)
+    if ("RANK" in env) != ("WORLD_SIZE" in env):
+        have, missing = ("RANK", "WORLD_SIZE") if "RANK" in env else ("WORLD_SIZE", "RANK")
+        raise ValueError(f"{have} is set but {missing} is not: torchrun sets both (unset {have} to run one process)")
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, world = _int_env(env, "RANK"), _int_env(env, "WORLD_SIZE")
         local = _int_env(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
@@ -775,6 +778,8 @@ def rank_env(environ: dict[str, str] | None = None) -> RankEnv:
         addr = "127.0.0.1"
     if env.get("MASTER_PORT"):
         port = _int_env(env, "MASTER_PORT")
+        if not 1 <= port <= 65535:
+            raise ValueError(f"environment variable MASTER_PORT={port} is not a TCP port (1-65535)")
     elif launcher == "slurm":
         port = 20000 + _int_env(env, "SLURM_JOB_ID") % 12768 if "SLURM_JOB_ID" in env else 29500
     else:

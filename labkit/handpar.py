@@ -623,10 +623,23 @@ Batches = Iterable[tuple[torch.Tensor | None, torch.Tensor | None]]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _check_loop(model: Any, optimizer: Any, batches: Any, loss_fn: Any) -> None:
+    """The arguments every whole loop takes: a module, an optimizer (or None where the loop makes its own), an
+    iterable of ``(x, y)`` pairs and a loss function; ``TypeError`` otherwise, before anything runs."""
+    _module(model)
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(batches, (str, bytes, torch.Tensor)) or not isinstance(batches, Iterable):
+        raise TypeError(f"batches must be an iterable of (x, y) pairs, got {type(batches).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a function (output, target) -> loss, got {type(loss_fn).__name__}")
+
+
 def train_ddp(model: nn.Module, optimizer: torch.optim.Optimizer, batches: Batches, loss_fn: LossFn,
               bucket_mb: float = 25.0) -> list[float]:
     """Data parallelism by hand, the whole loop: each rank trains on its own ``(x, y)`` batches and returns its
     losses. Introduced in notebook 11."""
+    _check_loop(model, optimizer, batches, loss_fn)
     broadcast_parameters(model)                              # step 0: every replica starts as rank 0's
     buckets = BucketedGradients(model, bucket_mb=bucket_mb)  # hooks: all-reduce each bucket as it fills
     losses = []
@@ -644,6 +657,7 @@ def train_zero1(model: nn.Module, batches: Batches, loss_fn: LossFn, max_norm: f
                 **adamw_kwargs: Any) -> list[float]:
     """ZeRO-1 by hand, the whole loop: AdamW sharded over the ranks (:class:`ShardedAdamW`), each rank on its own
     batches; returns this rank's losses. Introduced in notebook 11."""
+    _check_loop(model, None, batches, loss_fn)
     broadcast_parameters(model)                              # step 0, as DDP
     optimizer = ShardedAdamW(model.parameters(), max_norm=max_norm, **adamw_kwargs)  # 1/world of the states
     losses = []
@@ -661,6 +675,9 @@ def train_sequence_parallel(block: SequenceParallelBlock, optimizer: torch.optim
     """Tensor + sequence parallelism, the whole loop: every rank gets *its tokens* of the same batch (``x``,
     ``y``: rows ``rank * T/world`` on) and ``loss_fn`` gives its share of the loss (a sum over its tokens divided by
     all tokens, so that the shares add up to the mean). Returns this rank's shares. Introduced in notebook 11."""
+    if not isinstance(block, SequenceParallelBlock):
+        raise TypeError(f"block must be a SequenceParallelBlock, got {type(block).__name__}")
+    _check_loop(block, optimizer, batches, loss_fn)
     losses = []
     for x, y in batches:
         optimizer.zero_grad()
@@ -677,6 +694,7 @@ def train_gpipe(stage: nn.Module, optimizer: torch.optim.Optimizer, batches: Bat
     """GPipe, the whole loop: rank r trains stage r; the first stage reads ``x`` of each batch, the last ``y``
     (the other element may be None); ``act_shape`` is one micro-batch's activations between stages. Returns the
     mean losses on the last stage, ``[]`` elsewhere. Introduced in notebook 11."""
+    _check_loop(stage, optimizer, batches, loss_fn)
     m = _count("micro_batches", micro_batches, 1)
     losses = []
     for x, y in batches:

@@ -209,3 +209,20 @@ def test_nb05_exercises_tell_reference_from_wrong():
     assert evaluate("05.choose-format", {**nb05.EXERCISES[0].reference, "fp8-forward": "e4m3"}).status == "correct"
     assert "Upside down" in evaluate("05.fp8-scale", fp8.amax(nb05.exercise_tensor()) / 448.0).message
     assert evaluate("05.delayed-scale", lambda h, n, m, k: ...).status == "not attempted"
+
+
+@pytest.mark.parametrize("name, fn, ok", [
+    ("identity", lambda x: x, False),  # meets the error bound by not quantising at all
+    ("fp16", lambda x: x.half().float(), False),
+    ("bf16", lambda x: x.to(torch.bfloat16).float(), False),
+    ("power-of-two scale", lambda x: (x * (s := 2 ** torch.floor(torch.log2(448 / x.abs().max())))).to(
+        torch.float8_e4m3fn).float() / s, True),  # another honest per-tensor scale
+])
+def test_fp8_roundtrip_grader_wants_values_on_e4m3s_grid(name, fn, ok, monkeypatch):
+    from labkit.check import evaluate
+
+    monkeypatch.setenv("LABKIT_PROGRESS", "off")
+    verdict = evaluate("05.fp8-roundtrip", fn)
+    assert verdict.status == ("correct" if ok else "wrong"), (name, verdict.message)
+    if not ok:
+        assert "distinct values" in verdict.message or "off" in verdict.message

@@ -78,6 +78,8 @@ SKIP: dict[str, str] = {
     "labkit.recipes.ddp.main": "a rank's main: starts a process group and trains (CLI: tests/test_cli.py)",
     "labkit.recipes.allreduce.main": "a rank's main: starts a process group (CLI: tests/test_cli.py)",
     "labkit.recipes.zero.main": "a rank's main: starts DeepSpeed (CLI: tests/test_cli.py)",
+    "labkit.recipes.handpar.main": "a rank's main: reads sys.argv with cli=True (CLI: tests/test_handpar.py)",
+    "labkit.recipes.handpar_grade.main": "a rank's main: reads sys.argv with cli=True (CLI: tests/test_handpar.py)",
     "labkit.bench.main": "the benchmark command line: runs benchmarks (CLI: tests/test_bench.py)",
     "labkit.bench.amp_benchmark": "a benchmark: timing loops over a 1024 matmul and a GPT step by default",
     "labkit.bench.memory_bandwidth": "a benchmark: copies 256 MiB repeatedly by default",

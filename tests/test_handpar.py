@@ -783,9 +783,18 @@ def test_a_filled_cell_goes_to_the_ranks_without_its_check_call(monkeypatch):
 
 
 def test_recipes_refuse_to_start_outside_a_two_rank_torchrun_and_reject_bad_flags(tmp_path):
-    for main in (recipe.main, grader.main):
+    for main, argv in ((recipe.main, []), (grader.main, ["--file", f"tp={tmp_path / 'x.py'}"])):
         with pytest.raises(ValueError, match="torchrun with 2 ranks"):
-            main([])
+            main(argv)
+    plain = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    for module in ("labkit.recipes.handpar", "labkit.recipes.handpar_grade"):
+        helped = subprocess.run([sys.executable, "-m", module, "--help"], env=plain, capture_output=True, text=True,
+                                timeout=120)
+        assert helped.returncode == 0 and "usage:" in helped.stdout, helped.stderr
+        out = subprocess.run([sys.executable, "-m", module, "--file", f"tp={tmp_path / 'x.py'}"] if "grade" in module
+                             else [sys.executable, "-m", module], env=plain, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "torchrun with 2 ranks" in out.stderr and "Traceback" not in out.stderr
+        assert out.stderr.strip().count("\n") == 0, out.stderr  # one line
     with pytest.raises(ValueError, match="existing .py file"):
         grader.grade("tp", str(tmp_path / "missing.py"))
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2"}

@@ -210,3 +210,27 @@ def test_checksum_detects_a_single_bit_flip():
     assert ddp.tensor_sum([t, u]) == pytest.approx(0.0, abs=1e-5)
     with pytest.raises(TypeError):
         ddp.checksum([[1.0]])
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"WORLD_SIZE": "abc"}, "RANK is not"),
+    ({"RANK": "1"}, "WORLD_SIZE is not"),
+    ({"RANK": "5", "WORLD_SIZE": "2"}, "inconsistent rank layout"),
+    ({"RANK": "0", "WORLD_SIZE": "-1"}, "inconsistent rank layout"),
+    ({"MASTER_PORT": "99999"}, "not a TCP port"),
+])
+def test_a_bad_launcher_environment_is_one_line_and_exit_status_2(env, said):
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-m", "labkit.recipes.ddp", "--steps", "1"], env={**clean, **env},
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.count("\n") == 1 and out.stdout == ""
+
+
+def test_an_unwritable_ckpt_dir_is_refused_before_the_model_is_built(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    out = subprocess.run([sys.executable, "-m", "labkit.recipes.ddp", "--steps", "1", "--ckpt-dir",
+                          str(blocker / "ckpt")], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and "--ckpt-dir" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert blocker.read_text() == "not a directory"  # nothing of the user's touched

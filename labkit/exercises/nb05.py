@@ -204,6 +204,11 @@ def _grade_roundtrip(fn: object) -> tuple[bool, str] | None:
             return False, f"For {what} the result holds inf/NaN."
         err = ((got - x).norm() / x.norm()).item()
         if err < 0.05:
+            # one E4M3 code per value and one scale per tensor: at most 256 distinct values can come back
+            if torch.unique(got).numel() > 256:
+                return False, (f"For {what} {torch.unique(got).numel()} distinct values came back, more than E4M3's "
+                               "256 codes can give with one scale: the values did not go through "
+                               "torch.float8_e4m3fn. Scale, cast to E4M3, cast back, unscale.")
             continue
         ratio = (got.norm() / x.norm()).item()
         scale = 448.0 / x.abs().max().item()

@@ -161,10 +161,25 @@ _MAX_SLOW_MS = 3600e3
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    """The parser's check of flags together (ValueError -> exit status 2)."""
-    from labkit import _cli
+    """The parser's check of flags together, and of the launcher's environment (ValueError -> exit status 2)."""
+    from labkit import dist as ldist
 
-    _validate(args, _cli.launch_world())
+    _validate(args, ldist.rank_env().world_size)  # a bad RANK/WORLD_SIZE/MASTER_PORT says so here, in one line
+    if args.ckpt_dir:
+        _check_writable(Path(args.ckpt_dir))
+
+
+def _check_writable(path: Path) -> None:
+    """Raise ValueError unless ``path`` is a directory this process can write to (created if missing): found
+    before the model is built, not at the first checkpoint. The probe is a temporary file of its own, removed."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".labkit-probe-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--ckpt-dir {path}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _validate(args: argparse.Namespace, world: int | None) -> None:

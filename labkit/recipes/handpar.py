@@ -1117,15 +1117,22 @@ def rank_device(requested: str | None = None) -> Any:
     return dev
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, cli: bool = False) -> int:
     """Run the requested parts on this rank; rank 0 prints the result.
 
-    Raises ``ValueError`` when not started by torchrun with 2 ranks. Introduced in notebook 11.
+    Raises ``ValueError`` when not started by torchrun with 2 ranks (``cli=True``, as ``python -m`` runs it: one
+    line on stderr and exit status 2; ``--help`` works anywhere). Introduced in notebook 11.
     """
-    if os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ:
-        raise ValueError("run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m labkit.recipes.handpar")
+    if not isinstance(cli, bool):
+        raise TypeError(f"cli must be True or False, got {cli!r}")
+    outside = os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ
+    msg = "run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m labkit.recipes.handpar"
+    if outside and not cli:  # called as a function: say so before reading any argument
+        raise ValueError(msg)
     ap = build_parser()
-    args = ap.parse_args(argv)
+    args = ap.parse_args(argv)  # --help works anywhere
+    if outside:
+        ap.error(msg)
     args.parts = [s.strip() for s in args.parts.split(",") if s.strip()]
     args.micro = [int(s) for s in args.micro.split(",") if s.strip()]
     import torch
@@ -1160,6 +1167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import functools
+
     from labkit.dist import run_rank_main
 
-    run_rank_main(main)
+    run_rank_main(functools.partial(main, cli=True))

@@ -301,16 +301,23 @@ def grade(name: str, path: str) -> dict[str, Any]:
         return _grade_gpipe(mod, calls)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, cli: bool = False) -> int:
     """Grade every ``--file`` on this rank; rank 0 prints every rank's findings.
 
-    Raises ``ValueError`` when not started by torchrun with 2 ranks. Introduced in notebook 11.
+    Raises ``ValueError`` when not started by torchrun with 2 ranks (``cli=True``, as ``python -m`` runs it: one
+    line on stderr and exit status 2; ``--help`` works anywhere). Introduced in notebook 11.
     """
-    if os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ:
-        raise ValueError("run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m "
-                         "labkit.recipes.handpar_grade --file EXERCISE=PATH")
+    if not isinstance(cli, bool):
+        raise TypeError(f"cli must be True or False, got {cli!r}")
+    outside = os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ
+    msg = ("run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m labkit.recipes.handpar_grade "
+           "--file EXERCISE=PATH")
+    if outside and not cli:  # called as a function: say so before reading any argument
+        raise ValueError(msg)
     ap = build_parser()
-    args = ap.parse_args(argv)
+    args = ap.parse_args(argv)  # --help works anywhere
+    if outside:
+        ap.error(msg)
     jobs = []
     for item in args.file:
         name, sep, path = item.partition("=")
@@ -339,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import functools
+
     from labkit.dist import run_rank_main
 
-    run_rank_main(main)
+    run_rank_main(functools.partial(main, cli=True))

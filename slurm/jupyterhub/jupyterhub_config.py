@@ -8,12 +8,13 @@
 # variables in the hub's service unit. tests/cluster/test_jupyterhub.py runs this very file on a test cluster.
 # Versions: jupyterhub>=6.1,<7, batchspawner>=1.3 (pip install "labkit[hub]" or ".[hub]" from the workbook).
 import html
+import ipaddress
 import os
 import re
 import shutil
 import socket
 import sys
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 c = get_config()  # noqa: F821  (JupyterHub provides get_config in its config files)
 
@@ -48,9 +49,14 @@ RESERVATION = setting("LABKIT_HUB_RESERVATION", "")                  # the class
 # Who may log in: members of this Unix group (PAM). See the README for OAuth instead.
 CLASS_GROUP = setting("LABKIT_HUB_GROUP", "labkit-class")
 ADMINS = {u for u in setting("LABKIT_HUB_ADMINS", "").split(",") if u}
-# Networking: students reach PUBLIC_URL (put TLS in front, see the README); the compute nodes reach the hub's
-# API at HUB_IP, an address of this host on the cluster network.
-PUBLIC_URL = setting("LABKIT_HUB_BIND_URL", "http://:8000")
+# Networking: students reach PUBLIC_URL; the compute nodes reach the hub's API at HUB_IP, an address of this host
+# on the cluster network. By default the hub listens on 127.0.0.1 only, behind the site's TLS proxy (README). An
+# https URL needs SSL_CERT and SSL_KEY. Plain http on any other address (passwords and cookies in clear) is refused
+# unless ALLOW_PUBLIC_HTTP is "yes" (a closed network you trust, or a test cluster).
+PUBLIC_URL = setting("LABKIT_HUB_BIND_URL", "http://127.0.0.1:8000")
+SSL_CERT = setting("LABKIT_HUB_SSL_CERT", "")
+SSL_KEY = setting("LABKIT_HUB_SSL_KEY", "")
+ALLOW_PUBLIC_HTTP = setting("LABKIT_HUB_ALLOW_PUBLIC_HTTP", "") == "yes"
 HUB_IP = setting("LABKIT_HUB_IP", "") or socket.gethostbyname(socket.gethostname())
 STATE_DIR = setting("LABKIT_HUB_STATE_DIR", "/srv/jupyterhub")      # database, cookie secret (root only)
 # The culler stops servers idle this long (seconds; no kernel or browser activity), which ends their jobs.
@@ -61,7 +67,37 @@ EXEC_PREFIX = setting("LABKIT_HUB_EXEC_PREFIX", "sudo -E -u {username}")
 START_TIMEOUT = int(setting("LABKIT_HUB_START_TIMEOUT", "300"))      # queue wait + start; a class fits in this
 
 # ---- the hub -------------------------------------------------------------------------------------------------
+def _loopback(host):
+    """Whether ``host`` (from a URL; "" means every interface) is this machine's loopback only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind_url(url, cert, key, allow_public_http):
+    """Refuse a public URL in clear, or https without its certificate; return the (scheme, host) it binds."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"LABKIT_HUB_BIND_URL must be an http:// or https:// URL, got {url!r}")
+    host = parts.hostname or ""
+    if parts.scheme == "https" and not (cert and key):
+        raise ValueError("LABKIT_HUB_BIND_URL is https: set LABKIT_HUB_SSL_CERT and LABKIT_HUB_SSL_KEY too")
+    if parts.scheme == "http" and not _loopback(host) and not allow_public_http:
+        where = host or "every interface"
+        raise ValueError(f"LABKIT_HUB_BIND_URL {url!r} serves plain http on {where}: passwords and cookies would "
+                         "cross the network in clear. Listen on 127.0.0.1 behind a TLS proxy, use https with "
+                         "LABKIT_HUB_SSL_CERT/_KEY, or set LABKIT_HUB_ALLOW_PUBLIC_HTTP=yes on a network you trust")
+    return parts.scheme, host
+
+
+check_bind_url(PUBLIC_URL, SSL_CERT, SSL_KEY, ALLOW_PUBLIC_HTTP)
 c.JupyterHub.bind_url = PUBLIC_URL
+if SSL_CERT:
+    c.JupyterHub.ssl_cert = SSL_CERT
+    c.JupyterHub.ssl_key = SSL_KEY
 c.JupyterHub.hub_bind_url = f"http://{HUB_IP}:8081"
 c.JupyterHub.hub_connect_ip = HUB_IP
 os.makedirs(STATE_DIR, mode=0o700, exist_ok=True)

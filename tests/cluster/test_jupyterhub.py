@@ -217,6 +217,7 @@ c.Spawner.args = ["--LabApp.expose_app_in_browser=True", "--LabApp.news_url="]
         LABKIT_HUB_PARTITIONS="debug,gpu", LABKIT_HUB_MAX_GPUS="2", LABKIT_HUB_MAX_HOURS="4",
         LABKIT_HUB_DEFAULT_HOURS="2", LABKIT_HUB_CPUS="1",
         LABKIT_HUB_BIND_URL=f"http://{cluster.login_public_addr}:8000", LABKIT_HUB_IP=cluster.addr["login"],
+        LABKIT_HUB_ALLOW_PUBLIC_HTTP="yes",  # the test cluster's own network namespace: nobody else on it
         LABKIT_HUB_STATE_DIR=str(hubdir / "state"), LABKIT_HUB_CULL_IDLE=str(CULL_IDLE_FIRST_S),
         LABKIT_HUB_CULL_EVERY="5", LABKIT_HUB_START_TIMEOUT="180",
     )
@@ -448,6 +449,37 @@ def _hub_scenario(hub: Hub, cluster: NsCluster, record_property) -> None:
         record_property(k, round(v, 1))
     print("\n" + ", ".join(f"{k} {v:.1f}" for k, v in timings.items())
           + f" (culler wait {time.monotonic() - t4:.0f} s)")
+
+
+def _load_config(env: dict[str, str]) -> dict[str, Any]:
+    namespace: dict[str, Any] = {"get_config": lambda: _Config()}
+    base = {"LABKIT_HUB_STATE_DIR": "/nonexistent/never-created", "LABKIT_HUB_IP": "127.0.0.1"}
+    with _patched_env({**base, **env}), _no_makedirs():
+        exec(compile(HUB_CONFIG.read_text(), str(HUB_CONFIG), "exec"), namespace)
+    return namespace
+
+
+def test_the_hub_listens_on_loopback_by_default_and_refuses_plain_http_elsewhere():
+    ns = _load_config({"LABKIT_HUB_BIND_URL": "http://127.0.0.1:8000"})
+    assert ns["c"].JupyterHub.bind_url == "http://127.0.0.1:8000"
+    default = re.search(r'setting\("LABKIT_HUB_BIND_URL", "([^"]+)"\)', HUB_CONFIG.read_text())
+    assert default and ns["check_bind_url"](default.group(1), "", "", False) == ("http", "127.0.0.1")
+    check = ns["check_bind_url"]
+    for url in ("http://:8000", "http://0.0.0.0:8000", "http://10.0.0.5:8000", "http://login.cluster:8000"):
+        with pytest.raises(ValueError, match="in clear"):
+            check(url, "", "", False)
+        assert check(url, "", "", True)[0] == "http"  # the explicit override
+    with pytest.raises(ValueError, match="SSL_CERT"):
+        check("https://:443", "", "", False)
+    assert check("https://:443", "/etc/ssl/hub.pem", "/etc/ssl/hub.key", False) == ("https", "")
+    assert check("http://localhost:8000", "", "", False) == ("http", "localhost")
+    with pytest.raises(ValueError, match="http:// or https://"):
+        check("ftp://:21", "", "", True)
+    with pytest.raises(ValueError, match="in clear"):  # the config file itself refuses to load
+        _load_config({"LABKIT_HUB_BIND_URL": "http://:8000"})
+    tls = _load_config({"LABKIT_HUB_BIND_URL": "https://:443", "LABKIT_HUB_SSL_CERT": "/c.pem",
+                        "LABKIT_HUB_SSL_KEY": "/c.key"})
+    assert (tls["c"].JupyterHub.ssl_cert, tls["c"].JupyterHub.ssl_key) == ("/c.pem", "/c.key")
 
 
 def test_form_and_api_options_are_validated():
