@@ -1117,22 +1117,30 @@ def rank_device(requested: str | None = None) -> Any:
     return dev
 
 
+def _two_rank_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None, cli: bool,
+                  command: str) -> argparse.Namespace:
+    """Parse ``argv`` for a recipe that runs on 2 torchrun ranks. Outside torchrun: ``ValueError`` when called as a
+    function, before any argument is read; with ``cli=True`` (``python -m``) ``--help`` still works, and anything
+    else is one line on stderr, exit status 2. Introduced in notebook 11."""
+    if not isinstance(cli, bool):
+        raise TypeError(f"cli must be True or False, got {cli!r}")
+    outside = os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ
+    msg = f"run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m {command}"
+    if outside and not cli:
+        raise ValueError(msg)
+    args = ap.parse_args(argv)
+    if outside:
+        ap.error(msg)
+    return args
+
+
 def main(argv: Sequence[str] | None = None, *, cli: bool = False) -> int:
     """Run the requested parts on this rank; rank 0 prints the result.
 
     Raises ``ValueError`` when not started by torchrun with 2 ranks (``cli=True``, as ``python -m`` runs it: one
     line on stderr and exit status 2; ``--help`` works anywhere). Introduced in notebook 11.
     """
-    if not isinstance(cli, bool):
-        raise TypeError(f"cli must be True or False, got {cli!r}")
-    outside = os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ
-    msg = "run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m labkit.recipes.handpar"
-    if outside and not cli:  # called as a function: say so before reading any argument
-        raise ValueError(msg)
-    ap = build_parser()
-    args = ap.parse_args(argv)  # --help works anywhere
-    if outside:
-        ap.error(msg)
+    args = _two_rank_args(build_parser(), argv, cli, "labkit.recipes.handpar")
     args.parts = [s.strip() for s in args.parts.split(",") if s.strip()]
     args.micro = [int(s) for s in args.micro.split(",") if s.strip()]
     import torch

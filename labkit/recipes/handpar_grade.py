@@ -307,17 +307,8 @@ def main(argv: Sequence[str] | None = None, *, cli: bool = False) -> int:
     Raises ``ValueError`` when not started by torchrun with 2 ranks (``cli=True``, as ``python -m`` runs it: one
     line on stderr and exit status 2; ``--help`` works anywhere). Introduced in notebook 11.
     """
-    if not isinstance(cli, bool):
-        raise TypeError(f"cli must be True or False, got {cli!r}")
-    outside = os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ
-    msg = ("run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m labkit.recipes.handpar_grade "
-           "--file EXERCISE=PATH")
-    if outside and not cli:  # called as a function: say so before reading any argument
-        raise ValueError(msg)
     ap = build_parser()
-    args = ap.parse_args(argv)  # --help works anywhere
-    if outside:
-        ap.error(msg)
+    args = H._two_rank_args(ap, argv, cli, "labkit.recipes.handpar_grade --file EXERCISE=PATH")
     jobs = []
     for item in args.file:
         name, sep, path = item.partition("=")
