@@ -111,8 +111,8 @@ def test_ddp_parser_accepts_good_flags_and_checks_the_world_size(monkeypatch, ca
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it: rank 1 exists now
     assert rddp.build_parser().parse_args(["--crash-rank", "1", "--crash-step", "0"]).crash_rank == 1
     _rejects(rddp.build_parser(), ["--crash-rank", "2", "--crash-step", "0"], capsys, match="[0, 2)")
-    monkeypatch.setenv("WORLD_SIZE", "x")  # inconsistent launcher variables: left to the run to report
-    assert rddp.build_parser().parse_args(["--crash-rank", "5", "--crash-step", "0"]).crash_rank == 5
+    monkeypatch.setenv("WORLD_SIZE", "x")  # inconsistent launcher variables: one line, before anything starts
+    _rejects(rddp.build_parser(), ["--crash-rank", "0", "--crash-step", "0"], capsys, match="not an integer")
 
 
 def test_ddp_validate_still_guards_the_run():

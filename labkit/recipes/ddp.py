@@ -170,16 +170,21 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 
 def _check_writable(path: Path) -> None:
-    """Raise ValueError unless ``path`` is a directory this process can write to (created if missing): found
-    before the model is built, not at the first checkpoint. The probe is a temporary file of its own, removed."""
+    """Raise ValueError unless ``path`` is, or can become, a directory this process can write to: found before the
+    model is built, not at the first checkpoint. Nothing is created: a temporary probe file goes into the nearest
+    folder that exists (``path`` itself, or the parent it would be made in) and is removed at once."""
     import tempfile
 
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"--ckpt-dir {path}: {probe} is not a directory")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".labkit-probe-"):
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".labkit-probe-"):
             pass
     except OSError as exc:
-        raise ValueError(f"--ckpt-dir {path}: cannot write there ({exc.strerror or exc})") from None
+        raise ValueError(f"--ckpt-dir {path}: cannot write in {probe} ({exc.strerror or exc})") from None
 
 
 def _validate(args: argparse.Namespace, world: int | None) -> None:
