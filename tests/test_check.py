@@ -8,6 +8,7 @@ import io
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from needs import finishes
 
 from labkit import check as C
 from labkit.exercises import all_exercises, get_exercise
@@ -510,32 +511,6 @@ def test_progress_view_and_command_line(tmp_path, capsys):
         C.format_progress({"01.fp16-max": "correct"})
 
 
-def _finishes(fn, timeout: float = 20.0, fifo=None):
-    """Run ``fn()`` in a thread and return its result; fail if it is still running after ``timeout`` seconds
-    (a reader blocked on ``fifo`` is then released, so that the test run goes on)."""
-    import os
-    import threading
-
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # handed to the test below
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        if fifo is not None:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        pytest.fail(f"still running after {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def _record_text(entry: str) -> str:
     return '{"kind": "labkit-progress", "format": 1, "exercises": {"01.fp16-max": ' + entry + '}}'
 
@@ -555,7 +530,7 @@ def test_a_damaged_record_is_left_alone_said_once_and_never_breaks_check(kind, t
     path = tmp_path / "progress.json"
     path.write_text(DAMAGED[kind]())
     before = path.read_bytes()
-    _finishes(lambda: [C.check("01.fp16-max", 65504), C.check("01.fp16-max", 1.0)], timeout=10)
+    finishes(lambda: [C.check("01.fp16-max", 65504), C.check("01.fp16-max", 1.0)], timeout=10)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("✓") and lines[-1].startswith("✗") and len(lines) == 3, lines
     assert "not saved" in lines[1] and ("left as it is" in lines[1] or "not touching it" in lines[1]), lines
@@ -569,11 +544,11 @@ def test_a_fifo_at_the_record_path_never_blocks(tmp_path, capsys):
 
     path = tmp_path / "progress.json"
     os.mkfifo(path)
-    _finishes(lambda: C.check("01.fp16-max", 65504), fifo=path)
+    finishes(lambda: C.check("01.fp16-max", 65504), fifo=path)
     out = capsys.readouterr().out
     assert out.startswith("✓") and "not saved" in out and "not a regular file" in out
     with pytest.raises(ValueError, match="not a regular file"):
-        _finishes(lambda: C.load_progress(path), fifo=path)
+        finishes(lambda: C.load_progress(path), fifo=path)
 
 
 def test_the_progress_command_reports_a_damaged_record_in_one_line(tmp_path):

@@ -6,6 +6,7 @@ import json
 import stat
 
 import pytest
+from needs import finishes
 
 from labkit import check as C
 
@@ -66,32 +67,6 @@ def test_export_defaults_to_login_name(tmp_path, monkeypatch):
 
 # --- one student's file cannot break the class's results -----------------------------------------------------
 
-def _finishes(fn, timeout: float = 20.0, fifo=None):
-    """Run ``fn()`` in a thread; return its result, or fail if it has not finished after ``timeout`` seconds
-    (a reader blocked on ``fifo`` is then released, so that the test run itself goes on)."""
-    import os
-    import threading
-
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # handed to the test below
-            box["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        if fifo is not None:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        pytest.fail(f"still running after {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def _export(folder, name: str, status: str = "correct"):
     (folder / f"{name}.json").write_text(json.dumps({"name": name, "updated": "", "results": {"01.fp16-max": status}}))
 
@@ -116,7 +91,7 @@ def test_a_hostile_student_file_is_skipped_with_one_line_each(tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name not in ("bob.json", "zero.json")}
     capsys.readouterr()
 
-    got = _finishes(lambda: C.load_results(folder), fifo=folder / "bob.json")
+    got = finishes(lambda: C.load_results(folder), fifo=folder / "bob.json")
     assert got == {"alice": {"01.fp16-max": "correct"}, "carol": {"01.fp16-max": "wrong"},
                    "link-in": {"01.fp16-max": "wrong"}, "listy": {}}
     lines = capsys.readouterr().out.splitlines()
