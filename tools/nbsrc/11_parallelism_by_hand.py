@@ -647,8 +647,9 @@ for m, r in pp["runs"].items():
 # counts. The formula assumes free communication and stages of equal cost. Our real stages are not that: the two
 # ranks share this machine's cores, so a stage can wait for a core as well as for the other stage. So the launch
 # measured the schedule twice: with the real stages, and with stages whose work has a **fixed cost** that needs no
-# core (a narrow layer, then a wait of 80 ms forward and 160 ms backward per whole batch, split over the
-# micro-batches by rows; a stand-in for a GPU that runs the kernels while the CPU waits).
+# core (a narrow layer, then a wait of 160 ms forward and 320 ms backward per whole batch, split over the
+# micro-batches by rows; a stand-in for a GPU that runs the kernels while the CPU waits). A busy machine can only
+# add idle time, so each fixed-cost bubble is the smaller of two timed steps.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
