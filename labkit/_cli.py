@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from labkit._validate import safe_repr
+
 __all__ = ["PG_TIMEOUT_MAX_S", "ArgumentParser", "BadValue", "choices_list", "device", "float_in", "int_in", "int_list",
            "launch_world", "pg_timeout"]
 
@@ -73,7 +75,7 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
         try:
             value = int(_text(text))
         except ValueError:
-            raise BadValue(f"expected {want}, got {text!r}") from None
+            raise BadValue(f"expected {want}, got {safe_repr(text)}") from None
         if value < low or (high is not None and value > high):
             raise BadValue(f"expected {want}, got {value}")
         return value
@@ -96,7 +98,7 @@ def float_in(low: float = -math.inf, high: float = math.inf, *, low_open: bool =
         try:
             value = float(_text(text))
         except ValueError:
-            raise BadValue(f"expected {want}, got {text!r}") from None
+            raise BadValue(f"expected {want}, got {safe_repr(text)}") from None
         if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
             raise BadValue(f"expected {want}, got {text.strip()}")
         return value
@@ -115,7 +117,7 @@ def int_list(low: int = 1, high: int | None = None) -> Callable[[str], str]:
     def parse(text: str) -> str:
         items = [s for s in _text(text).split(",") if s.strip()]
         if not items:
-            raise BadValue(f"expected comma-separated whole numbers >= {low}, got {text!r}")
+            raise BadValue(f"expected comma-separated whole numbers >= {low}, got {safe_repr(text)}")
         for item in items:
             one(item)
         return text
@@ -133,7 +135,7 @@ def choices_list(allowed: Sequence[str]) -> Callable[[str], str]:
         names = [s.strip() for s in _text(text).split(",") if s.strip()]
         bad = [n for n in names if n not in allowed]
         if not names or bad:
-            raise BadValue(f"expected comma-separated names from {', '.join(allowed)}, got {text!r}")
+            raise BadValue(f"expected comma-separated names from {', '.join(allowed)}, got {safe_repr(text)}")
         return text
 
     parse.__name__ = "list"

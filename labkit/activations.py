@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from labkit import precision
+from labkit._validate import check_dense, safe_repr
 
 __all__ = [
     "ActivationEstimate",
@@ -36,21 +37,27 @@ __all__ = [
 ]
 
 
-def check_count(name: str, value: object, minimum: int) -> int:
-    """Return ``value`` as an int >= ``minimum`` (a whole float is accepted); ``TypeError``/``ValueError`` else.
+def check_count(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """Return ``value`` as an int >= ``minimum`` (and <= ``maximum`` if given; a whole float is accepted);
+    ``TypeError``/``ValueError`` else, saying the allowed range.
 
     The argument check shared by the memory and activation models. Introduced in notebook 06.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
     if isinstance(minimum, bool) or not isinstance(minimum, int):
         raise TypeError(f"minimum must be an int, got {type(minimum).__name__}")
+    if maximum is not None and (isinstance(maximum, bool) or not isinstance(maximum, int)):
+        raise TypeError(f"maximum must be None or an int, got {type(maximum).__name__}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
-            raise ValueError(f"{name} must be a whole number, got {value!r}")
+            raise ValueError(f"{name} must be a whole number, got {safe_repr(value)}")
         value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value < minimum or (maximum is not None and value > maximum):
+        want = f">= {minimum}" if maximum is None else f"between {minimum:,} and {maximum:,}"
+        raise ValueError(f"{name} must be {want}, got {safe_repr(value, 40)}")
     return int(value)
 
 
@@ -112,8 +119,12 @@ def measure_saved_tensors(fn: Callable[[], Any], params: Iterable[torch.Tensor] 
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(params, torch.Tensor) or not isinstance(params, Iterable):
+        raise TypeError(f"params must be an iterable of tensors (model.parameters()), got {type(params).__name__}")
     plist = list(params)
-    param_ptrs = {p.untyped_storage().data_ptr() for p in plist}
+    if not all(isinstance(p, torch.Tensor) for p in plist):
+        raise TypeError("params must hold tensors (model.parameters())")
+    param_ptrs = {check_dense("params' tensors", p).untyped_storage().data_ptr() for p in plist}
     param_ids = {id(p) for p in plist}
     seen: dict[int, tuple[str, int, str]] = {}
 
@@ -165,7 +176,7 @@ def graph_saved_bytes(t: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> 
     exclude = list(exclude)
     if not all(isinstance(p, torch.Tensor) for p in exclude):
         raise TypeError("exclude must hold tensors (e.g. model.parameters())")
-    skip = {p.untyped_storage().data_ptr() for p in exclude}
+    skip = {check_dense("exclude's tensors", p).untyped_storage().data_ptr() for p in exclude}
     seen: dict[int, int] = {}
     stack, visited = [t.grad_fn], set()
     while stack:
@@ -264,7 +275,7 @@ def _widths(autocast: str | None) -> int:
     except (TypeError, ValueError):
         name = None
     if name not in ("bf16", "fp16"):
-        raise ValueError(f"autocast must be None, 'bf16' or 'fp16', got {autocast!r}")
+        raise ValueError(f"autocast must be None, 'bf16' or 'fp16', got {safe_repr(autocast)}")
     return precision.dtype(name).itemsize
 
 

@@ -29,6 +29,7 @@ import torch
 
 from labkit import device as dev_gate
 from labkit import precision
+from labkit._validate import safe_repr
 
 __all__ = [
     "CUDA_FLOPS_PER_CLOCK_PER_SM",
@@ -93,7 +94,7 @@ class Comparison:
     def ratio(self, name: str) -> float:
         """Time of ``name`` divided by the baseline's (medians). Introduced in notebook 04."""
         if name not in self.timings:
-            raise ValueError(f"unknown candidate {name!r}; have {list(self.timings)}")
+            raise ValueError(f"unknown candidate {safe_repr(name)}; have {list(self.timings)}")
         return self.timings[name].median / self.timings[self.baseline].median
 
     def speedup(self, name: str) -> float:
@@ -118,10 +119,10 @@ def _fmt_time(s: float) -> str:
 
 
 def _check_counts(warmup: int, repeats: int) -> None:
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= _MAX_REPEATS:
+        raise ValueError(f"warmup must be an int from 0 to {_MAX_REPEATS:,}, got {safe_repr(warmup)}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= _MAX_REPEATS:
+        raise ValueError(f"repeats must be an int from 1 to {_MAX_REPEATS:,}, got {safe_repr(repeats)}")
 
 
 def _timer(dev: torch.device) -> tuple[Callable[[Callable[[], Any]], float], str]:
@@ -173,10 +174,10 @@ def compare(
         raise ValueError("candidates must be a non-empty dict of name -> callable")
     for k, fn in candidates.items():
         if not callable(fn):
-            raise TypeError(f"candidate {k!r} is not callable")
+            raise TypeError(f"candidate {safe_repr(k)} is not callable")
     baseline = next(iter(candidates)) if baseline is None else baseline
     if baseline not in candidates:
-        raise ValueError(f"baseline {baseline!r} is not one of {list(candidates)}")
+        raise ValueError(f"baseline {safe_repr(baseline)} is not one of {list(candidates)}")
     _check_counts(warmup, repeats)
     dev = dev_gate.resolve(device)
     timer, method = _timer(dev)
@@ -197,7 +198,7 @@ def _dtypes_for(dev: torch.device, names: Sequence[str]) -> list[str]:
     out = []
     for n in names:
         if n not in PEAK_DTYPES:
-            raise ValueError(f"unknown dtype {n!r}; choose from {list(PEAK_DTYPES)}")
+            raise ValueError(f"unknown dtype {safe_repr(n)}; choose from {list(PEAK_DTYPES)}")
         if n == "fp32" or dev_gate.computes(PEAK_DTYPES[n], dev):
             out.append(n)
     return out
@@ -211,10 +212,10 @@ def matmul_candidates(
     Dtypes the device cannot compute in are left out. Introduced in notebook 04.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+        raise ValueError(f"n must be a positive int, got {safe_repr(n)}")
     dev = dev_gate.resolve(device)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        raise ValueError(f"seed must be an int >= 0, got {safe_repr(seed)}")
     g = torch.Generator().manual_seed(seed)
     a32, b32 = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     cands: dict[str, Callable[[], Any]] = {}
@@ -315,7 +316,7 @@ def _peak_dtype(dtype: str | torch.dtype) -> tuple[str, torch.dtype]:
     if not isinstance(dtype, str):
         raise TypeError(f"dtype must be a name such as 'bf16' or a torch.dtype, got {type(dtype).__name__}")
     if dtype not in PEAK_DTYPES:
-        raise ValueError(f"peak dtypes are {sorted(PEAK_DTYPES)}, got {dtype!r}")
+        raise ValueError(f"peak dtypes are {sorted(PEAK_DTYPES)}, got {safe_repr(dtype)}")
     return dtype, PEAK_DTYPES[dtype]
 
 
@@ -369,14 +370,14 @@ def peak_matmul_flops(dtype: str | torch.dtype = "fp32", device: torch.device | 
     if dt != torch.float32 and not dev_gate.computes(dt, dev):
         raise ValueError(f"{dev} does not compute in {name}; measure fp32 instead")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+        raise ValueError(f"repeats must be a positive int, got {safe_repr(repeats)}")
     shapes = tuple(default_peak_shapes(dev, name) if shapes is None else shapes)
     if not shapes:
         raise ValueError("shapes must list at least one (m, n, k)")
     per: dict[tuple[int, int, int], float] = {}
     for shape in shapes:
         if len(shape) != 3 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape):
-            raise ValueError(f"each shape must be three positive ints (m, n, k), got {shape!r}")
+            raise ValueError(f"each shape must be three positive ints (m, n, k), got {safe_repr(shape)}")
         m, n, k = shape
         a = torch.randn(m, k, device=dev).to(dt)
         b = torch.randn(k, n, device=dev).to(dt)
@@ -408,9 +409,9 @@ def memory_bandwidth(nbytes: int = 256 * 2**20, device: torch.device | str | Non
     Introduced in notebook 07.
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 4096:
-        raise ValueError(f"nbytes must be an int >= 4096, got {nbytes!r}")
+        raise ValueError(f"nbytes must be an int >= 4096, got {safe_repr(nbytes)}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+        raise ValueError(f"repeats must be a positive int, got {safe_repr(repeats)}")
     dev = dev_gate.resolve(device)
     src = torch.ones(nbytes // 4, device=dev)
     dst = torch.empty_like(src)
@@ -445,8 +446,9 @@ def cpu_flops_per_cycle(dtype: str, isa: Sequence[str], fma_units: int = 2) -> t
     AVX512-BF16 dot products ``16 lanes x 4 x fma_units``; else as fp32 (converted). fp16: AMX-FP16 1024;
     AVX512-FP16 ``32 lanes x 2 x fma_units``; else as fp32. Introduced in notebook 07.
     """
-    if isinstance(fma_units, bool) or not isinstance(fma_units, int) or fma_units < 1:
-        raise ValueError(f"fma_units must be a positive int, got {fma_units!r}")
+    if isinstance(fma_units, bool) or not isinstance(fma_units, int) or not 1 <= fma_units <= 16:
+        raise ValueError(f"fma_units must be a positive int, at most 16 (FMA units per core: 1 or 2 on today's "
+                         f"CPUs), got {safe_repr(fma_units)}")
     name, _ = _peak_dtype(dtype)
     have = set(isa)
     if name == "bf16" and "amx_bf16" in have:
@@ -584,6 +586,10 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
 _MAX_MATMUL_N = 32768
 _MAX_BATCH = 65536
 _MAX_BANDWIDTH_MIB = 16384
+# --warmup/--repeats: a thousand times the defaults (a typo of 10**9 would time for days); --threads: more than
+# any node's cores (torch would try to start them all).
+_MAX_REPEATS = 10_000
+_MAX_THREADS = 1024
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -597,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     from labkit import _cli
 
-    count, dtypes = _cli.int_in(1), _cli.choices_list(list(PEAK_DTYPES))
+    threads, dtypes = _cli.int_in(1, _MAX_THREADS), _cli.choices_list(list(PEAK_DTYPES))
     size = _cli.int_in(1, _MAX_MATMUL_N)
     ap = _cli.ArgumentParser(prog="python -m labkit.bench", description="labkit benchmarks")
     sub = ap.add_subparsers(dest="suite", required=True)
@@ -607,11 +613,14 @@ def main(argv: list[str] | None = None) -> int:
     amp.add_argument("--dtypes", type=dtypes, default="bf16", help="comma-separated, compared with fp32 (bf16,fp16)")
     amp.add_argument("--size", type=size, default=None,
                      help=f"matmul size n, at most {_MAX_MATMUL_N} (default 1024 CPU, 4096 CUDA)")
-    amp.add_argument("--warmup", type=_cli.int_in(0), default=3)
-    amp.add_argument("--repeats", type=count, default=10)
+    amp.add_argument("--warmup", type=_cli.int_in(0, _MAX_REPEATS), default=3,
+                     help=f"untimed runs first, at most {_MAX_REPEATS:,} (default: 3)")
+    amp.add_argument("--repeats", type=_cli.int_in(1, _MAX_REPEATS), default=10,
+                     help=f"timed runs, the median is reported; at most {_MAX_REPEATS:,} (default: 10)")
     amp.add_argument("--batch-size", type=_cli.int_in(1, _MAX_BATCH), default=64,
                      help=f"tiny-GPT batch size for the train step, at most {_MAX_BATCH}")
-    amp.add_argument("--threads", type=count, default=None, help="torch.set_num_threads for a CPU run")
+    amp.add_argument("--threads", type=threads, default=None,
+                     help=f"torch.set_num_threads for a CPU run, at most {_MAX_THREADS:,}")
     peak = sub.add_parser("peak", help="measured vs theoretical peak FLOP/s (fp32, bf16, fp16) and copy bandwidth")
     peak.add_argument("--device", type=_cli.device, default=None,
                       help="cpu, cuda, ... (default: labkit.device.pick_device())")
@@ -621,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     peak.add_argument("--sizes", type=_cli.int_list(1, _MAX_MATMUL_N), default=None,
                       help=f"comma-separated square matmul sizes, each at most {_MAX_MATMUL_N} "
                            "(default: a few per device)")
-    peak.add_argument("--threads", type=count, default=None, help="torch.set_num_threads for a CPU run")
+    peak.add_argument("--threads", type=threads, default=None,
+                      help=f"torch.set_num_threads for a CPU run, at most {_MAX_THREADS:,}")
     args = ap.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -9,7 +9,17 @@ solutions stripped, still runs top to bottom. :class:`~labkit.exercises.Exercise
 second its ``method``, the third its worked ``solution`` (a missing one is skipped; where there is no
 solution, the hint points at the reference notebook). :func:`solution` shows the worked solution at once. An
 answer that is the exercise's typical mistake (``Exercise.wrong``) is answered with ``wrong_why``, which names
-the mistake. The count starts at zero in every kernel: what a kernel prints never depends on earlier runs.
+the mistake. The count starts at zero in every kernel: what a kernel prints never depends on earlier runs. An
+answer in the wrong form (the grader says so with a :class:`~labkit.exercises._core.FormatSlip`: "Give the value
+as a number") or one that raised is answered, but it is no wrong try: the hints stay where they are and the
+progress record is not touched.
+
+**labkit's own answers do not count.** :func:`check` (and :func:`predict`) refuses an answer that is the exercise's
+``reference`` object itself, or a function, class or kernel defined in labkit (also wrapped: a
+``functools.partial``, a bound method, a ``@triton.jit`` kernel): it says so in one line and notes in the progress
+record that the solution was seen. :func:`evaluate` grades whatever it is given (the tests and instructors use it
+on the reference answers). A prediction recorded after :func:`reveal` has shown the result is compared but not
+counted: the first verdict stays.
 
 **Progress.** Every graded answer is also written to a local record (JSON, on this machine only, never a
 network): in the learner's workspace (``work/.labkit-progress.json``, see :mod:`labkit.workspace`) when the
@@ -22,6 +32,7 @@ and ``python -m labkit progress`` show the record; :func:`export_results` still 
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import math
 import numbers
@@ -30,6 +41,7 @@ import re
 import stat
 import time
 import traceback
+import types
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,7 +49,9 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from labkit._validate import safe_repr
 from labkit.exercises import NOT_GIVEN, Exercise, all_exercises, get_exercise, number_grader
+from labkit.exercises._core import FormatSlip
 
 __all__ = [
     "NOT_GIVEN",
@@ -80,6 +94,10 @@ _RESULTS: dict[str, str] = {}
 _PREDICTIONS: dict[str, Any] = {}
 #: Wrong answers per exercise in this kernel: how far the hints have escalated.
 _WRONG: dict[str, int] = {}
+#: Predict exercises whose result reveal() has shown in this kernel, with the verdict that stands.
+_REVEALED: dict[str, str] = {}
+#: Predict exercises whose recorded prediction came after the result was shown (compared, never counted).
+_LATE: set[str] = set()
 
 
 # What contains_ellipsis looks into, and how deep; deeper levels count as filled in.
@@ -118,7 +136,8 @@ def _outcome(out: Any) -> tuple[bool, str]:
         if len(out) != 2:
             raise ValueError(f"a grader returns ok or (ok, message), got a tuple of {len(out)}")
         ok, detail = out
-        return bool(ok), "" if detail is None else str(detail)
+        # a FormatSlip stays one (str() of a str subclass would make it a plain str)
+        return bool(ok), "" if detail is None else detail if isinstance(detail, str) else str(detail)
     return bool(out), ""
 
 
@@ -191,6 +210,76 @@ def _typical(ex: Exercise, answer: Any) -> bool:
 
 # _judge's details that are not a grader's message: a stub function, an answer that raised
 _STUB, _RAISED = "\x00stub", "\x00raised:"
+
+
+def _no_try(detail: str) -> bool:
+    """Whether a wrong answer's ``detail`` says it is no wrong try: it raised, or the grader saw a slip of form."""
+    return isinstance(detail, FormatSlip) or detail.startswith(_RAISED)
+
+
+# ------------------------------------------------------------------------------ labkit's own answers, not the learner's
+#: How deep _labkit_own looks into wrappers (a partial of a bound method...) and into a tuple or list of answers.
+_OWN_DEPTH = 3
+#: The attributes through which an object wraps a function: a Triton kernel (fn), functools.partial (func), a
+#: bound method (__func__), a functools.wraps decorator (__wrapped__).
+_WRAPPED = ("fn", "func", "__func__", "__wrapped__")
+
+
+def _in_labkit(module: Any) -> bool:
+    return isinstance(module, str) and (module == "labkit" or module.startswith("labkit."))
+
+
+def _labkit_own(obj: Any, depth: int = 0) -> bool:
+    """Whether ``obj`` is a function, class or kernel defined in labkit, or wraps one, or is a tuple or list of
+    answers that holds one (``04.resume-scaler`` takes two functions). Never raises."""
+    if depth > _OWN_DEPTH:
+        return False
+    try:
+        if type(obj) in (tuple, list):  # exactly these: a subclass's own __iter__ is not run
+            return len(obj) <= 8 and any(_labkit_own(o, depth + 1) for o in obj)
+        if not callable(obj):
+            return False
+        if _in_labkit(getattr(obj, "__module__", None)):
+            return True
+        inner = (getattr(obj, name, None) for name in _WRAPPED)
+        return any(i is not None and i is not obj and _labkit_own(i, depth + 1) for i in inner)
+    except (Exception, RecursionError):  # a hostile object's __getattr__: not labkit's
+        return False
+
+
+def _shared(value: Any) -> bool:
+    """Whether Python hands the same object to anyone who writes this value (a small int, interned text, None,
+    the empty tuple, a dtype, a class): being the reference object then says nothing about where it came from."""
+    if value is None or value is Ellipsis or isinstance(value, (int, str, bytes, type, types.ModuleType, enum.Enum)):
+        return True
+    if type(value) in (tuple, frozenset) and not value:
+        return True
+    kind = type(value)
+    return kind.__module__ == "torch" and kind.__name__ in ("dtype", "layout", "memory_format", "device")
+
+
+def _is_reference(ex: Exercise, answer: Any) -> bool:
+    """Whether ``answer`` is ``ex.reference`` itself (for a predict exercise: also its prediction part, alone or in
+    a pair), not an equal value the learner wrote."""
+    ref = ex.reference
+    if ref is NOT_GIVEN:
+        return False
+    same = [ref]
+    if ex.kind == "predict" and type(ref) is tuple and len(ref) == 2:
+        same.append(ref[0])
+        if type(answer) is tuple and len(answer) == 2 and answer[0] is ref[0] and not _shared(ref[0]):
+            return True
+    return any(answer is r and not _shared(r) for r in same)
+
+
+def _borrowed(ex: Exercise, answer: Any) -> bool:
+    """Whether ``answer`` is labkit's own answer, not the learner's: the reference object, or labkit's code."""
+    return _is_reference(ex, answer) or _labkit_own(answer)
+
+
+def _borrowed_message(ex: Exercise) -> str:
+    return (f"{ex.id}: that is labkit's own answer, not yours: write yours and check it again. (Your progress "
+            "notes that you have seen this exercise's solution.)")
 
 
 def _judge(ex: Exercise, answer: Any) -> tuple[str, str, bool]:
@@ -268,6 +357,8 @@ def _message(ex: Exercise, status: str, detail: str, typical: bool, level: int) 
         return msg
     if detail.startswith(_RAISED):
         return f"{ex.id}: your answer raised {detail.removeprefix(_RAISED)}.{_hint(ex, level)}"
+    if isinstance(detail, FormatSlip):
+        return f"{ex.id}: {detail} (Not counted as a wrong answer.)"
     msg = f"{ex.id}: not quite."
     why = ex.wrong_why.strip() if typical else ""
     if why:
@@ -280,26 +371,30 @@ def _message(ex: Exercise, status: str, detail: str, typical: bool, level: int) 
 def evaluate(exercise_id: str, answer: Any) -> Verdict:
     """Grade ``answer`` for ``exercise_id`` and return a :class:`Verdict` without printing.
 
-    A wrong answer's message carries the first hint (``check`` escalates; this function keeps no state).
-    Raises ``ValueError`` for an unknown exercise id (a bug in the notebook, not a wrong answer).
-    Introduced in notebook 01.
+    A wrong answer's message carries the first hint (``check`` escalates; this function keeps no state). Unlike
+    :func:`check`, it grades whatever it is given, labkit's own reference answers included (the tests and an
+    instructor's scripts grade those). Raises ``ValueError`` for an unknown exercise id (a bug in the notebook, not
+    a wrong answer). Introduced in notebook 01.
     """
     ex = get_exercise(exercise_id)
     status, detail, typical = _judge(ex, answer)
     return Verdict(status, _message(ex, status, detail, typical, 1))
 
 
-def _escalated(ex: Exercise, answer: Any) -> tuple[Verdict, bool]:
+def _escalated(ex: Exercise, answer: Any) -> tuple[Verdict, bool, bool]:
     """Grade like :func:`evaluate`, counting this kernel's wrong answers: the hints escalate.
 
-    Returns the verdict and whether its message showed the worked solution.
+    An answer that raised, or one in the wrong form (a :class:`FormatSlip`), is no wrong try: it gets its message
+    with the help of the level reached so far, and the next wrong answer gets the help it would have got.
+    Returns the verdict, whether its message showed the worked solution, and whether it counts as a try.
     """
     status, detail, typical = _judge(ex, answer)
-    level = 1
-    if status == "wrong":
+    counts = not (status == "wrong" and _no_try(detail))
+    level = max(_WRONG.get(ex.id, 0), 1)
+    if status == "wrong" and counts:
         level = _WRONG[ex.id] = _WRONG.get(ex.id, 0) + 1
-    shown = status == "wrong" and _shows_solution(ex, level)
-    return Verdict(status, _message(ex, status, detail, typical, level)), shown
+    shown = status == "wrong" and counts and _shows_solution(ex, level)
+    return Verdict(status, _message(ex, status, detail, typical, level)), shown, counts
 
 
 def _say(text: str) -> None:
@@ -311,18 +406,28 @@ def check(exercise_id: str, answer: Any) -> None:
     """Print ✓ and a short confirmation, ✗ and a hint, or "not attempted yet"; never raise on an answer.
 
     Hints escalate in this kernel: the first wrong answer gets the hint, the next the method, the next the
-    worked solution; the exercise's typical mistake is named as such. A graded answer is added to the
-    progress record (see :func:`progress`). Whatever ``answer`` is (a container that holds itself, a list
-    nested thousands deep, an object whose methods raise), the outcome is printed, not raised; only an
-    unknown ``exercise_id`` (a bug in the notebook, not in the answer) raises ``ValueError``/``TypeError``.
-    Introduced in notebook 01.
+    worked solution; the exercise's typical mistake is named as such. An answer in the wrong form, or one that
+    raised, is answered but is no wrong try (the hints do not climb, nothing is recorded). A graded answer is
+    added to the progress record (see :func:`progress`). labkit's own answer (the exercise's reference object, or
+    a function, class or kernel defined in labkit) is not graded: a "…" line says so, and the record notes the
+    solution as seen. Whatever ``answer`` is (a container that holds itself, a list nested thousands deep, an
+    object whose methods raise), the outcome is printed, not raised; only an unknown ``exercise_id`` (a bug in
+    the notebook, not in the answer) raises ``ValueError``/``TypeError``. Introduced in notebook 01.
     """
     ex = get_exercise(exercise_id)
-    verdict, shown = _escalated(ex, answer)
+    if _borrowed(ex, answer):
+        _RESULTS.setdefault(ex.id, "not attempted")
+        _say(f"… {_borrowed_message(ex)}")
+        _record(ex.id, None, solution_seen=True)
+        return
+    verdict, shown, counts = _escalated(ex, answer)
     mark = {"correct": "✓", "wrong": "✗", "not attempted": "…"}[verdict.status]
-    _RESULTS[exercise_id] = verdict.status
+    if counts:
+        _RESULTS[exercise_id] = verdict.status
+    else:  # a slip of form, or an answer that raised: no verdict on the learner's answer yet
+        _RESULTS.setdefault(exercise_id, "not attempted")
     _say(f"{mark} {verdict.message}")
-    if verdict.status != "not attempted":
+    if verdict.status != "not attempted" and counts:
         _record(ex.id, verdict.status, solution_seen=shown)
 
 
@@ -352,41 +457,60 @@ def _predict_exercise(exercise_id: str) -> Exercise:
 def predict(exercise_id: str, prediction: Any) -> None:
     """Record the learner's prediction for a *predict, then run* exercise, before the cell that shows the result.
 
-    A prediction that is still ``...`` is reported as "not attempted yet". :func:`reveal`, called by the next
-    cell with the measured result, compares the two. Raises ``ValueError`` for an id that is not a predict
+    A prediction that is still ``...`` is reported as "not attempted yet"; labkit's own (the exercise's reference
+    prediction itself) is refused, as :func:`check` refuses it. :func:`reveal`, called by the next cell with the
+    measured result, compares the two. A prediction recorded after :func:`reveal` has shown the result (in this
+    kernel) is compared but not counted: the line says so. Raises ``ValueError`` for an id that is not a predict
     exercise. Introduced in notebook 01.
     """
     ex = _predict_exercise(exercise_id)
     _PREDICTIONS.pop(ex.id, None)
+    _LATE.discard(ex.id)
     if contains_ellipsis(prediction):
         _RESULTS.setdefault(ex.id, "not attempted")
         print(f"… {ex.id}: not attempted yet. Replace the `...` with your prediction and run the cell again.")
         return
+    if _borrowed(ex, prediction):
+        _RESULTS.setdefault(ex.id, "not attempted")
+        _say(f"… {_borrowed_message(ex)}")
+        _record(ex.id, None, solution_seen=True)
+        return
     _PREDICTIONS[ex.id] = prediction
     shown = repr(prediction)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    print(f"✎ {ex.id}: prediction recorded ({shown}). Now run the next cell.".encode("utf-8", "backslashreplace")
-          .decode("utf-8"))
+    if ex.id in _REVEALED:
+        _LATE.add(ex.id)
+        _say(f"✎ {ex.id}: prediction recorded ({shown}), after the result was shown: it will not be counted.")
+        return
+    _say(f"✎ {ex.id}: prediction recorded ({shown}). Now run the next cell.")
 
 
 def reveal(exercise_id: str, result: Any) -> Verdict:
     """Compare the prediction recorded by :func:`predict` with the measured ``result``; print and return the verdict.
 
     The exercise's grader receives the pair ``(prediction, result)`` and explains the difference. With no
-    prediction recorded the verdict is "not attempted". Introduced in notebook 01.
+    prediction recorded the verdict is "not attempted". Once a verdict has shown the result, a prediction recorded
+    after it is not counted: one line says so, and the first verdict stays in :func:`results` and the progress
+    record (and is returned). Introduced in notebook 01.
     """
     ex = _predict_exercise(exercise_id)
-    shown = False
+    if ex.id in _PREDICTIONS and ex.id in _LATE:
+        first = _REVEALED[ex.id]
+        _say(f"… {ex.id}: recorded after the result was shown: not counted. The verdict on your first prediction "
+             f"stands: {first}.")
+        return Verdict(first, f"{ex.id}: recorded after the result was shown: not counted.")
+    shown, counts = False, False
     if ex.id not in _PREDICTIONS:
         verdict = Verdict("not attempted", f"{ex.id}: not attempted yet. Record a prediction in the cell above "
                                            "(replace its `...`), run it, then run this cell again.")
     else:
-        verdict, shown = _escalated(ex, (_PREDICTIONS[ex.id], result))
+        verdict, shown, counts = _escalated(ex, (_PREDICTIONS[ex.id], result))
     mark = {"correct": "✓", "wrong": "✗", "not attempted": "…"}[verdict.status]
-    if verdict.status != "not attempted" or ex.id not in _RESULTS:
-        _RESULTS[ex.id] = verdict.status
+    if (counts and verdict.status != "not attempted") or ex.id not in _RESULTS:
+        _RESULTS[ex.id] = verdict.status if counts else "not attempted"
     _say(f"{mark} {verdict.message}")
-    if verdict.status != "not attempted":
+    if verdict.status != "not attempted" and counts:
+        _REVEALED.setdefault(ex.id, verdict.status)
         _record(ex.id, verdict.status, solution_seen=shown)
     return verdict
 
@@ -400,13 +524,14 @@ def results() -> dict[str, str]:
 
 
 def reset_results() -> None:
-    """Forget this kernel's results, predictions and hint levels (the progress record keeps its entries).
-
-    Introduced in notebook 01.
+    """Forget this kernel's results, predictions, revealed results and hint levels (the progress record keeps its
+    entries). Introduced in notebook 01.
     """
     _RESULTS.clear()
     _PREDICTIONS.clear()
     _WRONG.clear()
+    _REVEALED.clear()
+    _LATE.clear()
 
 
 _RANK = {"not attempted": 0, "wrong": 1, "correct": 2}
@@ -431,7 +556,7 @@ def export_results(path: str | Path = ".", name: str | None = None) -> Path:
 
     who = name if name is not None else getpass.getuser()
     if not isinstance(who, str) or not _NAME_OK.match(who):
-        raise ValueError(f"name must be a plain file name (letters, digits, . _ -), got {who!r}")
+        raise ValueError(f"name must be a plain file name (letters, digits, . _ -), got {safe_repr(who)}")
     target = Path(path).expanduser()
     if target.suffix != ".json":
         target.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from labkit._validate import as_float, safe_repr
+
 __all__ = [
     "IGNORE_INDEX",
     "TOKEN_TASKS",
@@ -83,8 +85,9 @@ def make_regression(
     _check_int("in_features", in_features, 1)
     _check_int("out_features", out_features, 1)
     for name, v in (("noise", noise), ("target_scale", target_scale)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise TypeError(f"{name} must be a finite number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(as_float(name, v)):
+            raise TypeError(f"{name} must be a finite number, got {safe_repr(v)}")
+    noise, target_scale = float(noise), float(target_scale)  # a 2**64 would not fit torch's int64 scalars
     if not (noise >= 0):
         raise ValueError(f"noise must be >= 0, got {noise}")
     if not (target_scale > 0):
@@ -171,7 +174,7 @@ def make_token_task(
     Introduced in notebook 04.
     """
     if task not in TOKEN_TASKS:
-        raise ValueError(f"unknown token task {task!r}; choose one of {sorted(TOKEN_TASKS)}")
+        raise ValueError(f"unknown token task {safe_repr(task)}; choose one of {sorted(TOKEN_TASKS)}")
     _check_int("n", n, 1)
     _check_int("n_digits", n_digits, 1)
     _check_int("vocab_size", vocab_size, 3)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,18 +31,38 @@ from torch import nn
 __all__ = ["BackwardAnomaly", "NonFinite", "backward_anomaly", "first_nonfinite", "nonfinite_count"]
 
 
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in ``value`` (tensors, tuples, lists, dicts, nested): walked with a stack, not recursion, so
+    any depth is fine, and each container once, so one that holds itself ends too."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (tuple, list, dict)) and id(v) not in seen:
+            seen.add(id(v))
+            stack.extend(reversed(list(v.values() if isinstance(v, dict) else v)))
+
+
+def _nonfinite(t: torch.Tensor) -> int:
+    if not (t.is_floating_point() or t.is_complex()):
+        return 0
+    if t.is_meta:
+        raise ValueError("a meta tensor has a shape but no values: there is nothing to count")
+    if t.layout == torch.sparse_coo:  # a sparse gradient (nn.Embedding(sparse=True)): its stored values count
+        t = t.coalesce().values()
+    elif t.layout != torch.strided:
+        t = t.values()
+    return int((~torch.isfinite(t)).sum())
+
+
 def nonfinite_count(value: Any) -> int:
     """Return how many NaN/inf elements the floating-point tensors in ``value`` hold (tensors, tuples, lists, dicts).
 
+    A sparse tensor counts its stored values; a meta tensor (no values) raises ``ValueError``.
     Introduced in notebook 03.
     """
-    if isinstance(value, torch.Tensor):
-        return int((~torch.isfinite(value)).sum()) if value.is_floating_point() or value.is_complex() else 0
-    if isinstance(value, (tuple, list)):
-        return sum(nonfinite_count(v) for v in value)
-    if isinstance(value, dict):
-        return sum(nonfinite_count(v) for v in value.values())
-    return 0
+    return sum(_nonfinite(t) for t in _tensors(value))
 
 
 @dataclass(frozen=True)
@@ -67,13 +87,7 @@ class NonFinite:
 
 
 def _numel(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel()
-    if isinstance(value, (tuple, list)):
-        return sum(_numel(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_numel(v) for v in value.values())
-    return 0
+    return sum(t.numel() for t in _tensors(value))
 
 
 def first_nonfinite(model: nn.Module, fn: Callable[[], Any]) -> NonFinite | None:

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from labkit._validate import safe_repr
+
 __all__ = [
     "Capabilities",
     "autocast_dtype",
@@ -72,7 +74,7 @@ def _as_device(device: torch.device | str | None) -> torch.device:
         try:
             return torch.device(device)
         except RuntimeError as exc:
-            raise ValueError(f"expected a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from exc
+            raise ValueError(f"expected a device such as 'cpu', 'cuda' or 'cuda:0', got {safe_repr(device)}") from exc
     raise TypeError(f"expected a torch.device, a str or None, got {type(device).__name__}")
 
 
@@ -110,7 +112,7 @@ def pick_device(prefer: str | None = None) -> torch.device:
         if dev.type == "mps" and not _mps_available():
             raise ValueError("an MPS device was asked for, but this machine has none")
         if dev.type not in {"cpu", "cuda", "mps"}:
-            raise ValueError(f"labkit supports cpu, cuda and mps devices, not {dev.type!r}")
+            raise ValueError(f"labkit supports cpu, cuda and mps devices, not {safe_repr(dev.type)}")
         return dev
     if torch.cuda.is_available():
         return torch.device("cuda")
@@ -533,7 +535,7 @@ def event_timer(device: torch.device | str | None = None,
     """
     dev = _present(device)
     if isinstance(flush_bytes, bool) or not isinstance(flush_bytes, int) or flush_bytes < 0:
-        raise ValueError(f"flush_bytes must be an int >= 0, got {flush_bytes!r}")
+        raise ValueError(f"flush_bytes must be an int >= 0, got {safe_repr(flush_bytes)}")
     if dev.type != "cuda":
         return None
     cache = torch.empty(flush_bytes // 4, dtype=torch.int32, device=dev) if flush_bytes else None
@@ -624,7 +626,7 @@ def set_float32_matmul_precision(precision: str) -> dict[str, object]:
     if not isinstance(precision, str):
         raise TypeError(f"precision must be a str, got {type(precision).__name__}")
     if precision not in _MATMUL_PRECISIONS:
-        raise ValueError(f"precision must be one of {_MATMUL_PRECISIONS}, got {precision!r}")
+        raise ValueError(f"precision must be one of {_MATMUL_PRECISIONS}, got {safe_repr(precision)}")
     before = fp32_matmul_settings()
     torch.set_float32_matmul_precision(precision)
     return before

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from labkit._validate import safe_repr
+
 __all__ = [
     "STOP_FILE_VAR",
     "stop_requested",
@@ -151,7 +153,7 @@ def _bindable(addr: str, port: int) -> bool:
                 if exc.errno == errno.EADDRNOTAVAIL and family == socket.AF_INET6:
                     continue
                 if exc.errno == errno.EADDRNOTAVAIL and where == addr:
-                    raise ValueError(f"host {addr!r} is not an address of this machine") from None
+                    raise ValueError(f"host {safe_repr(addr)} is not an address of this machine") from None
                 return False
     return True
 
@@ -169,11 +171,11 @@ def find_free_port(host: str = "127.0.0.1") -> int:
     Introduced in notebook 09.
     """
     if not isinstance(host, str) or not host:
-        raise TypeError(f"host must be a non-empty str such as '127.0.0.1', got {host!r}")
+        raise TypeError(f"host must be a non-empty str such as '127.0.0.1', got {safe_repr(host)}")
     try:
         addr = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except (socket.gaierror, UnicodeError):
-        raise ValueError(f"host {host!r} is neither an IPv4 address nor a host name this machine resolves "
+        raise ValueError(f"host {safe_repr(host)} is neither an IPv4 address nor a host name this machine resolves "
                          "(use '127.0.0.1' for a single node)") from None
     pool = _port_pool()
     rng = random.SystemRandom()
@@ -185,7 +187,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
         try:
             s.bind((addr, 0))
         except OSError as exc:
-            raise ValueError(f"cannot bind a port on host {host!r} ({addr}): {exc}") from None
+            raise ValueError(f"cannot bind a port on host {safe_repr(host)} ({addr}): {exc}") from None
         return int(s.getsockname()[1])
 
 
@@ -218,22 +220,22 @@ def _target_argv(module_or_script: str | os.PathLike, cwd: Path) -> list[str]:
         module_or_script = os.fspath(module_or_script)
     if not isinstance(module_or_script, str) or not module_or_script:
         raise TypeError("module_or_script must be a module name such as 'labkit.recipes.ddp' or a path "
-                        f"to a .py script, got {module_or_script!r}")
+                        f"to a .py script, got {safe_repr(module_or_script)}")
     if module_or_script.endswith(".py") or os.sep in module_or_script:
         path = Path(module_or_script)
         if not path.is_absolute():
             path = cwd / path
         if not path.is_file():
-            raise ValueError(f"script {module_or_script!r} does not exist (looked at {path})")
+            raise ValueError(f"script {safe_repr(module_or_script)} does not exist (looked at {path})")
         return [str(path)]
     if not _MODULE_RE.match(module_or_script):
-        raise ValueError(f"{module_or_script!r} is neither a dotted module name nor a .py script path")
+        raise ValueError(f"{safe_repr(module_or_script)} is neither a dotted module name nor a .py script path")
     try:
         spec = importlib.util.find_spec(module_or_script)
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        raise ValueError(f"module {module_or_script!r} cannot be found by this Python ({sys.executable})")
+        raise ValueError(f"module {safe_repr(module_or_script)} cannot be found by this Python ({sys.executable})")
     return ["-m", module_or_script]
 
 
@@ -606,7 +608,7 @@ def _launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[
     nproc, args, timeout = _validate(nproc, args, timeout)
     target = _target_argv(module_or_script, work)
     if isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int) or threads_per_rank < 1:
-        raise ValueError(f"threads_per_rank must be an int >= 1, got {threads_per_rank!r}")
+        raise ValueError(f"threads_per_rank must be an int >= 1, got {safe_repr(threads_per_rank)}")
     if env is not None and (not isinstance(env, dict)
                             or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise TypeError("env must be a dict of str to str")
@@ -798,9 +800,9 @@ def init_process_group(backend: str, timeout_s: float = 60.0, device: Any = None
     import torch.distributed as dist
 
     if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {safe_repr(backend)}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 7 * 86400:
-        raise ValueError(f"timeout_s must be a number of seconds in (0, 604800] (a week), got {timeout_s!r}")
+        raise ValueError(f"timeout_s must be a number of seconds in (0, 604800] (a week), got {safe_repr(timeout_s)}")
     renv = rank_env()
     port = renv.master_port or find_free_port(renv.master_addr)
     os.environ.update({"MASTER_ADDR": renv.master_addr, "MASTER_PORT": str(port),
@@ -821,7 +823,11 @@ def emit_result(result: dict[str, Any]) -> None:
     """
     if not isinstance(result, dict):
         raise TypeError(f"result must be a dict, got {type(result).__name__}")
-    print(RESULT_PREFIX + json.dumps(result, allow_nan=True), flush=True)
+    try:
+        line = json.dumps(result, allow_nan=True)
+    except RecursionError:  # json walks nested dicts and lists recursively
+        raise ValueError("result nests too deeply to be written as one JSON line") from None
+    print(RESULT_PREFIX + line, flush=True)
 
 
 def run_rank_main(main: Callable[[], int], *, exit_on_error: bool = False) -> NoReturn:
@@ -842,7 +848,7 @@ def run_rank_main(main: Callable[[], int], *, exit_on_error: bool = False) -> No
     from torch.distributed.elastic.multiprocessing.errors import record
 
     if not isinstance(exit_on_error, bool):
-        raise TypeError(f"exit_on_error must be True or False, got {exit_on_error!r}")
+        raise TypeError(f"exit_on_error must be True or False, got {safe_repr(exit_on_error)}")
     try:
         rc = record(main)()
     except BaseException:

@@ -24,6 +24,8 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from labkit._validate import safe_repr
+
 __all__ = [
     "FORMATS",
     "OVERFLOW_RULES",
@@ -206,7 +208,7 @@ def get_format(fmt: FloatFormat | str) -> FloatFormat:
     key = fmt.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in FORMATS:
-        raise ValueError(f"unknown float format {fmt!r}; known formats: {', '.join(FORMATS)}")
+        raise ValueError(f"unknown float format {safe_repr(fmt)}; known formats: {', '.join(FORMATS)}")
     return FORMATS[key]
 
 
@@ -226,7 +228,7 @@ def _check_overflow(overflow: str | None, f: FloatFormat) -> str:
     if not isinstance(overflow, str):
         raise TypeError(f"overflow must be one of {OVERFLOW_RULES} or None, got {type(overflow).__name__}")
     if overflow not in OVERFLOW_RULES:
-        raise ValueError(f"overflow must be one of {OVERFLOW_RULES} or None, got {overflow!r}")
+        raise ValueError(f"overflow must be one of {OVERFLOW_RULES} or None, got {safe_repr(overflow)}")
     if overflow == "inf" and not f.has_inf:
         raise ValueError(f"{f.name} has no infinity; use overflow='nan' or 'saturate'")
     return overflow
@@ -465,7 +467,7 @@ def ulp(x: Number, fmt: FloatFormat | str) -> float:
     f = get_format(fmt)
     v = abs(round_to(x, f))
     if math.isnan(v) or math.isinf(v):
-        raise ValueError(f"ulp is defined for finite values; {x!r} is not finite in {f.name}")
+        raise ValueError(f"ulp is defined for finite values; {safe_repr(x)} is not finite in {f.name}")
     if v >= f.max:
         return f.max - next_down(f.max, f)
     return next_up(v, f) - v
@@ -597,7 +599,7 @@ def table(names: list[str] | None = None) -> str:
     Introduced in notebook 01.
     """
     if names is not None and (isinstance(names, str) or not isinstance(names, (list, tuple))):
-        raise TypeError(f"names must be a list of format names such as ['fp16', 'bf16'], or None, got {names!r}")
+        raise TypeError(f"names must be a list of format names such as ['fp16', 'bf16'], or None, got {safe_repr(names)}")
     fs = [get_format(n) for n in (names or list(FORMATS))]
 
     def p2(v: float) -> str:

@@ -39,9 +39,12 @@ from torch import nn
 from labkit import device as dev_gate
 from labkit import formats as _formats
 from labkit import precision
+from labkit._validate import as_float, check_dense, safe_repr
 
 __all__ = [
     "DTYPES",
+    "MAX_HISTORY",
+    "MAX_MARGIN",
     "DelayedScaling",
     "QuantStats",
     "ScaledTensor",
@@ -69,13 +72,12 @@ def _fmt(fmt: Any) -> str:
     if not isinstance(fmt, str):
         raise TypeError(f"fmt must be 'e4m3fn' or 'e5m2', got {type(fmt).__name__}")
     if fmt not in DTYPES:
-        raise ValueError(f"fmt must be 'e4m3fn' (forward) or 'e5m2' (gradients), got {fmt!r}")
+        raise ValueError(f"fmt must be 'e4m3fn' (forward) or 'e5m2' (gradients), got {safe_repr(fmt)}")
     return fmt
 
 
 def _tensor(x: Any, name: str = "x") -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_dense(name, x)
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
     if x.numel() == 0:
@@ -86,9 +88,9 @@ def _tensor(x: Any, name: str = "x") -> torch.Tensor:
 def _scale(scale: Any) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a number, got {type(scale).__name__}")
-    s = float(scale)
+    s = as_float("scale", scale)
     if not (0.0 < s < math.inf):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        raise ValueError(f"scale must be a positive finite number, got {safe_repr(scale)}")
     return s
 
 
@@ -115,6 +117,13 @@ def amax(x: torch.Tensor) -> float:
     return float(_tensor(x).detach().abs().amax().float())
 
 
+#: The largest ``margin`` (binades of headroom) the scaling functions take: 64. FP8's whole range spans about 40
+#: binades (E5M2), so a larger margin only pushes every value into the subnormals; 2.0**(2**64) would overflow.
+MAX_MARGIN = 64
+#: The longest amax history :class:`DelayedScaling` keeps: 65,536 steps (Transformer Engine's default is 1,024).
+MAX_HISTORY = 2**16
+
+
 def compute_scale(amax: float, fmt: str = "e4m3fn", margin: int = 0, previous: float = 1.0) -> float:
     """Return the per-tensor scale ``fp8_max(fmt) / amax / 2**margin`` that maps ``amax`` near the top of ``fmt``.
 
@@ -123,12 +132,12 @@ def compute_scale(amax: float, fmt: str = "e4m3fn", margin: int = 0, previous: f
     """
     if isinstance(amax, bool) or not isinstance(amax, (int, float)):
         raise TypeError(f"amax must be a number, got {type(amax).__name__}")
-    if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
-        raise ValueError(f"margin must be an int >= 0 (binades of headroom), got {margin!r}")
+    if isinstance(margin, bool) or not isinstance(margin, int) or not 0 <= margin <= MAX_MARGIN:
+        raise ValueError(f"margin must be an int from 0 to {MAX_MARGIN} (binades of headroom), got {safe_repr(margin)}")
     previous = _scale(previous)
-    a = float(amax)
+    a = as_float("amax", amax)
     if a < 0:
-        raise ValueError(f"amax is a magnitude, got {amax!r}")
+        raise ValueError(f"amax is a magnitude, got {safe_repr(amax)}")
     if a == 0.0 or not math.isfinite(a):
         return previous
     s = fp8_max(fmt) / a / 2.0**margin
@@ -146,7 +155,7 @@ def quantize(x: torch.Tensor, fmt: str = "e4m3fn", scale: float = 1.0, overflow:
     x = _tensor(x)
     s = _scale(scale)
     if overflow not in _OVERFLOW:
-        raise ValueError(f"overflow must be one of {_OVERFLOW}, got {overflow!r}")
+        raise ValueError(f"overflow must be one of {_OVERFLOW}, got {safe_repr(overflow)}")
     if overflow == "inf" and fmt == "e4m3fn":
         raise ValueError("e4m3fn has no inf: use overflow='saturate' or 'nan'")
     v = x.detach().float() * s
@@ -242,12 +251,12 @@ class DelayedScaling:
     def __init__(self, fmt: str = "e4m3fn", history_len: int = 16, margin: int = 0, algo: str = "max",
                  init_scale: float = 1.0) -> None:
         self.fmt = _fmt(fmt)
-        if isinstance(history_len, bool) or not isinstance(history_len, int) or history_len < 1:
-            raise ValueError(f"history_len must be an int >= 1, got {history_len!r}")
-        if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
-            raise ValueError(f"margin must be an int >= 0, got {margin!r}")
+        if isinstance(history_len, bool) or not isinstance(history_len, int) or not 1 <= history_len <= MAX_HISTORY:
+            raise ValueError(f"history_len must be an int from 1 to {MAX_HISTORY:,}, got {safe_repr(history_len)}")
+        if isinstance(margin, bool) or not isinstance(margin, int) or not 0 <= margin <= MAX_MARGIN:
+            raise ValueError(f"margin must be an int from 0 to {MAX_MARGIN}, got {safe_repr(margin)}")
         if algo not in ("max", "most_recent"):
-            raise ValueError(f"algo must be 'max' or 'most_recent', got {algo!r}")
+            raise ValueError(f"algo must be 'max' or 'most_recent', got {safe_repr(algo)}")
         self.margin = margin
         self.algo = algo
         self.history: deque[float] = deque(maxlen=history_len)
@@ -294,7 +303,7 @@ class TensorTap:
             raise TypeError(f"keep_all must be True or False, got {type(keep_all).__name__}")
         if layers is not None and (isinstance(layers, str) or not isinstance(layers, (list, tuple))
                                    or not all(isinstance(n, str) for n in layers)):
-            raise TypeError(f"layers must be None or a list of nn.Linear module names, got {layers!r}")
+            raise TypeError(f"layers must be None or a list of nn.Linear module names, got {safe_repr(layers)}")
         linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         if layers is None:
             layers = list(linears)
@@ -389,7 +398,7 @@ def time_fp8_matmul(n: int = 4096, device: torch.device | str | None = None, war
     from labkit import bench
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n % 16:
-        raise ValueError(f"n must be a positive multiple of 16 (an FP8 GEMM requirement), got {n!r}")
+        raise ValueError(f"n must be a positive multiple of 16 (an FP8 GEMM requirement), got {safe_repr(n)}")
     dev = dev_gate.resolve(device)
     if not dev_gate.capabilities(dev).fp8_matmul:
         return None

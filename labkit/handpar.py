@@ -35,6 +35,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from labkit._validate import as_float, safe_repr
+
 __all__ = [
     "BucketedGradients",
     "CopyToTP",
@@ -101,7 +103,7 @@ def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
     module = _module(model)
     _need_group()
     if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < dist.get_world_size():
-        raise ValueError(f"src must be a rank in [0, {dist.get_world_size()}), got {src!r}")
+        raise ValueError(f"src must be a rank in [0, {dist.get_world_size()}), got {safe_repr(src)}")
     with torch.no_grad():
         for t in [*module.parameters(), *module.buffers()]:
             dist.broadcast(t.data, src)
@@ -184,7 +186,7 @@ class BucketedGradients:
     def __init__(self, model: nn.Module, bucket_mb: float = 25.0) -> None:
         params = [p for p in _module(model).parameters() if p.requires_grad]
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not 0 < bucket_mb < 2**20:
-            raise ValueError(f"bucket_mb must be a number of MiB > 0, got {bucket_mb!r}")
+            raise ValueError(f"bucket_mb must be a number of MiB > 0, got {safe_repr(bucket_mb)}")
         _need_group()
         if not params:
             raise ValueError("the model has no trainable parameters")
@@ -240,8 +242,8 @@ class BucketedGradients:
 def _check_max_norm(max_norm: Any) -> float:
     """``max_norm`` if it is a finite number > 0 (a clipping threshold); otherwise ``ValueError``."""
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not 0 < max_norm < math.inf:
-        raise ValueError(f"max_norm must be a finite number > 0, got {max_norm!r}")
-    return float(max_norm)
+        raise ValueError(f"max_norm must be a finite number > 0, got {safe_repr(max_norm)}")
+    return as_float("max_norm", max_norm)
 
 
 def clip_sharded_grad_norm_(grad_shard: torch.Tensor, max_norm: float) -> float:
@@ -758,9 +760,9 @@ def ring_traffic(op: str, nbytes: float, world_size: int) -> float:
     tensor): (n-1)/n x nbytes; ``send``/``broadcast``: nbytes. Introduced in notebook 11.
     """
     if op not in _RING:
-        raise ValueError(f"op must be one of {sorted(_RING)}, got {op!r}")
+        raise ValueError(f"op must be one of {sorted(_RING)}, got {safe_repr(op)}")
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not math.isfinite(nbytes) or nbytes < 0:
-        raise ValueError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
+        raise ValueError(f"nbytes must be a finite number >= 0, got {safe_repr(nbytes)}")
     return _RING[op](_count("world_size", world_size, 1)) * nbytes
 
 

@@ -26,6 +26,8 @@ from fractions import Fraction
 import torch
 from torch import nn
 
+from labkit._validate import check_dense
+
 __all__ = [
     "BatchPoint",
     "Generation",
@@ -137,6 +139,7 @@ def batch_sweep(model: nn.Module, inputs: torch.Tensor, batch_sizes: Sequence[in
     _check_model(model)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1:
         raise TypeError("inputs must be a tensor whose first dimension is the batch")
+    check_dense("inputs", inputs)
     if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, (list, tuple)) or not batch_sizes:
         raise TypeError("batch_sizes must be a non-empty list of ints")
     sizes = [_count("batch size", b, 1, inputs.shape[0]) for b in batch_sizes]

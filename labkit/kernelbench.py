@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit import kernels
+from labkit._validate import safe_repr
 
 __all__ = ["NAMES", "TORCH_REFERENCE", "Verification", "make_inputs", "race", "run_fused", "run_unfused", "verify"]
 
@@ -41,7 +42,7 @@ def _name(name: Any) -> str:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, one of {NAMES}, got {type(name).__name__}")
     if name not in NAMES:
-        raise ValueError(f"name must be one of {NAMES}, got {name!r}")
+        raise ValueError(f"name must be one of {NAMES}, got {safe_repr(name)}")
     return name
 
 
@@ -88,7 +89,7 @@ def run_fused(name: str, inputs: dict[str, Any], kernel: Any = None) -> Any:
             return kernels.layernorm(inputs["x"], inputs["weight"], inputs["bias"], kernel=kernel)[0]
         return kernels.adamw_step(inputs["p"], inputs["g"], inputs["m"], inputs["v"], inputs["step"], kernel=kernel)
     except KeyError as exc:
-        raise ValueError(f"inputs lack {exc}: build them with make_inputs({name!r}, ...)") from None
+        raise ValueError(f"inputs lack {exc}: build them with make_inputs({safe_repr(name)}, ...)") from None
 
 
 def run_unfused(name: str, inputs: dict[str, Any], library: bool = False) -> Any:
@@ -112,7 +113,7 @@ def run_unfused(name: str, inputs: dict[str, Any], library: bool = False) -> Any
         p, g, m, v, step = (inputs[k] for k in ("p", "g", "m", "v", "step"))
         return kernels.adamw_torch(p, g, m, v, step, impl="fused" if library else "single")()
     except KeyError as exc:
-        raise ValueError(f"inputs lack {exc}: build them with make_inputs({name!r}, ...)") from None
+        raise ValueError(f"inputs lack {exc}: build them with make_inputs({safe_repr(name)}, ...)") from None
 
 
 @dataclass(frozen=True)

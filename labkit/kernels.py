@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from labkit import device as dev_gate
 from labkit import precision
+from labkit._validate import as_float, check_dense, safe_repr
 
 __all__ = [
     "KernelRef",
@@ -207,14 +208,14 @@ class KernelRef:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str naming a kernel of labkit._triton_kernels, got {type(name).__name__}")
         if not name.isidentifier():
-            raise ValueError(f"name must be a Python identifier, got {name!r}")
+            raise ValueError(f"name must be a Python identifier, got {safe_repr(name)}")
         self.name = name
 
     def resolve(self) -> Any:
         """Return the decorated kernel (imports Triton, in the mode of :func:`mode`)."""
         kernel = getattr(load(), self.name, None)
         if not _is_jitted(kernel):
-            raise ValueError(f"labkit._triton_kernels has no kernel named {self.name!r}")
+            raise ValueError(f"labkit._triton_kernels has no kernel named {safe_repr(self.name)}")
         return kernel
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -279,7 +280,7 @@ def _dtype(dtype: Any) -> torch.dtype:
         except (KeyError, ValueError):
             dt = None
         if dt not in allowed:
-            raise ValueError(f"dtype must be fp32, bf16 or fp16 (a name or a torch dtype), got {dtype!r}")
+            raise ValueError(f"dtype must be fp32, bf16 or fp16 (a name or a torch dtype), got {safe_repr(dtype)}")
         return dt
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype or a name such as 'bf16', got {type(dtype).__name__}")
@@ -288,19 +289,21 @@ def _dtype(dtype: Any) -> torch.dtype:
     return dtype
 
 
-def _posint(name: str, v: Any, low: int = 1) -> int:
+def _posint(name: str, v: Any, low: int = 1, high: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     if v < low:
-        raise ValueError(f"{name} must be >= {low}, got {v}")
+        raise ValueError(f"{name} must be >= {low}, got {safe_repr(v)}")
+    if high is not None and v > high:
+        raise ValueError(f"{name} must be at most {high:,}, got {safe_repr(v)}")
     return v
 
 
 def _number(name: str, v: Any, low: float | None = None, high: float | None = None) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(v).__name__}")
-    if not math.isfinite(v) or (low is not None and v < low) or (high is not None and v > high):
-        raise ValueError(f"{name} must be a finite number in [{low}, {high}], got {v!r}")
+    if not math.isfinite(as_float(name, v)) or (low is not None and v < low) or (high is not None and v > high):
+        raise ValueError(f"{name} must be a finite number in [{low}, {high}], got {safe_repr(v)}")
     return float(v)
 
 
@@ -312,7 +315,7 @@ def randn(*shape: int, seed: int = 0, scale: float = 1.0, shift: float = 0.0, dt
     moved to ``device`` (default: the mode's device). Introduced in notebook 08.
     """
     if not shape or len(shape) > 4:
-        raise ValueError(f"give 1 to 4 dimensions, got {shape!r}")
+        raise ValueError(f"give 1 to 4 dimensions, got {safe_repr(shape)}")
     dims = tuple(_posint("shape", s) for s in shape)
     if math.prod(dims) > 2**28:
         raise ValueError(f"{dims} holds more than 2**28 elements")
@@ -350,6 +353,8 @@ def close(got: torch.Tensor, want: torch.Tensor, dtype: Any = None) -> tuple[boo
     """
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
         raise TypeError("got and want must be tensors")
+    for name, t in (("got", got), ("want", want)):
+        check_dense(name, t)
     if got.shape != want.shape:
         raise ValueError(f"shapes differ: {tuple(got.shape)} vs {tuple(want.shape)}")
     if not (got.is_floating_point() and want.is_floating_point()):
@@ -371,8 +376,7 @@ def close(got: torch.Tensor, want: torch.Tensor, dtype: Any = None) -> tuple[boo
 
 def _tensor(name: str, t: Any, ndim: int | None = None, dtypes: tuple[torch.dtype, ...] = _FLOAT_DTYPES) -> torch.Tensor:
     """``t`` checked (a contiguous, non-empty float tensor with ``ndim`` dims), detached: a kernel is no autograd op."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_dense(name, t)
     if t.dim() == 0:
         raise ValueError(f"{name} must have at least one dimension")
     if t.dtype not in dtypes:
@@ -521,9 +525,10 @@ def _adamw_args(p: Any, g: Any, m: Any, v: Any, step: Any, lr: Any, betas: Any, 
     if not (p.shape == g.shape == m.shape == v.shape):
         raise ValueError("p, g, m and v must have the same shape")
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        raise TypeError(f"betas must be a pair (beta1, beta2), got {safe_repr(betas)}")
     b1, b2 = (_number("beta", b, 0.0, 0.999999) for b in betas)
-    return (_posint("step", step), _number("lr", lr, 0.0, 10.0), b1, b2, _number("eps", eps, 0.0, 1.0),
+    # the step counter is a float (torch keeps it in fp32 or on the host): whole numbers up to 2**53 are exact
+    return (_posint("step", step, 1, 2**53), _number("lr", lr, 0.0, 10.0), b1, b2, _number("eps", eps, 0.0, 1.0),
             _number("weight_decay", weight_decay, 0.0, 10.0))
 
 
@@ -559,7 +564,7 @@ def adamw_torch(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tens
     step, lr, b1, b2, eps, wd = _adamw_args(p, g, m, v, step, lr, betas, eps, weight_decay,
                                             (torch.float32, torch.float64))
     if impl not in ("single", "foreach", "fused"):
-        raise ValueError(f"impl must be 'single', 'foreach' or 'fused', got {impl!r}")
+        raise ValueError(f"impl must be 'single', 'foreach' or 'fused', got {safe_repr(impl)}")
     param = torch.nn.Parameter(p, requires_grad=True)  # shares p's storage: the step updates p
     param.grad = g.to(p.dtype) if g.dtype != p.dtype else g
     flags = {"single": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from labkit._validate import as_float, check_dense
+
 __all__ = [
     "WritePoint",
     "checkpoint_overhead",
@@ -114,7 +116,7 @@ def _positive(name: str, value: object) -> float:
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     if not (0 < value < math.inf):
         raise ValueError(f"{name} must be a positive, finite number of seconds, got {value}")
-    return float(value)
+    return as_float(name, value)
 
 
 def young_interval(checkpoint_s: float, mtbf_s: float) -> float:
@@ -149,7 +151,7 @@ def fingerprint(*tensors: torch.Tensor) -> str:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"fingerprint takes tensors, got {type(t).__name__}")
-        c = t.detach().cpu().contiguous()
+        c = check_dense("each tensor", t).detach().cpu().contiguous()
         h.update(f"{c.dtype}{tuple(c.shape)};".encode())
         h.update(c.reshape(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b"")
     return h.hexdigest()

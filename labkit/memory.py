@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from labkit import zero
+from labkit._validate import MAX_PREDICTED_PARAMS, MAX_WORLD_SIZE, check_dense, safe_repr
 from labkit.activations import (
     ActivationEstimate,
     SavedTensors,
@@ -151,7 +152,7 @@ def get_optimizer(optimizer: str | OptimizerSpec) -> OptimizerSpec:
         raise TypeError(f"optimizer must be a str such as 'adam', got {type(optimizer).__name__}")
     name = optimizer.lower().replace("_", "-")
     if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
+        raise ValueError(f"unknown optimizer {safe_repr(optimizer)}; choose one of {sorted(OPTIMIZERS)}")
     return OPTIMIZERS[name]
 
 
@@ -276,13 +277,16 @@ def model_state_bytes(
     ``offload_params`` (stage 3 only, with ``offload_optimizer``) moves the parameter shard to CPU.
     Autocast's 16-bit weight copies (policy ``"bf16"``) count as ``weight_copies`` on the GPU.
 
+    Limits (``ValueError`` saying the range): ``n_params`` at most 10**15 (a thousand times the largest models
+    trained so far), ``world_size`` at most 2**20 = 1,048,576 ranks (ten times the largest GPU clusters).
+
     Introduced in notebook 06.
     """
-    n = check_count("n_params", n_params, 1)
+    n = check_count("n_params", n_params, 1, MAX_PREDICTED_PARAMS)
     pol, opt = get_policy(policy), get_optimizer(optimizer)
     if isinstance(stage, bool) or not isinstance(stage, int) or stage not in (0, 1, 2, 3):
-        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
-    ws = check_count("world_size", world_size, 1)
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {safe_repr(stage)}")
+    ws = check_count("world_size", world_size, 1, MAX_WORLD_SIZE)
     largest = check_count("largest_layer_params", largest_layer_params, 0)
     if largest > n:
         raise ValueError(f"largest_layer_params ({largest}) exceeds n_params ({n})")
@@ -337,7 +341,10 @@ def model_state_bytes(
 
 def zero_table(n_params: int, world_size: int, policy: str | Policy = "bf16-master",
                optimizer: str | OptimizerSpec = "adam", **kwargs: Any) -> dict[int, ModelState]:
-    """Return :func:`model_state_bytes` for ZeRO stages 0-3, keyed by stage. Introduced in notebook 06."""
+    """Return :func:`model_state_bytes` for ZeRO stages 0-3, keyed by stage.
+
+    Its limits apply: ``n_params`` up to 10**15, ``world_size`` up to 2**20 ranks. Introduced in notebook 06.
+    """
     return {s: model_state_bytes(n_params, policy, optimizer, stage=s, world_size=world_size, **kwargs)
             for s in (0, 1, 2, 3)}
 
@@ -350,9 +357,9 @@ def smallest_fitting_stage(n_params: int, gpu_bytes: float, world_size: int,
     Returns ``None`` if even stage 3 does not fit. Introduced in notebook 06.
     """
     if not (isinstance(gpu_bytes, (int, float)) and gpu_bytes > 0):
-        raise ValueError(f"gpu_bytes must be a positive number, got {gpu_bytes!r}")
+        raise ValueError(f"gpu_bytes must be a positive number, got {safe_repr(gpu_bytes)}")
     if not (isinstance(reserve_bytes, (int, float)) and reserve_bytes >= 0):
-        raise ValueError(f"reserve_bytes must be >= 0, got {reserve_bytes!r}")
+        raise ValueError(f"reserve_bytes must be >= 0, got {safe_repr(reserve_bytes)}")
     for s, est in zero_table(n_params, world_size, policy, optimizer, **kwargs).items():
         if est.device_total + reserve_bytes <= gpu_bytes:
             return s
@@ -367,10 +374,13 @@ def fmt_bytes(n: float, unit: str = "GB") -> str:
     units = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KiB": 2**10, "MiB": 2**20,
              "GiB": 2**30}
     if unit not in units:
-        raise ValueError(f"unknown unit {unit!r}; choose one of {sorted(units)}")
-    if unit == "B":
-        return f"{int(n):,} B"
-    return f"{n / units[unit]:,.2f} {unit}"
+        raise ValueError(f"unknown unit {safe_repr(unit)}; choose one of {sorted(units)}")
+    try:
+        if unit == "B":
+            return f"{int(n):,} B"
+        return f"{n / units[unit]:,.2f} {unit}"
+    except OverflowError:  # 10**400 bytes, or an infinite float as whole bytes
+        raise ValueError(f"n must be a byte count a float can hold, got {safe_repr(n)}") from None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -387,7 +397,7 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"expected tensors, got {type(t).__name__}")
-        s = t.untyped_storage()
+        s = check_dense("each tensor", t).untyped_storage()  # sparse and meta tensors have no one storage
         seen[s.data_ptr()] = s.nbytes()
     return sum(seen.values())
 
@@ -496,7 +506,7 @@ class MasterWeightOptimizer:
         pol = get_policy(policy)
         if not pol.master:
             raise ValueError(f"MasterWeightOptimizer takes a -master policy "
-                             f"({[n for n, p in POLICIES.items() if p.master]}), not {policy!r}")
+                             f"({[n for n, p in POLICIES.items() if p.master]}), not {safe_repr(policy)}")
         self.policy = pol.name
         self._transient_fp32 = not pol.fp32_grads      # fp32 grads exist only during their tensor's update
         self._free_16bit_grads = pol.grads is None     # the 16-bit grads are dropped once copied
@@ -506,7 +516,7 @@ class MasterWeightOptimizer:
         }
         name = get_optimizer(optimizer).name
         if name not in classes:
-            raise ValueError(f"no torch optimizer for {optimizer!r}; choose one of {sorted(classes)}")
+            raise ValueError(f"no torch optimizer for {safe_repr(optimizer)}; choose one of {sorted(classes)}")
         if name == "sgd-momentum":
             kwargs.setdefault("momentum", 0.9)
         if isinstance(params, (str, bytes, torch.Tensor)) or not isinstance(params, Iterable):
@@ -566,7 +576,7 @@ def setup_training(model: nn.Module, policy: str = "fp32", optimizer: str = "ada
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+        raise ValueError(f"lr must be a positive number, got {safe_repr(lr)}")
     pol, opt = get_policy(policy), get_optimizer(optimizer)
     model = model.to(pol.param_dtype)
     if pol.master:
@@ -579,7 +589,7 @@ def setup_training(model: nn.Module, policy: str = "fp32", optimizer: str = "ada
         "adafactor": lambda ps: torch.optim.Adafactor(ps, lr=lr),
     }
     if opt.name not in makers:
-        raise ValueError(f"no torch optimizer for {opt.name!r}; choose one of {sorted(makers)}")
+        raise ValueError(f"no torch optimizer for {safe_repr(opt.name)}; choose one of {sorted(makers)}")
     return model, makers[opt.name](model.parameters())
 
 

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from labkit._validate import MAX_DEPTH, MAX_MODEL_PARAMS, as_float, check_dense, mlp_param_count, safe_repr
+
 __all__ = [
     "ACTIVATIONS",
     "MLP",
@@ -50,9 +52,33 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "ta
 SOFTMAX_IMPLS = ("naive", "stable", "fp32", "torch")
 
 
+#: The most bytes a model's fp32 weights and causal masks may take when labkit builds it: 80 GB, one 80 GB GPU.
+_MAX_MODEL_BYTES = 4 * MAX_MODEL_PARAMS
+
+
+def _check_size(what: str, n_params: int, mask_bytes: int = 0) -> None:
+    """Refuse a model whose fp32 weights (4 bytes a parameter) and boolean masks pass 80 GB, before building it."""
+    if n_params > MAX_MODEL_PARAMS or 4 * n_params + mask_bytes > _MAX_MODEL_BYTES:
+        masks = f" and {safe_repr(mask_bytes, 40)} bytes of causal masks" if mask_bytes else ""
+        raise ValueError(f"{what} would have {safe_repr(n_params, 40)} parameters{masks}; labkit builds models of "
+                         f"at most {MAX_MODEL_PARAMS:,} parameters and {_MAX_MODEL_BYTES // 10**9} GB of fp32 "
+                         "weights and masks (one 80 GB GPU's memory)")
+
+
+def _attention_params(d_model: int) -> int:
+    return 3 * d_model * d_model + 3 * d_model + d_model * d_model + d_model  # qkv and proj, with biases
+
+
+def _gpt_param_count(cfg: GPTConfig) -> int:
+    """Parameters of ``TinyGPT(cfg)``: embeddings, blocks (attention, MLP, two LayerNorms), final LayerNorm, head."""
+    d, hidden = cfg.d_model, cfg.mlp_ratio * cfg.d_model
+    block = _attention_params(d) + 4 * d + (d + 1) * hidden + (hidden + 1) * d
+    return (cfg.vocab_size + cfg.seq_len) * d + cfg.n_layers * block + 2 * d + d * cfg.vocab_size
+
+
 def _check_seed(seed: object) -> None:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-        raise TypeError(f"seed must be None or an int >= 0, got {seed!r}")
+        raise TypeError(f"seed must be None or an int >= 0, got {safe_repr(seed)}")
 
 
 def softmax(scores: torch.Tensor, impl: str = "fp32", dim: int = -1) -> torch.Tensor:
@@ -67,8 +93,7 @@ def softmax(scores: torch.Tensor, impl: str = "fp32", dim: int = -1) -> torch.Te
 
     Introduced in notebook 04.
     """
-    if not isinstance(scores, torch.Tensor):
-        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    check_dense("scores", scores)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"dim must be an int, got {type(dim).__name__}")
     if scores.dim() == 0 or not -scores.dim() <= dim < scores.dim() or scores.shape[dim] == 0:
@@ -86,7 +111,7 @@ def softmax(scores: torch.Tensor, impl: str = "fp32", dim: int = -1) -> torch.Te
             return (e / e.sum(dim=dim, keepdim=True)).to(scores.dtype)
     if impl == "torch":
         return torch.softmax(scores, dim=dim)
-    raise ValueError(f"unknown softmax impl {impl!r}; choose one of {SOFTMAX_IMPLS}")
+    raise ValueError(f"unknown softmax impl {safe_repr(impl)}; choose one of {SOFTMAX_IMPLS}")
 
 
 class MLP(nn.Module):
@@ -95,6 +120,10 @@ class MLP(nn.Module):
     ``init_scale`` multiplies every weight after PyTorch's default initialisation (biases start at
     zero). Values below 1 make activations and back-propagated gradients shrink layer by layer, which
     is how notebook 03 produces gradients that partly underflow in fp16 without hard-coding anything.
+
+    Size limits, checked before anything is allocated (``ValueError`` saying the range): ``depth`` at most
+    10,000 layers (``labkit._validate.MAX_DEPTH``) and at most 20 billion parameters in all
+    (``MAX_MODEL_PARAMS``: 80 GB of fp32 weights, one 80 GB GPU's whole memory).
 
     Introduced in notebook 03.
     """
@@ -112,13 +141,20 @@ class MLP(nn.Module):
         super().__init__()
         for name, v in (("in_features", in_features), ("hidden", hidden), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-            raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+                raise ValueError(f"{name} must be a positive int, got {safe_repr(v)}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH:
+            raise ValueError(f"depth must be an int between 0 and {MAX_DEPTH:,}, got {safe_repr(depth)}")
+        n_params = mlp_param_count(in_features, hidden, out_features, depth)
+        if n_params > MAX_MODEL_PARAMS:
+            shape = ", ".join(safe_repr(v, 30) for v in (in_features, hidden, out_features))
+            raise ValueError(f"MLP({shape}, depth={depth}) would have {safe_repr(n_params, 40)} parameters; labkit "
+                             f"builds at most {MAX_MODEL_PARAMS:,} (80 GB of fp32 weights, one 80 GB GPU's memory)")
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
-        if not (isinstance(init_scale, (int, float)) and init_scale > 0 and math.isfinite(init_scale)):
-            raise ValueError(f"init_scale must be a positive finite number, got {init_scale!r}")
+            raise ValueError(f"unknown activation {safe_repr(activation)}; choose one of {sorted(ACTIVATIONS)}")
+        if not (isinstance(init_scale, (int, float)) and init_scale > 0
+                and math.isfinite(as_float("init_scale", init_scale))):
+            raise ValueError(f"init_scale must be a positive finite number, got {safe_repr(init_scale)}")
+        init_scale = float(init_scale)  # a 2**64 would not fit the int64 scalar of mul_
         _check_seed(seed)
         self.config = {"in_features": in_features, "hidden": hidden, "out_features": out_features,
                        "depth": depth, "activation": activation, "init_scale": float(init_scale)}
@@ -147,7 +183,9 @@ class GPTConfig:
     """Shape of a :class:`TinyGPT`. The defaults give about 230 K parameters.
 
     ``vocab_size``/``seq_len`` must match the data (``TokenTask.vocab_size``/``.seq_len``);
-    ``d_model`` must be divisible by ``n_heads``; ``softmax`` is one of :data:`SOFTMAX_IMPLS`.
+    ``d_model`` must be divisible by ``n_heads``; ``softmax`` is one of :data:`SOFTMAX_IMPLS`. Size limits
+    (``ValueError``): at most 10,000 layers, 20 billion parameters, and 80 GB for the fp32 weights plus the
+    causal masks (``seq_len**2`` bytes per layer): what one 80 GB GPU holds.
 
     Introduced in notebook 04.
     """
@@ -164,11 +202,15 @@ class GPTConfig:
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "mlp_ratio"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive int, got {v!r}")
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {safe_repr(v)}")
+        if self.n_layers > MAX_DEPTH:
+            raise ValueError(f"GPTConfig.n_layers must be between 1 and {MAX_DEPTH:,}, got {safe_repr(self.n_layers)}")
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.softmax not in SOFTMAX_IMPLS:
-            raise ValueError(f"unknown softmax {self.softmax!r}; choose one of {SOFTMAX_IMPLS}")
+            raise ValueError(f"d_model ({safe_repr(self.d_model)}) must be divisible by n_heads "
+                             f"({safe_repr(self.n_heads)})")
+        if not isinstance(self.softmax, str) or self.softmax not in SOFTMAX_IMPLS:
+            raise ValueError(f"unknown softmax {safe_repr(self.softmax)}; choose one of {SOFTMAX_IMPLS}")
+        _check_size("this GPTConfig", _gpt_param_count(self), self.n_layers * self.seq_len**2)
 
 
 class CausalSelfAttention(nn.Module):
@@ -185,11 +227,12 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         for name, v in (("d_model", d_model), ("n_heads", n_heads), ("seq_len", seq_len)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+                raise ValueError(f"{name} must be a positive int, got {safe_repr(v)}")
         if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        if softmax_impl not in SOFTMAX_IMPLS:
-            raise ValueError(f"unknown softmax {softmax_impl!r}; choose one of {SOFTMAX_IMPLS}")
+            raise ValueError(f"d_model ({safe_repr(d_model)}) must be divisible by n_heads ({safe_repr(n_heads)})")
+        if not isinstance(softmax_impl, str) or softmax_impl not in SOFTMAX_IMPLS:
+            raise ValueError(f"unknown softmax {safe_repr(softmax_impl)}; choose one of {SOFTMAX_IMPLS}")
+        _check_size("this attention layer", _attention_params(d_model), seq_len**2)
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
         self.softmax_impl = softmax_impl
@@ -285,7 +328,7 @@ class TinyGPT(nn.Module):
         Introduced in notebook 04.
         """
         if impl not in SOFTMAX_IMPLS:
-            raise ValueError(f"unknown softmax {impl!r}; choose one of {SOFTMAX_IMPLS}")
+            raise ValueError(f"unknown softmax {safe_repr(impl)}; choose one of {SOFTMAX_IMPLS}")
         for a in self.attentions:
             a.softmax_impl = impl
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from labkit import formats as F
+from labkit._validate import as_float, check_dense, safe_repr
 
 __all__ = ["FORMAT_COLORS", "format_ranges", "grad_histogram", "loss_curves", "memory_bars", "relative_spacing",
            "scale_history", "value_grid"]
@@ -37,7 +38,7 @@ def _axes(ax: Any, figsize: tuple[float, float]) -> Any:
 def _names(names: Any) -> list[str]:
     if isinstance(names, str) or not isinstance(names, (list, tuple)) or not names:
         raise TypeError(f"names must be a non-empty list or tuple of format names such as ('fp16', 'bf16'), "
-                        f"got {names!r}")
+                        f"got {safe_repr(names)}")
     for n in names:
         if not isinstance(n, str):
             raise TypeError(f"format names are str such as 'bf16', got {type(n).__name__}")
@@ -52,9 +53,12 @@ def _array(values: Any, dtype: Any) -> np.ndarray:
     import torch
 
     if isinstance(values, torch.Tensor):
-        values = values.detach().cpu()
+        values = check_dense("values", values).detach().cpu()
         values = values.double() if values.is_floating_point() else values  # numpy has no bfloat16
-    return np.asarray(values, dtype=dtype)
+    try:
+        return np.asarray(values, dtype=dtype)
+    except OverflowError:  # an int beyond float64 (10**400)
+        raise ValueError(f"values must be numbers a float64 can hold, got {safe_repr(values)}") from None
 
 
 def _title(title: Any) -> str | None:
@@ -64,8 +68,8 @@ def _title(title: Any) -> str | None:
 
 
 def _real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(as_float(name, value)):
+        raise TypeError(f"{name} must be a finite number, got {safe_repr(value)}")
     return float(value)
 
 
@@ -145,11 +149,11 @@ def grad_histogram(values: Any, names: Sequence[str] = ("fp16", "bf16", "e5m2"),
     with a dashed line where values flush to zero (half the smallest subnormal). Zeros and
     non-finite values are left out of the histogram. Introduced in notebook 03.
     """
-    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and 0 < scale < math.inf):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and 0 < as_float("scale", scale) < math.inf):
+        raise ValueError(f"scale must be a positive finite number, got {safe_repr(scale)}")
     names = _names(names)
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins must be a positive int, got {bins!r}")
+        raise ValueError(f"bins must be a positive int, got {safe_repr(bins)}")
     g = _array(values, np.float64)
     g = np.abs(g.reshape(-1)) * scale
     g = g[np.isfinite(g) & (g > 0)]
@@ -261,7 +265,7 @@ def loss_curves(curves: dict[str, Sequence[float]], ax: Any = None, title: str |
     if not isinstance(logy, bool):
         raise TypeError(f"logy must be True or False, got {type(logy).__name__}")
     if styles is not None and not isinstance(styles, dict):
-        raise TypeError(f"styles must be a dict of label -> matplotlib format string, or None, got {styles!r}")
+        raise TypeError(f"styles must be a dict of label -> matplotlib format string, or None, got {safe_repr(styles)}")
     ax = _axes(ax, (9, 3.6))
     for label, values in curves.items():
         if isinstance(values, tuple) and len(values) == 2:
@@ -270,7 +274,7 @@ def loss_curves(curves: dict[str, Sequence[float]], ax: Any = None, title: str |
             y = _array(values, np.float64)
             x = np.arange(y.size, dtype=np.float64)
         if y.ndim != 1 or y.size == 0 or x.shape != y.shape:
-            raise ValueError(f"curve {label!r} must be a non-empty 1-D sequence (or a (steps, losses) pair)")
+            raise ValueError(f"curve {safe_repr(label)} must be a non-empty 1-D sequence (or a (steps, losses) pair)")
         bad = np.flatnonzero(~np.isfinite(y))
         name = label if bad.size == 0 else f"{label} (non-finite from step {int(x[bad[0]])})"
         (line,) = ax.plot(x, np.where(np.isfinite(y), y, np.nan), (styles or {}).get(label, "-"), label=name, lw=1.5)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from labkit import formats
+from labkit._validate import as_float, check_dense, safe_repr
 
 __all__ = [
     "POLICIES",
@@ -200,7 +201,7 @@ def get_policy(policy: str | Policy) -> Policy:
         raise TypeError(f"policy must be a str such as 'bf16' or a Policy, got {type(policy).__name__}")
     name = POLICY_ALIASES.get(policy.strip().lower(), policy.strip().lower())
     if name not in POLICIES:
-        raise ValueError(f"unknown precision policy {policy!r}; choose one of {list(POLICIES)} "
+        raise ValueError(f"unknown precision policy {safe_repr(policy)}; choose one of {list(POLICIES)} "
                          f"(aliases: {sorted(POLICY_ALIASES)})")
     return POLICIES[name]
 
@@ -217,7 +218,7 @@ def autocast(policy: str | Policy, device_type: str) -> torch.autocast:
         return torch.autocast(device_type=device_type, dtype=pol.autocast_dtype or torch.float32,
                               enabled=pol.autocast_dtype is not None)
     except RuntimeError as exc:
-        raise ValueError(f"device_type must be a device type such as 'cpu' or 'cuda', got {device_type!r}") from exc
+        raise ValueError(f"device_type must be a device type such as 'cpu' or 'cuda', got {safe_repr(device_type)}") from exc
 
 
 def grad_norm(params: Iterable[torch.Tensor]) -> float:
@@ -268,11 +269,16 @@ def backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None = None, wei
     """
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"loss must be a tensor, got {type(loss).__name__}")
+    check_dense("loss", loss)
+    if loss.numel() != 1:
+        raise ValueError(f"loss must hold one number to back-propagate, got shape {tuple(loss.shape)}; reduce it "
+                         "first (.mean() or .sum())")
     if not loss.requires_grad:
         raise ValueError("loss does not require grad: compute it from the model's parameters, outside torch.no_grad()")
     _check_scaler(scaler)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
-        raise ValueError(f"weight must be a positive finite number, got {weight!r}")
+    if (isinstance(weight, bool) or not isinstance(weight, (int, float))
+            or not math.isfinite(as_float("weight", weight)) or weight <= 0):
+        raise ValueError(f"weight must be a positive finite number, got {safe_repr(weight)}")
     weighted = loss * weight if weight != 1.0 else loss
     (scaler.scale(weighted) if scaler is not None else weighted).backward()
 
@@ -292,7 +298,9 @@ def update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
     _check_scaler(scaler)
     if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, (int, float))
                                        or not clip_grad_norm > 0):
-        raise ValueError(f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
+        raise ValueError(f"clip_grad_norm must be a positive number or None, got {safe_repr(clip_grad_norm)}")
+    if clip_grad_norm is not None:
+        clip_grad_norm = as_float("clip_grad_norm", clip_grad_norm)
     plist = (_tensors(params, "params") if params is not None
              else [p for g in optimizer.param_groups for p in g["params"]])
     scale = float(scaler.get_scale()) if scaler is not None else 1.0

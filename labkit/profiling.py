@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from labkit import bench
 from labkit import device as dev_gate
+from labkit._validate import as_float, safe_repr
 from labkit.roofline import OpCost, dtype_bytes
 
 __all__ = [
@@ -114,7 +115,7 @@ def profile_steps(step: Callable[[], Any], steps: int = 3, warmup: int = 1, devi
         raise TypeError(f"step must be a callable taking no arguments, got {type(step).__name__}")
     for name, v, lo in (("steps", steps, 1), ("warmup", warmup, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+            raise ValueError(f"{name} must be an int >= {lo}, got {safe_repr(v)}")
     if not isinstance(record_shapes, bool):
         raise TypeError(f"record_shapes must be True or False, got {type(record_shapes).__name__}")
     dev = _device(device)
@@ -139,7 +140,7 @@ def _sort_key(prof: torch.profiler.profile, by: str | None) -> str:
     if by is None:
         by = "device" if torch.profiler.ProfilerActivity.CUDA in (prof.activities or []) else "cpu"
     if by not in ("cpu", "device"):
-        raise ValueError(f"by must be 'cpu' or 'device', got {by!r}")
+        raise ValueError(f"by must be 'cpu' or 'device', got {safe_repr(by)}")
     return f"self_{by}_time_total"
 
 
@@ -152,7 +153,7 @@ def op_table(prof: torch.profiler.profile, by: str | None = None, row_limit: int
     """
     _check_prof(prof)
     if isinstance(row_limit, bool) or not isinstance(row_limit, int) or row_limit < 1:
-        raise ValueError(f"row_limit must be a positive int, got {row_limit!r}")
+        raise ValueError(f"row_limit must be a positive int, got {safe_repr(row_limit)}")
     return prof.key_averages().table(sort_by=_sort_key(prof, by), row_limit=row_limit)
 
 
@@ -180,9 +181,9 @@ def top_ops(prof: torch.profiler.profile, k: int = 5, by: str | None = None,
     """
     _check_prof(prof)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
+        raise ValueError(f"k must be a positive int, got {safe_repr(k)}")
     if isinstance(exclude, str) or not isinstance(exclude, (list, tuple, set, frozenset)):
-        raise TypeError(f"exclude must be a list or tuple of annotation names, got {exclude!r}")
+        raise TypeError(f"exclude must be a list or tuple of annotation names, got {safe_repr(exclude)}")
     attr = _sort_key(prof, by)
     events = [e for e in prof.key_averages() if e.key not in exclude and "#" not in e.key]
     total = sum(getattr(e, attr) for e in events)
@@ -214,7 +215,7 @@ def ops_to_cover(shares: Sequence[float], fraction: float = 0.8) -> int:
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
         raise TypeError(f"fraction must be a number in (0, 1], got {type(fraction).__name__}")
     if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+        raise ValueError(f"fraction must be in (0, 1], got {safe_repr(fraction)}")
     if isinstance(shares, (str, bytes, dict)) or not all(_is_real(v) for v in _iter(shares, "shares")):
         raise TypeError("shares must be a sequence of numbers (fractions of the total)")
     vals = sorted((float(s) for s in shares), reverse=True)
@@ -282,7 +283,7 @@ def busy_fraction(events: Sequence[dict[str, Any]], category: str = "cpu_op", wi
             if e.get("ph") == "X" and e.get("name") == window and "dur" in e]
     wins = [w for w in wins if w[1] > w[0]]
     if not wins:
-        raise ValueError(f"the trace has no {window!r} span to measure within")
+        raise ValueError(f"the trace has no {safe_repr(window)} span to measure within")
     ops = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
            if e.get("ph") == "X" and e.get("cat") == category and "dur" in e]
     clipped = [(max(a, wa), min(b, wb)) for a, b in ops for wa, wb in wins if min(b, wb) > max(a, wa)]
@@ -315,11 +316,11 @@ def gpt_train_flops(config: Any, batch: int, seq_len: int | None = None) -> int:
     """
     for name in ("d_model", "n_layers", "vocab_size", "mlp_ratio", "seq_len"):
         if not isinstance(getattr(config, name, None), int):
-            raise TypeError(f"config must be a GPTConfig (no int {name!r})")
+            raise TypeError(f"config must be a GPTConfig (no int {safe_repr(name)})")
     t = config.seq_len if seq_len is None else seq_len
     for name, v in (("batch", batch), ("seq_len", t)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+            raise ValueError(f"{name} must be a positive int, got {safe_repr(v)}")
     d, layers = config.d_model, config.n_layers
     matmul_weights = layers * (3 * d * d + d * d + 2 * config.mlp_ratio * d * d) + d * config.vocab_size
     tokens = batch * t
@@ -335,8 +336,8 @@ def mfu(model_flops: float, seconds: float, peak_flops_per_s: float) -> float:
     for name, v in (("model_flops", model_flops), ("seconds", seconds), ("peak_flops_per_s", peak_flops_per_s)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{name} must be a number, got {type(v).__name__}")
-        if not (v > 0 and math.isfinite(v)):
-            raise ValueError(f"{name} must be positive and finite, got {v!r}")
+        if not (v > 0 and math.isfinite(as_float(name, v))):
+            raise ValueError(f"{name} must be positive and finite, got {safe_repr(v)}")
     return model_flops / seconds / peak_flops_per_s
 
 
@@ -350,7 +351,7 @@ def make_gpt_step(batch: int = 32, seed: int = 0, device: torch.device | str | N
     from labkit import data, models
 
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive int, got {batch!r}")
+        raise ValueError(f"batch must be a positive int, got {safe_repr(batch)}")
     dev = _device(device)
     task = data.make_token_task("reverse", n_digits=6, vocab_size=12, n=max(batch, 256), seed=seed)
     torch.manual_seed(seed)
@@ -378,7 +379,7 @@ def interleaved_times(fns: dict[str, Callable[..., Any]], *args: Any, repeats: i
     if not isinstance(fns, dict) or not fns or not all(callable(f) for f in fns.values()):
         raise TypeError("fns must be a non-empty dict of name -> callable")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+        raise ValueError(f"repeats must be a positive int, got {safe_repr(repeats)}")
     dev = _device(device)
     cmp = bench.compare({k: functools.partial(f, *args) for k, f in fns.items()}, warmup=warmup, repeats=repeats,
                         device=dev)
@@ -395,7 +396,7 @@ def launch_overhead(n_ops: int = 2000, size: int = 64, repeats: int = 5,
     """
     for name, v in (("n_ops", n_ops), ("size", size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+            raise ValueError(f"{name} must be a positive int, got {safe_repr(v)}")
     dev = _device(device)
     big = torch.zeros(n_ops, size, device=dev)
     out = torch.empty_like(big)
@@ -440,15 +441,15 @@ def gelu_chain_cost(numel: int, dtype: Any = "fp32", fused: bool = False) -> OpC
     (tanh counted as one); the bias vector is ignored (it stays in cache). Introduced in notebook 07.
     """
     if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
-        raise ValueError(f"numel must be a positive int, got {numel!r}")
+        raise ValueError(f"numel must be a positive int, got {safe_repr(numel)}")
     if not isinstance(fused, bool):
         raise TypeError(f"fused must be True or False, got {type(fused).__name__}")
     b = dtype_bytes(dtype)
-    flops = float(len(CHAIN_STEPS) * numel)
+    flops = as_float("flops", len(CHAIN_STEPS) * numel)
     if fused:
-        return OpCost("bias+GELU+dropout (fused)", flops, float(numel * (2 * b + 1)))
+        return OpCost("bias+GELU+dropout (fused)", flops, as_float("bytes", numel * (2 * b + 1)))
     per = sum((r + w) * b + m for _, r, w, m in CHAIN_STEPS)
-    return OpCost("bias+GELU+dropout (unfused)", flops, float(numel * per))
+    return OpCost("bias+GELU+dropout (unfused)", flops, as_float("bytes", numel * per))
 
 
 def _check_chain_args(x: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor, p: float) -> None:
@@ -458,7 +459,7 @@ def _check_chain_args(x: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor, p
         raise ValueError(f"expected x (rows, cols), bias (cols,), mask like x; got {tuple(x.shape)}, "
                          f"{tuple(bias.shape)}, {tuple(mask.shape)}")
     if not 0 <= p < 1:
-        raise ValueError(f"dropout probability p must be in [0, 1), got {p!r}")
+        raise ValueError(f"dropout probability p must be in [0, 1), got {safe_repr(p)}")
 
 
 def gelu_chain_unfused(x: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor, p: float = 0.1) -> torch.Tensor:
@@ -493,7 +494,7 @@ def gelu_chain_fused(x: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor, p:
     """
     _check_chain_args(x, bias, mask, p)
     if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 1:
-        raise ValueError(f"block_bytes must be a positive int, got {block_bytes!r}")
+        raise ValueError(f"block_bytes must be a positive int, got {safe_repr(block_bytes)}")
     rows = max(1, block_bytes // (x.shape[1] * x.element_size()))
     out = torch.empty_like(x)
     tmp = torch.empty((min(rows, x.shape[0]), x.shape[1]), dtype=x.dtype, device=x.device)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit import formats as _formats
+from labkit._validate import as_float, safe_repr
 
 __all__ = [
     "DTYPE_BYTES",
@@ -62,8 +63,8 @@ def dtype_bytes(dtype: Any) -> int:
     if isinstance(dtype, bool):
         raise TypeError("dtype must be a torch.dtype, a dtype name or a positive int of bytes, not a bool")
     if isinstance(dtype, int):
-        if dtype < 1:
-            raise ValueError(f"bytes per element must be >= 1, got {dtype}")
+        if not 1 <= dtype <= _MAX_ELEMENT_BYTES:
+            raise ValueError(f"bytes per element must be between 1 and {_MAX_ELEMENT_BYTES}, got {safe_repr(dtype)}")
         return dtype
     if isinstance(dtype, str):
         name = dtype.replace("torch.", "")
@@ -73,7 +74,7 @@ def dtype_bytes(dtype: Any) -> int:
             pass
         if name in DTYPE_BYTES:
             return DTYPE_BYTES[name]
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)} or a torch.dtype")
+        raise ValueError(f"unknown dtype {safe_repr(dtype)}; use one of {sorted(DTYPE_BYTES)} or a torch.dtype")
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a dependency
@@ -84,16 +85,23 @@ def dtype_bytes(dtype: Any) -> int:
 
 
 def _positive_int(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _MAX_SIZE:
+        raise ValueError(f"{name} must be a positive int, at most 2**63 - 1 (tensor sizes are int64), got "
+                         f"{safe_repr(v)}")
     return v
+
+
+#: The largest size a cost function takes (torch's sizes are int64) and the most bytes an element may have
+#: (complex128 has 16): the costs then stay within a float's range.
+_MAX_SIZE = 2**63 - 1
+_MAX_ELEMENT_BYTES = 64
 
 
 def _nonneg_number(name: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(v).__name__}")
-    if not (math.isfinite(v) and v >= 0):
-        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    if not (math.isfinite(as_float(name, v)) and v >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {safe_repr(v)}")
     return float(v)
 
 
@@ -106,8 +114,8 @@ def _flag(name: str, v: object) -> bool:
 def _positive_number(name: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(v).__name__}")
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+    if not (math.isfinite(as_float(name, v)) and v > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {safe_repr(v)}")
     return float(v)
 
 
@@ -128,8 +136,8 @@ class OpCost:
         for field_name, v in (("flops", self.flops), ("bytes", self.bytes)):
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise TypeError(f"{self.name}: {field_name} must be a number, got {type(v).__name__}")
-            if not math.isfinite(v):
-                raise ValueError(f"{self.name}: {field_name} must be finite, got {v!r}")
+            if not math.isfinite(as_float(f"{self.name}: {field_name}", v)):
+                raise ValueError(f"{self.name}: {field_name} must be finite, got {safe_repr(v)}")
         if self.flops < 0 or self.bytes <= 0:
             raise ValueError(f"{self.name}: flops must be >= 0 and bytes > 0, got {self.flops}, {self.bytes}")
 
@@ -160,10 +168,9 @@ def elementwise_cost(numel: int, dtype: Any = "fp32", n_inputs: int = 1, n_outpu
     """
     numel = _positive_int("numel", numel)
     n_inputs, n_outputs = _positive_int("n_inputs", n_inputs), _positive_int("n_outputs", n_outputs)
-    if isinstance(flops_per_element, bool) or not isinstance(flops_per_element, (int, float)) or flops_per_element < 0:
-        raise ValueError(f"flops_per_element must be a number >= 0, got {flops_per_element!r}")
+    flops_per_element = _nonneg_number("flops_per_element", flops_per_element)
     b = dtype_bytes(dtype)
-    return OpCost(name, float(flops_per_element) * numel, float((n_inputs + n_outputs) * numel * b))
+    return OpCost(name, flops_per_element * numel, float((n_inputs + n_outputs) * numel * b))
 
 
 def elementwise_chain_cost(numel: int, n_ops: int, dtype: Any = "fp32", fused: bool = False,
@@ -324,10 +331,10 @@ def plot(peaks: dict[str, float], bandwidth: float, points: Sequence[RooflinePoi
         raise TypeError(f"title must be a str or None, got {type(title).__name__}")
     if intensity_range is not None:
         if not isinstance(intensity_range, (tuple, list)) or len(intensity_range) != 2:
-            raise TypeError(f"intensity_range must be a (low, high) pair of FLOP/byte, got {intensity_range!r}")
+            raise TypeError(f"intensity_range must be a (low, high) pair of FLOP/byte, got {safe_repr(intensity_range)}")
         lo, hi = (_positive_number("intensity_range", v) for v in intensity_range)
         if not lo < hi:
-            raise ValueError(f"intensity_range must have low < high, got {intensity_range!r}")
+            raise ValueError(f"intensity_range must have low < high, got {safe_repr(intensity_range)}")
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.axes import Axes

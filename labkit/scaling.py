@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from labkit import precision
+from labkit._validate import as_float, check_dense, safe_repr
 
 __all__ = [
     "LossScaleAtMinimumError",
@@ -60,15 +61,21 @@ def _fp32(x: float) -> float:
 def _check_number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    return float(value)
+    return as_float(name, value)
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
+def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ValueError(f"{name} must be >= {minimum}, got {safe_repr(value)}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {safe_repr(value)}")
     return int(value)
+
+
+#: The largest initial_scale_power taken: 2**127 is the largest power of two an fp32 loss scale can be.
+_MAX_SCALE_POWER = 127
 
 
 # --------------------------------------------------------------------------------------------------
@@ -320,7 +327,7 @@ def _dtype(fmt: str | torch.dtype) -> torch.dtype:
     except ValueError:
         name = fmt
     if name not in DTYPES:
-        raise ValueError(f"unknown format {fmt!r}; choose one of {sorted(DTYPES)}")
+        raise ValueError(f"unknown format {safe_repr(fmt)}; choose one of {sorted(DTYPES)}")
     return DTYPES[name]
 
 
@@ -361,15 +368,15 @@ def grad_values(params: Iterable[torch.Tensor] | torch.nn.Module) -> torch.Tenso
 
 def _values(values: Any) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
-        t = values.detach()
+        t = check_dense("values", values).detach()
     elif isinstance(values, np.ndarray):
         t = torch.from_numpy(np.asarray(values, dtype=np.float64))
     elif isinstance(values, (list, tuple)) and values and all(isinstance(v, torch.Tensor) for v in values):
-        t = torch.cat([v.detach().reshape(-1).double() for v in values])
+        t = torch.cat([check_dense("values", v).detach().reshape(-1).double() for v in values])
     else:
         try:
             t = torch.as_tensor(np.asarray(values, dtype=np.float64))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"values must be a tensor, an array or a list of numbers, got {type(values).__name__}") from exc
     if not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
         raise TypeError(f"values must be real numbers, got dtype {t.dtype}")
@@ -397,7 +404,7 @@ def underflow_fraction(values: Any, fmt: str | torch.dtype = "fp16", scale: floa
     Introduced in notebook 03.
     """
     if to not in ("zero", "subnormal"):
-        raise ValueError(f"to must be 'zero' or 'subnormal', got {to!r}")
+        raise ValueError(f"to must be 'zero' or 'subnormal', got {safe_repr(to)}")
     v, scaled, dtype = _scaled_cast(values, fmt, scale)
     nonzero = v != 0
     n = int(nonzero.sum())
@@ -601,7 +608,8 @@ def scaler_kwargs_from_deepspeed(fp16: dict[str, Any]) -> dict[str, Any]:
     if fp16.get("hysteresis", 2) != 1:
         raise ValueError("GradScaler has no hysteresis: it backs off at the first overflow (set hysteresis to 1)")
     return {
-        "init_scale": 2.0 ** _check_int("initial_scale_power", fp16.get("initial_scale_power", 16), -126),
+        "init_scale": 2.0 ** _check_int("initial_scale_power", fp16.get("initial_scale_power", 16), -126,
+                                        _MAX_SCALE_POWER),
         "growth_factor": 2.0,
         "backoff_factor": 0.5,
         "growth_interval": _check_int("loss_scale_window", fp16.get("loss_scale_window", 1000), 1),
@@ -628,7 +636,7 @@ def deepspeed_scale_sequence(
     """
     _check_int("loss_scale_window", loss_scale_window, 1)
     _check_int("hysteresis", hysteresis, 1)
-    scale = 2.0 ** _check_int("initial_scale_power", initial_scale_power, -126)
+    scale = 2.0 ** _check_int("initial_scale_power", initial_scale_power, -126, _MAX_SCALE_POWER)
     cur_hyst, last_overflow = hysteresis, -1
     scales = [scale]
     for it, overflow in enumerate(_flags(overflows, "overflows")):

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit import handpar, memory
+from labkit._validate import as_float, safe_repr
 from labkit.activations import ActivationEstimate, check_count
 from labkit.memory import GB, ModelState
 
@@ -163,7 +164,7 @@ def _shape(model: object) -> TransformerShape:
     if model not in SHAPES:
         hint = (" (labkit.memory.MODEL_PRESETS has it as a parameter count only; pass a TransformerShape)"
                 if model in memory.MODEL_PRESETS else "")
-        raise ValueError(f"no shape for model {model!r}{hint}; choose one of {sorted(SHAPES)} "
+        raise ValueError(f"no shape for model {safe_repr(model)}{hint}; choose one of {sorted(SHAPES)} "
                          "or pass a TransformerShape(layers, hidden, heads, seq_len, vocab)")
     return SHAPES[model]
 
@@ -180,7 +181,7 @@ def _choice(name: str, value: object, options: tuple[str, ...]) -> str:
         raise TypeError(f"{name} must be a str, one of {list(options)}, got {type(value).__name__}")
     v = value.strip().lower()
     if v not in options:
-        raise ValueError(f"{name} must be one of {list(options)}, got {value!r}")
+        raise ValueError(f"{name} must be one of {list(options)}, got {safe_repr(value)}")
     return v
 
 
@@ -193,8 +194,8 @@ def _flag(name: str, value: object) -> bool:
 def _bytes(name: str, value: object, positive: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of bytes, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    if not math.isfinite(as_float(name, value)) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {safe_repr(value)}")
     return value
 
 
@@ -453,7 +454,7 @@ def plan_3d(
         raise ValueError(f"global_batch must be a multiple of micro_batch*dp = {b}*{d} = {b * d}, got {big_b}")
     pol = memory.get_policy(policy)
     if pol.compute_dtype.itemsize != 2:
-        raise ValueError(f"policy {pol.name!r} computes in {pol.compute_dtype}; the activation formula assumes "
+        raise ValueError(f"policy {safe_repr(pol.name)} computes in {pol.compute_dtype}; the activation formula assumes "
                          "16-bit activations: choose a bf16/fp16 policy")
     opt = memory.get_optimizer(optimizer)
     mode = _choice("recompute", recompute, RECOMPUTE)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 import shlex
 
+from labkit._validate import safe_repr
+
 __all__ = ["gpus_per_node", "parse_sbatch_header", "parse_tunnel", "time_minutes"]
 
 _SHORT = {"-N": "nodes", "-n": "ntasks", "-c": "cpus-per-task", "-t": "time", "-p": "partition",
@@ -44,7 +46,7 @@ def parse_sbatch_header(text: str) -> dict[str, str]:
         try:
             words = shlex.split(body)
         except ValueError as exc:
-            raise ValueError(f"line {lineno}: cannot read {raw!r}: {exc}") from None
+            raise ValueError(f"line {lineno}: cannot read {safe_repr(raw)}: {exc}") from None
         i = 0
         while i < len(words):
             w = words[i]
@@ -59,9 +61,9 @@ def parse_sbatch_header(text: str) -> dict[str, str]:
                         raise ValueError(f"line {lineno}: option {w} needs a value")
                     value, i = words[i + 1], i + 1
             else:
-                raise ValueError(f"line {lineno}: {w!r} is not an sbatch option")
+                raise ValueError(f"line {lineno}: {safe_repr(w)} is not an sbatch option")
             if not name:
-                raise ValueError(f"line {lineno}: empty option in {raw!r}")
+                raise ValueError(f"line {lineno}: empty option in {safe_repr(raw)}")
             opts[name] = value
             i += 1
     return opts
@@ -77,7 +79,7 @@ def time_minutes(value: str) -> float:
     v = value.strip()
     m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", v)
     if not m:
-        raise ValueError(f"{value!r} is not a Slurm time: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
+        raise ValueError(f"{safe_repr(value)} is not a Slurm time: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
     days, a, b, c = m.groups()
     if days is not None:  # D-HH[:MM[:SS]]
         return int(days) * 1440 + int(a) * 60 + int(b or 0) + int(c or 0) / 60

@@ -34,8 +34,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CLEAR_TAG", "BuildReport", "MARKER", "TREE_PATHS", "build_student", "build_student_tree",
-           "shows_a_verdict", "solution_blocks", "strip_solutions"]
+from labkit._validate import safe_repr
+
+__all__ = ["CLEAR_TAG", "MARKER", "MAX_NOTEBOOK_BYTES", "TREE_PATHS", "BuildReport", "build_student",
+           "build_student_tree", "predict_spans", "shows_a_verdict", "solution_blocks", "strip_solutions"]
 
 _CODE = (re.compile(r"^\s*### BEGIN SOLUTION\s*$"), re.compile(r"^\s*### END SOLUTION\s*$"))
 _MD = (re.compile(r"^\s*<!-- BEGIN SOLUTION -->\s*$"), re.compile(r"^\s*<!-- END SOLUTION -->\s*$"))
@@ -79,7 +81,7 @@ def solution_blocks(source: str, cell_type: str = "code") -> list[list[str]]:
     if not isinstance(source, str):
         raise TypeError(f"source must be a cell's text (a str), got {type(source).__name__}")
     if cell_type not in ("code", "markdown", "raw"):
-        raise ValueError(f"cell_type must be 'code', 'markdown' or 'raw', got {cell_type!r}")
+        raise ValueError(f"cell_type must be 'code', 'markdown' or 'raw', got {safe_repr(cell_type)}")
     begin, end = _CODE if cell_type == "code" else _MD
     blocks: list[list[str]] = []
     current: list[str] | None = None
@@ -126,6 +128,43 @@ CLEAR_TAG = "workspace-clear"
 _VERDICT = re.compile(r"^[✓✗✎] \d\d\.[\w.-]+:", re.M)
 
 
+_PREDICT_CALL = re.compile(r"""\bpredict\(\s*["']([^"']+)["']""")
+
+
+def _cell_text(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def predict_spans(cells: list[dict]) -> set[int]:
+    """The indices of the code cells whose stored outputs would show a *predict, then run* result before the
+    learner has predicted: every code cell from the one that calls ``predict("ID", ...)`` through the one that calls
+    ``reveal("ID", ...)``, both included (a predict without a reveal below it: that cell only).
+
+    Introduced in notebook 00.
+    """
+    if not isinstance(cells, list):
+        raise TypeError(f"cells must be a notebook's list of cells, got {type(cells).__name__}")
+    hidden: set[int] = set()
+    for i, cell in enumerate(cells):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        m = _PREDICT_CALL.search(_cell_text(cell))
+        if not m:
+            continue
+        reveal = re.compile(rf"""\breveal\(\s*["']{re.escape(m.group(1))}["']""")
+        span = [i]
+        for j in range(i + 1, len(cells)):
+            if isinstance(cells[j], dict) and cells[j].get("cell_type") == "code":
+                span.append(j)
+                if reveal.search(_cell_text(cells[j])):
+                    hidden.update(span)
+                    break
+        else:
+            hidden.add(i)
+    return hidden
+
+
 def shows_a_verdict(cell: dict) -> bool:
     """Say whether a code cell's stored output holds a check's verdict (the reference answer's ✓ would tell it).
 
@@ -135,9 +174,81 @@ def shows_a_verdict(cell: dict) -> bool:
         raise TypeError(f"cell must be a notebook cell (dict), got {type(cell).__name__}")
     for out in cell.get("outputs", []):
         text = out.get("text", "") if isinstance(out, dict) else ""
-        if _VERDICT.search("".join(text) if isinstance(text, list) else str(text)):
+        if _VERDICT.search("".join(map(str, text)) if isinstance(text, list) else str(text)):
             return True
     return False
+
+
+#: The largest notebook file the student build reads: 64 MiB. The workbook's own are under 300 KB; one with many
+#: stored images can reach a few MB. Anything bigger is not one of them (and would be read whole into memory).
+MAX_NOTEBOOK_BYTES = 64 * 2**20
+_CELL_TYPES = ("code", "markdown", "raw")
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON value is, in JSON's words: "a number", "a string", "a list", "an object", "null"..."""
+    kinds = {bool: "true/false", int: "a number", float: "a number", str: "a string", list: "a list",
+             dict: "an object", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _cell_problem(cell: object) -> str | None:
+    """Say what keeps ``cell`` from being an nbformat 4 cell the build can read, or None if nothing does."""
+    if not isinstance(cell, dict):
+        return f"is {_json_kind(cell)}, not a cell (an object)"
+    kind = cell.get("cell_type")
+    if kind not in _CELL_TYPES:
+        shown = f"'{kind[:40]}'" if isinstance(kind, str) else "missing" if kind is None else _json_kind(kind)
+        return f"has cell_type {shown}; expected code, markdown or raw"
+    source = cell.get("source")
+    if isinstance(source, list):
+        odd = next((v for v in source if not isinstance(v, str)), "")
+        if not isinstance(odd, str):
+            return f"has a 'source' list holding {_json_kind(odd)}; expected a string or a list of strings"
+    elif not isinstance(source, str):
+        return f"has a 'source' that is {_json_kind(source)}; expected a string or a list of strings"
+    meta = cell.get("metadata", {})
+    if not isinstance(meta, dict) or not isinstance(meta.get("tags", []), list):
+        return "has a 'metadata' that is not an object with a list of 'tags'"
+    if kind == "code" and not isinstance(cell.get("outputs", []), list):
+        return f"has 'outputs' that are {_json_kind(cell.get('outputs'))}; expected a list"
+    return None
+
+
+def _read_notebook(path: Path) -> dict:
+    """Return the nbformat 4 notebook in ``path`` as a dict, or raise ``ValueError`` naming the file and what is
+    wrong with it: too large (:data:`MAX_NOTEBOOK_BYTES`), empty, not UTF-8 text, not JSON, JSON that is not a
+    notebook, another nbformat, cells that are not cells. Introduced in notebook 00.
+    """
+    size = path.stat().st_size
+    if size > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"{path}: {size:,} bytes, more than the {MAX_NOTEBOOK_BYTES:,} a notebook may have here")
+    try:
+        nb = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a notebook: not UTF-8 text (binary data?)") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a notebook: its JSON is nested too deeply") from None
+    except ValueError as e:
+        what = "the file is empty" if size == 0 else f"not JSON ({e})"
+        raise ValueError(f"{path}: not a notebook: {what}") from None
+    if not isinstance(nb, dict):
+        raise ValueError(f"{path}: not a notebook: its JSON is {_json_kind(nb)}, not an object")
+    got = nb.get("nbformat")
+    if got != 4:
+        shown = ("no nbformat" if got is None else f"nbformat {got}" if type(got) is int
+                 else f"an nbformat that is {_json_kind(got)}")
+        raise ValueError(f"{path}: {shown}; the student build reads nbformat 4 (open and save the notebook in "
+                         "JupyterLab to convert it)")
+    if not isinstance(nb.get("cells"), list):
+        raise ValueError(f"{path}: not a notebook: it has no 'cells' list")
+    if not isinstance(nb.get("metadata", {}), dict):
+        raise ValueError(f"{path}: not a notebook: its 'metadata' is not an object")
+    for i, cell in enumerate(nb["cells"]):
+        problem = _cell_problem(cell)
+        if problem is not None:
+            raise ValueError(f"{path}: cell {i} {problem}")
+    return nb
 
 
 def _student_notebook(path: Path) -> tuple[bytes, int]:
@@ -145,21 +256,24 @@ def _student_notebook(path: Path) -> tuple[bytes, int]:
 
     Cells that held a solution lose their outputs and execution count, and so do cells tagged
     ``workspace-clear`` and cells whose stored output shows a check's verdict (a ``reveal(...)`` after a
-    measurement: its ✓ would tell the answer); every other cell and output is kept. Introduced in notebook 00.
+    measurement: its ✓ would tell the answer); every other cell and output is kept. A file that is not an
+    nbformat 4 notebook raises ``ValueError`` naming it and what is wrong (see :func:`_read_notebook`).
+    Introduced in notebook 00.
     """
-    nb = json.loads(path.read_text())
+    nb = _read_notebook(path)
     total = 0
-    for cell in nb["cells"]:
+    predicted = predict_spans(nb["cells"])
+    for i, cell in enumerate(nb["cells"]):
         text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         try:
             new, n = strip_solutions(text, cell["cell_type"])
         except ValueError as e:
-            raise ValueError(f"{path.name}: {e}") from None
+            raise ValueError(f"{path}: cell {i}: {e}") from None
         if n:
             total += n
             cell["source"] = new
         tags = cell.get("metadata", {}).get("tags", [])
-        if cell["cell_type"] == "code" and (n or CLEAR_TAG in tags or shows_a_verdict(cell)):
+        if cell["cell_type"] == "code" and (n or CLEAR_TAG in tags or i in predicted or shows_a_verdict(cell)):
             cell["outputs"], cell["execution_count"] = [], None
     if total:
         nb.get("metadata", {}).pop("widgets", None)
@@ -469,6 +583,12 @@ def _notebooks(src: Path) -> list[Path]:
     return notebooks
 
 
+def _student_copies(notebooks: Iterable[Path]) -> dict[str, tuple[bytes, int]]:
+    """Return ``{name: (student copy, solution blocks removed)}`` for ``notebooks``; the first one that is not a
+    readable notebook raises ``ValueError`` naming it. Introduced in notebook 00."""
+    return {path.name: _student_notebook(path) for path in notebooks}
+
+
 def build_student(src_dir: str | Path = "notebooks", out_dir: str | Path = "dist/student", *,
                   force: bool = False) -> BuildReport:
     """Write student copies of every notebook in ``src_dir`` to ``out_dir``; return what was removed.
@@ -479,19 +599,21 @@ def build_student(src_dir: str | Path = "notebooks", out_dir: str | Path = "dist
     (or labkit's own), a folder above it, or inside one of its folders (``labkit/``, ``tools/``, ``tests/``,
     ``docs/``, ``slurm/``, hidden ones such as ``.git/``): ``ValueError``, whatever ``force`` says. A new folder
     such as ``dist/student`` is fine. ``force=True`` moves any other folder aside instead of refusing.
-    Nothing is ever deleted but an earlier build's own files. Introduced in notebook 00.
+    Nothing is ever deleted but an earlier build's own files. Every notebook is read first: a file in ``src_dir``
+    that is not an nbformat 4 notebook (not JSON, no cells, larger than :data:`MAX_NOTEBOOK_BYTES`...) raises
+    ``ValueError`` naming it, and nothing is written. Introduced in notebook 00.
     """
     src, out = Path(src_dir).expanduser().resolve(), _resolve_out(out_dir)
     notebooks = _notebooks(src)
     anchors, inside = _source_tree(_checkouts(src))
     _refuse_places(out, [("the source notebooks folder", src), *_user_anchors(), *anchors],
                    [("the source notebooks folder", src), *inside])
-    removed: dict[str, int] = {}
+    copies = _student_copies(notebooks)  # every notebook read and checked before anything is written
+    removed = {name: n for name, (_, n) in copies.items()}
 
     def fill(folder: Path, files: dict[str, str]) -> None:
-        for path in notebooks:
-            data, removed[path.name] = _student_notebook(path)
-            _write(folder, path.name, data, files)
+        for name, (data, _) in copies.items():
+            _write(folder, name, data, files)
 
     rep = _publish(out, "notebooks", force, fill)
     return BuildReport(rep.out_dir, removed, rep.files, rep.moved_aside)
@@ -538,12 +660,12 @@ def build_student_tree(repo_root: str | Path = ".", out_dir: str | Path = "dist/
     copies = _tree_sources(root)
     anchors, inside = _source_tree(dict.fromkeys([root, *_checkouts(root / "notebooks")]))
     _refuse_places(out, [*anchors, *_user_anchors()], inside)
-    removed: dict[str, int] = {}
+    students = _student_copies(notebooks)  # every notebook read and checked before anything is written
+    removed = {name: n for name, (_, n) in students.items()}
 
     def fill(folder: Path, files: dict[str, str]) -> None:
-        for path in notebooks:
-            data, removed[path.name] = _student_notebook(path)
-            _write(folder, f"notebooks/{path.name}", data, files)
+        for name, (data, _) in students.items():
+            _write(folder, f"notebooks/{name}", data, files)
         for path, rel in copies:
             _write(folder, rel, path.read_bytes(), files, like=path)
 

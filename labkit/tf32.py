@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from labkit import device as dev_gate
+from labkit._validate import check_dense, safe_repr
 
 __all__ = [
     "EMULATED_FORMATS",
@@ -45,6 +46,7 @@ EMULATED_FORMATS: dict[str, int] = {"fp32": 23, "tf32": 10, "fp16": 10, "bf16": 
 def _check_fp32(x: Any) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+    check_dense("the tensor", x)
     if x.dtype != torch.float32:
         raise TypeError(f"expected a float32 tensor (TF32 rounds fp32 inputs), got {x.dtype}")
     return x
@@ -66,7 +68,7 @@ def round_mantissa(x: torch.Tensor, man_bits: int) -> torch.Tensor:
     """
     x = _check_fp32(x)
     if isinstance(man_bits, bool) or not isinstance(man_bits, int) or not 0 <= man_bits <= 23:
-        raise ValueError(f"man_bits must be an int in [0, 23], got {man_bits!r}")
+        raise ValueError(f"man_bits must be an int in [0, 23], got {safe_repr(man_bits)}")
     if man_bits == 23:
         return x.clone()
     drop = 23 - man_bits
@@ -85,7 +87,7 @@ def emulate(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """
     x = _check_fp32(x)
     if fmt not in EMULATED_FORMATS:
-        raise ValueError(f"fmt must be one of {list(EMULATED_FORMATS)}, got {fmt!r}")
+        raise ValueError(f"fmt must be one of {list(EMULATED_FORMATS)}, got {safe_repr(fmt)}")
     if fmt == "fp16":
         return x.half().float()
     return round_mantissa(x, EMULATED_FORMATS[fmt])
@@ -124,7 +126,7 @@ def matmul_error(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype = torch.fl
     """
     _check_matrices(a, b)
     if not isinstance(dtype, torch.dtype) or dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, got {dtype}")
+        raise ValueError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, got {safe_repr(dtype)}")
     ref = a.double().cpu() @ b.double().cpu()
     c = (a.to(dtype) @ b.to(dtype)).cpu()
     return _rel(c, ref)

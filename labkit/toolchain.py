@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit._validate import as_float, safe_repr
+
 __all__ = [
     "COMPILERS",
     "KERNEL_C",
@@ -129,10 +131,10 @@ def _check_workdir(workdir: object) -> Path:
 
 def _check_cc(cc: object) -> str:
     if not isinstance(cc, str) or not cc:
-        raise TypeError(f"cc must be a compiler name such as 'gcc', got {cc!r}")
+        raise TypeError(f"cc must be a compiler name such as 'gcc', got {safe_repr(cc)}")
     path = shutil.which(cc)
     if path is None:
-        raise ValueError(f"no compiler {cc!r} on PATH (find_compilers() says which exist)")
+        raise ValueError(f"no compiler {safe_repr(cc)} on PATH (find_compilers() says which exist)")
     return path
 
 
@@ -167,9 +169,9 @@ def _check_flag_sets(flag_sets: object) -> dict[str, tuple[str, ...]]:
     out = {}
     for name, flags in flag_sets.items():
         if not isinstance(name, str) or isinstance(flags, str) or not isinstance(flags, (list, tuple)):
-            raise TypeError(f"flag_sets[{name!r}] must be a list of flag strings")
+            raise TypeError(f"flag_sets[{safe_repr(name)}] must be a list of flag strings")
         if not all(isinstance(f, str) and f.startswith("-") and "\n" not in f for f in flags):
-            raise ValueError(f"flag_sets[{name!r}]: every flag is a string starting with '-', got {flags!r}")
+            raise ValueError(f"flag_sets[{safe_repr(name)}]: every flag is a string starting with '-', got {safe_repr(flags)}")
         out[name] = tuple(flags)
     return out
 
@@ -394,6 +396,7 @@ def amdahl(fraction: float, speedup: float) -> float:
     for name, v in (("fraction", fraction), ("speedup", speedup)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    fraction, speedup = as_float("fraction", fraction), as_float("speedup", speedup)
     if not 0 <= fraction <= 1:
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")
     if not (speedup > 0):

@@ -20,6 +20,7 @@ import torch
 
 from labkit import kernelbench, kernels
 from labkit import roofline as R
+from labkit._validate import safe_repr
 
 __all__ = ["FLOPS_PER_ELEMENT", "OpTraffic", "Traffic", "cost", "fused_traffic", "torch_traffic", "triton_traffic"]
 
@@ -223,7 +224,7 @@ def _kernel_name(name: Any) -> str:
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, one of {kernelbench.NAMES}, got {type(name).__name__}")
     if name not in kernelbench.NAMES:
-        raise ValueError(f"name must be one of {kernelbench.NAMES}, got {name!r}")
+        raise ValueError(f"name must be one of {kernelbench.NAMES}, got {safe_repr(name)}")
     return name
 
 

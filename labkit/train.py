@@ -54,6 +54,7 @@ from torch import nn
 
 from labkit import device as dev_gate
 from labkit import precision
+from labkit._validate import as_float, check_dense, safe_repr
 from labkit.precision import Policy, grad_norm
 
 __all__ = [
@@ -91,7 +92,7 @@ def get_policy(policy: str | Policy) -> Policy:
     """
     pol = precision.get_policy(policy)
     if pol.master:
-        raise ValueError(f"train() runs {list(POLICIES)}; {pol.name!r} keeps an fp32 master copy of 16-bit "
+        raise ValueError(f"train() runs {list(POLICIES)}; {safe_repr(pol.name)} keeps an fp32 master copy of 16-bit "
                          "weights (DeepSpeed's layout: see labkit.memory.setup_training and notebook 10)")
     return pol
 
@@ -144,7 +145,7 @@ def autocast_op_dtypes(
     Introduced in notebook 04.
     """
     if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"autocast dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+        raise ValueError(f"autocast dtype must be torch.float16 or torch.bfloat16, got {safe_repr(dtype)}")
     dev = dev_gate.resolve(device)
     out: dict[str, tuple[torch.dtype, torch.dtype]] = {}
     for name, (low, fn) in AUTOCAST_OPS.items():
@@ -163,6 +164,9 @@ def default_loss(model: nn.Module, batch: Sequence[torch.Tensor]) -> torch.Tenso
     if len(batch) != 2:
         raise ValueError(f"default_loss expects an (x, y) batch, got {len(batch)} tensors; pass loss_fn")
     x, y = batch
+    check_dense("the batch's y", y)
+    if isinstance(x, torch.Tensor):
+        check_dense("the batch's x", x)
     out = model(x)
     if y.dtype == torch.long:
         if out.dim() == 3:
@@ -182,10 +186,10 @@ def make_optimizer(
     Introduced in notebook 04.
     """
     for what, v in (("lr", lr), ("weight_decay", weight_decay), ("momentum", momentum), ("eps", eps)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{what} must be a finite number >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(as_float(what, v)) or v < 0:
+            raise ValueError(f"{what} must be a finite number >= 0, got {safe_repr(v)}")
     if not lr > 0:
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+        raise ValueError(f"lr must be a positive number, got {safe_repr(lr)}")
     params = list(params)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)
@@ -193,7 +197,7 @@ def make_optimizer(
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, eps=eps)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}; choose 'adamw', 'adam' or 'sgd', or pass a callable")
+    raise ValueError(f"unknown optimizer {safe_repr(name)}; choose 'adamw', 'adam' or 'sgd', or pass a callable")
 
 
 #: The per-step lists of a :class:`TrainResult`: what its ``history()`` holds, and all that a checkpoint's
@@ -283,8 +287,9 @@ class CheckpointError(ValueError):
     def __init__(self, path: str | os.PathLike, reason: str) -> None:
         self.path = Path(path)
         self.reason = reason
+        shown = reason if isinstance(reason, str) else safe_repr(reason)
         super().__init__(
-            f"checkpoint {self.path} cannot be used: {reason}. Delete it (or move it aside), then resume "
+            f"checkpoint {self.path} cannot be used: {shown}. Delete it (or move it aside), then resume "
             "from an earlier checkpoint or start fresh without resume.")
 
 
@@ -327,9 +332,9 @@ def _plain_history(history: Any) -> dict[str, list]:
     out: dict[str, list] = {}
     for key, values in history.items():
         if not isinstance(key, str):
-            raise TypeError(f"history keys must be str, got {key!r}")
+            raise TypeError(f"history keys must be str, got {safe_repr(key)}")
         if not isinstance(values, (list, tuple)):
-            raise TypeError(f"history[{key!r}] must be a list, got {type(values).__name__}")
+            raise TypeError(f"history[{safe_repr(key)}] must be a list, got {type(values).__name__}")
         row: list = []
         for v in values:
             if v is not None and not isinstance(v, (bool, int, float)):
@@ -338,7 +343,7 @@ def _plain_history(history: Any) -> dict[str, list]:
                 elif type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
                     v = v.item()
                 else:
-                    raise TypeError(f"history[{key!r}] must hold numbers, bools or None, got {v!r}")
+                    raise TypeError(f"history[{safe_repr(key)}] must hold numbers, bools or None, got {safe_repr(v)}")
             row.append(v)
         out[key] = row
     return out
@@ -393,9 +398,9 @@ def save_checkpoint(
     """
     path = Path(path)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be an int >= 0 (the completed steps), got {step!r}")
+        raise ValueError(f"step must be an int >= 0 (the completed steps), got {safe_repr(step)}")
     if not isinstance(policy, str) or not policy:
-        raise TypeError(f"policy must be a non-empty str such as 'fp16', got {policy!r}")
+        raise TypeError(f"policy must be a non-empty str such as 'fp16', got {safe_repr(policy)}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -614,23 +619,23 @@ def train(
     """
     pol = get_policy(policy)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+        raise ValueError(f"steps must be an int >= 0, got {safe_repr(steps)}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not callable(batches):
         raise TypeError("batches must be callable as batches(step) -> tuple of tensors")
     if clip_grad_norm is not None and not clip_grad_norm > 0:
-        raise ValueError(f"clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
+        raise ValueError(f"clip_grad_norm must be positive or None, got {safe_repr(clip_grad_norm)}")
     if not (isinstance(loss_weight, (int, float)) and loss_weight > 0):
-        raise ValueError(f"loss_weight must be a positive number, got {loss_weight!r}")
+        raise ValueError(f"loss_weight must be a positive number, got {safe_repr(loss_weight)}")
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be an int >= 0, got {checkpoint_every!r}")
+        raise ValueError(f"checkpoint_every must be an int >= 0, got {safe_repr(checkpoint_every)}")
     if (checkpoint_every or resume) and checkpoint_dir is None:
         raise ValueError("checkpoint_every/resume need a checkpoint_dir")
     dev = dev_gate.pick_device() if device is None else torch.device(device)
     for dt in (pol.autocast_dtype, pol.param_dtype):
         if dt is not None and dt != torch.float32 and not dev_gate.computes(dt, dev):
-            raise ValueError(f"policy {pol.name!r} needs {dt} compute, which does not work on {dev}")
+            raise ValueError(f"policy {safe_repr(pol.name)} needs {dt} compute, which does not work on {dev}")
     loss_fn = default_loss if loss_fn is None else loss_fn
 
     cuda = dev_gate.is_cuda(dev)
@@ -653,7 +658,7 @@ def train(
     if resume and ckpt_path is not None and ckpt_path.is_file():
         state = load_checkpoint(ckpt_path)
         if state["policy"] != pol.name:
-            raise ValueError(f"checkpoint {ckpt_path} was written by policy {state['policy']!r}, not {pol.name!r}")
+            raise ValueError(f"checkpoint {ckpt_path} was written by policy {state['policy']!r}, not {safe_repr(pol.name)}")
         if state["step"] > steps:
             raise ValueError(f"checkpoint is at step {state['step']}, beyond steps={steps}")
         model.load_state_dict(state["model"])

@@ -11,10 +11,14 @@ from typing import Any
 
 from labkit import formats as F
 from labkit import memory as M
+from labkit._validate import MAX_PREDICTED_PARAMS, MAX_WORLD_SIZE, safe_repr
 
 __all__ = ["FIELD_COLORS", "BitExplorer", "bit_explorer", "memory_calculator", "memory_calculator_report"]
 
 FIELD_COLORS = {"sign": "#ef9a9a", "exponent": "#a5d6a7", "mantissa": "#90caf9"}
+#: The most GPUs per node and GB per GPU :func:`memory_calculator_report` takes (see its docstring).
+MAX_GPUS_PER_NODE = 1024
+MAX_GPU_GB = 10_000
 EXPLORER_FORMATS = ("fp32", "tf32", "fp16", "bf16", "e4m3fn", "e5m2")
 _ON_COLORS = {"sign": "#e53935", "exponent": "#43a047", "mantissa": "#1e88e5"}
 # ToggleButton styles have no button_color, so the explorer colours its bits with a stylesheet: pale when the
@@ -38,6 +42,14 @@ def _parse_number(text: str) -> float:
     return float(t)
 
 
+def _as_shown(value: float) -> float:
+    """``float(value)``; an int beyond a float's range (10**400) is shown as the inf it encodes to."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 class BitExplorer:
     """Pick a format, click bits or type a number, and see sign/exponent/mantissa, the value and its ulp.
 
@@ -55,7 +67,7 @@ class BitExplorer:
         self.bits = F.encode(value, self.fmt)
         self._busy = False
         self.format_picker = W.Dropdown(options=list(EXPLORER_FORMATS), value=self.fmt.name, description="format")
-        self.number = W.Text(value=repr(float(value)), description="number", continuous_update=False,
+        self.number = W.Text(value=repr(_as_shown(value)), description="number", continuous_update=False,
                              placeholder="e.g. 0.1, 65504, 2^-24, inf")
         self.number.add_class("lk-number")
         self.value_label = W.Label()
@@ -197,14 +209,19 @@ def memory_calculator_report(
     """Return the calculator's answer as one line: per-GPU model states, whether they fit, CPU per node.
 
     ``offload`` is ``"none"``, ``"optimizer"`` or ``"optimizer+params"``. Activations come on top of the
-    model states; the line says how much of the GPU is left for them. Introduced in notebook 06.
+    model states; the line says how much of the GPU is left for them. Limits (``ValueError`` saying the
+    range): ``gpus_per_node`` at most 1,024 (a DGX has 8, an NVL72 rack 72), ``gpus_per_node * nodes`` at most
+    2**20 ranks and ``n_params`` at most 10**15 (:func:`labkit.memory.model_state_bytes`), ``gpu_gb`` at most
+    10,000 (today's largest GPUs hold under 300 GB). Introduced in notebook 06.
     """
-    if offload not in ("none", "optimizer", "optimizer+params"):
-        raise ValueError(f"offload must be 'none', 'optimizer' or 'optimizer+params', got {offload!r}")
-    gpn = M.check_count("gpus_per_node", gpus_per_node, 1)
-    nn_ = M.check_count("nodes", nodes, 1)
-    if not (isinstance(gpu_gb, (int, float)) and gpu_gb > 0):
-        raise ValueError(f"gpu_gb must be a positive number, got {gpu_gb!r}")
+    if not isinstance(offload, str) or offload not in ("none", "optimizer", "optimizer+params"):
+        raise ValueError(f"offload must be 'none', 'optimizer' or 'optimizer+params', got {safe_repr(offload)}")
+    gpn = M.check_count("gpus_per_node", gpus_per_node, 1, MAX_GPUS_PER_NODE)
+    nn_ = M.check_count("nodes", nodes, 1, MAX_WORLD_SIZE)
+    if gpn * nn_ > MAX_WORLD_SIZE:
+        raise ValueError(f"gpus_per_node * nodes must be at most {MAX_WORLD_SIZE:,} ranks, got {gpn} * {nn_}")
+    if isinstance(gpu_gb, bool) or not isinstance(gpu_gb, (int, float)) or not 0 < gpu_gb <= MAX_GPU_GB:
+        raise ValueError(f"gpu_gb must be a number in (0, {MAX_GPU_GB:,}], got {safe_repr(gpu_gb)}")
     est = M.model_state_bytes(n_params, policy, optimizer, stage=stage, world_size=gpn * nn_,
                             offload_optimizer=offload != "none", offload_params=offload == "optimizer+params")
     per_gpu = est.device_total
@@ -221,7 +238,7 @@ def _within(name: str, value: object, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low:g} and {high:g}, got {value!r}")
+        raise ValueError(f"{name} must be between {low:g} and {high:g}, got {safe_repr(value)}")
 
 
 def memory_calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes: int = 1, stage: int = 2,
@@ -238,10 +255,11 @@ def memory_calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes
 
     if isinstance(n_params, str):
         if n_params not in M.MODEL_PRESETS:
-            raise ValueError(f"unknown preset {n_params!r}; choose one of {list(M.MODEL_PRESETS)} or pass a number")
+            raise ValueError(f"unknown preset {safe_repr(n_params)}; choose one of {list(M.MODEL_PRESETS)} or pass a "
+                             "number")
         preset, billions = n_params, M.MODEL_PRESETS[n_params] / 1e9
     else:
-        billions = M.check_count("n_params", n_params, 1) / 1e9
+        billions = M.check_count("n_params", n_params, 1, MAX_PREDICTED_PARAMS) / 1e9
         preset = next((k for k, v in M.MODEL_PRESETS.items() if v == n_params), "custom")
     # the widgets' own ranges: a value outside them would be clamped silently (or raise a TraitError)
     _within("n_params (billions)", billions, 0.001, 10000)
@@ -249,9 +267,9 @@ def memory_calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes
     _within("nodes", M.check_count("nodes", nodes, 1), 1, 4096)
     _within("gpu_gb", gpu_gb, 1, 1000)
     if isinstance(stage, bool) or not isinstance(stage, int) or stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
+        raise ValueError(f"stage must be 0, 1, 2 or 3, got {safe_repr(stage)}")
     if not isinstance(offload, str) or offload not in ("none", "optimizer", "optimizer+params"):
-        raise ValueError(f"offload must be 'none', 'optimizer' or 'optimizer+params', got {offload!r}")
+        raise ValueError(f"offload must be 'none', 'optimizer' or 'optimizer+params', got {safe_repr(offload)}")
 
     class MemoryCalculator(widgets.VBox):
         def __repr__(self) -> str:

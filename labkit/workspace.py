@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit._validate import safe_repr
+
 __all__ = ["DEFAULT_DIR", "MARKER", "PROGRESS_FILE", "WorkspaceReport", "find_workspace", "update_workspace",
            "updated_name", "workspace_notebook"]
 
@@ -110,9 +112,9 @@ def updated_name(rel: str, n: int = 1) -> str:
     if not isinstance(rel, str):
         raise TypeError(f"rel must be a file's path inside the workspace (a str), got {type(rel).__name__}")
     if not rel.strip() or rel.endswith("/") or Path(rel).name in ("", ".", ".."):
-        raise ValueError(f"rel must be a file's path inside the workspace, got {rel!r}")
+        raise ValueError(f"rel must be a file's path inside the workspace, got {safe_repr(rel)}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an int >= 1, got {n!r}")
+        raise ValueError(f"n must be an int >= 1, got {safe_repr(n)}")
     p = Path(rel)
     tag = ".updated" if n == 1 else f".updated-{n}"
     return p.with_name(f"{p.stem}{tag}{p.suffix}").as_posix()

@@ -24,6 +24,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from labkit._validate import MAX_WORLD_SIZE, as_float, check_int, safe_repr
+
 __all__ = [
     "CATEGORIES",
     "DTYPES",
@@ -65,16 +67,18 @@ RECORDED_FP16_RUN: dict[str, Any] = {
 
 
 def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return check_int(name, value, minimum)
+
+
+def _world(world_size: Any) -> int:
+    """world_size, at most MAX_WORLD_SIZE: the partition tables list every rank (2**40 would never end)."""
+    return check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
 
 
 def _num(name: str, value: Any, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(as_float(name, value))):
+        raise TypeError(f"{name} must be a finite number, got {safe_repr(value)}")
     if value < 0 or (positive and value == 0):
         raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value}")
     return float(value)
@@ -91,7 +95,7 @@ def batch_triple(micro_batch: int, grad_accum: int | None = None, world_size: in
     Introduced in notebook 10.
     """
     mb = _int("micro_batch", micro_batch, 1)
-    ws = _int("world_size", world_size, 1)
+    ws = _world(world_size)
     if grad_accum is None and train_batch_size is None:
         grad_accum = 1
     if grad_accum is not None:
@@ -151,13 +155,13 @@ def config(
     Introduced in notebook 10.
     """
     if isinstance(stage, bool) or not isinstance(stage, int):
-        raise TypeError(f"stage must be an int in {STAGES}, got {stage!r}")
+        raise TypeError(f"stage must be an int in {STAGES}, got {safe_repr(stage)}")
     if stage not in STAGES:
         raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage}")
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {DTYPES}, got {safe_repr(dtype)}")
     if offload not in OFFLOAD_DEVICES:
-        raise ValueError(f"offload must be one of {OFFLOAD_DEVICES}, got {offload!r}")
+        raise ValueError(f"offload must be one of {OFFLOAD_DEVICES}, got {safe_repr(offload)}")
     tbs, mb, ga = batch_triple(micro_batch, grad_accum, world_size, train_batch_size)
     _num("lr", lr, positive=True)
     _num("weight_decay", weight_decay)
@@ -165,7 +169,7 @@ def config(
     for name, flag in (("overlap_comm", overlap_comm), ("contiguous_gradients", contiguous_gradients),
                        ("torch_adam", torch_adam)):
         if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
+            raise TypeError(f"{name} must be True or False, got {safe_repr(flag)}")
     cfg: dict[str, Any] = {
         "train_batch_size": tbs,
         "train_micro_batch_size_per_gpu": mb,
@@ -225,8 +229,12 @@ def validate(cfg: dict[str, Any], world_size: int | None = None) -> dict[str, An
     if not isinstance(zo, dict):
         raise TypeError("zero_optimization must be a dict such as {'stage': 2}")
     stage = zo.get("stage", 0)
-    if isinstance(stage, bool) or stage not in STAGES:
-        raise ValueError(f"zero_optimization.stage must be one of {STAGES}, got {stage!r}")
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in STAGES:
+        raise ValueError(f"zero_optimization.stage must be one of {STAGES}, got {safe_repr(stage)}")
+    for section in ("fp16", "bf16"):
+        if not isinstance(cfg.get(section, {}), dict):
+            raise TypeError(f"{section} must be a dict such as {{'enabled': True}}, got "
+                            f"{type(cfg[section]).__name__}")
     fp16 = bool(cfg.get("fp16", {}).get("enabled", False))
     bf16 = bool(cfg.get("bf16", {}).get("enabled", False))
     if fp16 and bf16:
@@ -234,16 +242,16 @@ def validate(cfg: dict[str, Any], world_size: int | None = None) -> dict[str, An
     off = zo.get("offload_optimizer", {}).get("device", "none") if isinstance(zo.get("offload_optimizer"),
                                                                               dict) else "none"
     if off not in ("none", "cpu", "nvme"):
-        raise ValueError(f"zero_optimization.offload_optimizer.device must be 'cpu' or 'nvme', got {off!r}")
+        raise ValueError(f"zero_optimization.offload_optimizer.device must be 'cpu' or 'nvme', got {safe_repr(off)}")
     if off != "none" and stage == 0:
         raise ValueError("zero_optimization.offload_optimizer needs stage >= 1")
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     tbs, mb, ga = (cfg.get(k) for k in keys)
     for k, v in zip(keys, (tbs, mb, ga)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"{k} must be a positive int, got {v!r}")
+            raise ValueError(f"{k} must be a positive int, got {safe_repr(v)}")
     if world_size is not None:
-        _int("world_size", world_size, 1)
+        _world(world_size)
         if mb is None:
             raise ValueError("train_micro_batch_size_per_gpu is missing")
         batch_triple(mb, ga, world_size, tbs)
@@ -260,7 +268,7 @@ def validate(cfg: dict[str, Any], world_size: int | None = None) -> dict[str, An
             raise ValueError("fp16.min_loss_scale must be > 0")
     gc = cfg.get("gradient_clipping", 0.0)
     if isinstance(gc, bool) or not isinstance(gc, (int, float)) or gc < 0:
-        raise ValueError(f"gradient_clipping must be a number >= 0 (0 turns it off), got {gc!r}")
+        raise ValueError(f"gradient_clipping must be a number >= 0 (0 turns it off), got {safe_repr(gc)}")
     return cfg
 
 
@@ -310,12 +318,26 @@ _EXPLAIN: dict[str, str] = {
 }
 
 
+#: How deep :func:`explain` follows nested sections: a DeepSpeed config nests three or four levels.
+_MAX_CFG_DEPTH = 32
+
+
 def _flatten(d: dict[str, Any], prefix: str = "") -> Iterable[tuple[str, Any, bool]]:
-    for k, v in d.items():
-        path = f"{prefix}{k}"
+    """``(dotted path, value, is a section)`` for every key, depth first, with a stack (no recursion)."""
+    stack = [(iter(d.items()), prefix)]
+    while stack:
+        item = next(stack[-1][0], None)
+        if item is None:
+            stack.pop()
+            continue
+        k, v = item
+        path = f"{stack[-1][1]}{k}"
         if isinstance(v, dict):
             yield path, v, True
-            yield from _flatten(v, path + ".")
+            if len(stack) >= _MAX_CFG_DEPTH:
+                raise ValueError(f"cfg nests sections deeper than {_MAX_CFG_DEPTH} levels (at {path[:80]}...); a "
+                                 "DeepSpeed config has three or four")
+            stack.append((iter(v.items()), path + "."))
         else:
             yield path, v, False
 
@@ -331,7 +353,7 @@ def explain(cfg: dict[str, Any]) -> str:
     for path, value, is_section in _flatten(cfg):
         depth = path.count(".")
         text = _EXPLAIN.get(path, "(a key labkit.zero does not explain; see the DeepSpeed config docs)")
-        shown = "" if is_section else f" = {value!r}"
+        shown = "" if is_section else f" = {safe_repr(value)}"
         lines.append(f"{'  ' * depth}{path.split('.')[-1]}{shown}: {text}")
     return "\n".join(lines)
 
@@ -357,9 +379,9 @@ def partition_layout(param_numels: Sequence[int], world_size: int, stage: int) -
     numels = [_int("param numel", n, 1) for n in param_numels]
     if not numels:
         raise ValueError("param_numels is empty")
-    ws = _int("world_size", world_size, 1)
-    if isinstance(stage, bool) or stage not in STAGES:
-        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    ws = _world(world_size)
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {safe_repr(stage)}")
     total = sum(numels)
     if stage == 0:
         return [{"partition": total, "padding": 0, "params": total, "grads": total} for _ in range(ws)]
@@ -405,7 +427,7 @@ def cut_tensors(param_numels: Sequence[int], world_size: int) -> list[dict[str, 
     numels = [_int("param numel", n, 1) for n in param_numels]
     if not numels:
         raise ValueError("param_numels is empty")
-    ws = _int("world_size", world_size, 1)
+    ws = _world(world_size)
     part = partition_layout(numels, ws, 1)[0]["partition"]
     out, start = [], 0
     for i, n in enumerate(numels):

@@ -83,6 +83,9 @@ def test_cli_amp_prints_ratios_measured_in_one_run():
     (["amp", "--dtypes", "fp8"], "--dtypes"), (["amp", "--repeats", "-1"], "--repeats"),
     (["amp", "--device", "nonsense"], "--device"), (["peak", "--sizes", "64,x"], "--sizes"),
     (["peak", "--bandwidth-mib", "0"], "--bandwidth-mib"), (["nope"], "invalid choice"),
+    # sizes with an upper bound: a typo cannot time for days or start a million threads
+    (["amp", "--repeats", str(10**9)], "<= 10000"), (["amp", "--warmup", "10001"], "<= 10000"),
+    (["amp", "--threads", str(10**6)], "<= 1024"), (["peak", "--threads", "1025"], "<= 1024"),
 ])
 def test_cli_bad_values_fail_while_parsing(argv, match, capsys):
     """One line on stderr and exit status 2, before anything is measured (in-process: no torch start-up)."""

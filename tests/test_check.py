@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -243,15 +244,163 @@ def test_empty_fields_are_skipped_and_a_missing_solution_points_at_the_reference
     assert "Hint: the nudge" in out[1] and "Hint: the nudge" in out[2] and "reference notebook" in out[2]
 
 
-def test_a_raising_answer_escalates_too(monkeypatch, capsys):
+def test_a_raising_answer_does_not_climb_the_ladder_and_is_not_recorded(monkeypatch, capsys):
     def grade(a):
         return a() == 42
     _exercise(monkeypatch, grade=grade, wrong=NOT_GIVEN_)
     C.check("99.x", lambda: 1 / 0)
     C.check("99.x", lambda: 1 / 0)
-    first, second = capsys.readouterr().out.split("✗ ")[1:]
+    C.check("99.x", lambda: 1)
+    C.check("99.x", lambda: 1 / 0)
+    C.check("99.x", lambda: 2)
+    first, second, real, raised, real2 = capsys.readouterr().out.split("✗ ")[1:]
     assert "raised ZeroDivisionError" in first and "Hint: the nudge" in first
-    assert "raised ZeroDivisionError" in second and "Hint 2, the method" in second
+    assert "raised ZeroDivisionError" in second and "Hint: the nudge" in second and "method" not in second
+    assert "Hint: the nudge" in real, "the first real wrong answer gets the nudge, as if nothing had raised"
+    assert "raised ZeroDivisionError" in raised and "Hint: the nudge" in raised, "the help of the level reached"
+    assert "Hint 2, the method" in real2
+    assert C.load_progress()["99.x"]["attempts"] == 2, "only the real wrong answers are recorded"
+
+
+def test_a_format_slip_does_not_climb_the_ladder_and_is_not_recorded(capsys, tmp_path):
+    from labkit.exercises._core import FormatSlip
+
+    fp16 = get_exercise("01.fp16-max")
+    C.check("01.fp16-max", "65504?")
+    C.check("01.fp16-max", True)
+    assert not (tmp_path / "progress.json").exists(), "a slip of form is no attempt"
+    assert C.results()["01.fp16-max"] == "not attempted"
+    C.check("01.fp16-max", 1.0)
+    C.check("01.fp16-max", "x")
+    C.check("01.fp16-max", 2.0)
+    text, boolean, first, slip, second = capsys.readouterr().out.split("✗ ")[1:]
+    assert "Give the value as a number." in text and "Not counted" in text and "Hint" not in text
+    assert "not a bool" in boolean and "Not counted" in boolean
+    assert f"Hint: {fp16.hint}" in first, "the first real wrong answer still gets the nudge"
+    assert "Not counted" in slip and "Hint" not in slip
+    assert f"Hint 2, the method: {fp16.method}" in second
+    entry = C.load_progress()["01.fp16-max"]
+    assert entry["attempts"] == 2 and entry["status"] == "wrong" and not entry.get("solution_seen")
+    # the graders mark slips of form explicitly, and check keeps the mark through (ok, message)
+    ok, msg = fp16.grade("abc")
+    assert not ok and isinstance(msg, FormatSlip)
+    assert isinstance(C._outcome((False, msg))[1], FormatSlip)
+    v = C.evaluate("01.e4m3-overflow", 448.0)  # a prediction handed to check(): a slip of form too
+    assert v.status == "wrong" and "Not counted" in v.message and "predict(" in v.message
+
+
+# --- labkit's own answers, and predictions made after the result was shown -----------------------------------
+
+def _own_line(out: str, ex_id: str) -> None:
+    assert out.count("\n") == 1 and out.startswith(f"… {ex_id}: that is labkit's own answer"), out
+
+
+def test_labkit_own_reference_answer_is_marked_not_graded(capsys, tmp_path):
+    for ex_id in ("01.fp16-max", "01.fp16-fields", "05.choose-format", "00.device", "01.e4m3-overflow"):
+        C.check(ex_id, get_exercise(ex_id).reference)  # a float, a tuple, a dict, a value computed when graded, a pair
+        _own_line(capsys.readouterr().out, ex_id)
+        assert C.results()[ex_id] == "not attempted"
+        entry = C.load_progress()[ex_id]
+        assert entry["solution_seen"] is True and entry["status"] == "not attempted" and "attempts" not in entry
+    C.check("01.e4m3-overflow", (get_exercise("01.e4m3-overflow").reference[0], 448.0))  # its prediction, re-paired
+    _own_line(capsys.readouterr().out, "01.e4m3-overflow")
+    C.predict("01.e4m3-overflow", get_exercise("01.e4m3-overflow").reference[0])
+    _own_line(capsys.readouterr().out, "01.e4m3-overflow")
+    assert C.reveal("01.e4m3-overflow", 448.0).status == "not attempted", "nothing was recorded to reveal"
+    capsys.readouterr()
+    # the learner's own values pass, even where Python shares the object (a small int, a str)
+    C.check("01.fp16-max", float("65504"))
+    C.check("06.bytes-per-param", 12)
+    C.check("07.optimise-first", "aten::addmm")
+    assert [ln[:1] for ln in capsys.readouterr().out.splitlines()] == ["✓", "✓", "✓"]
+    assert C.load_progress()["01.fp16-max"]["solved_after_solution"] is True
+
+
+def test_labkit_own_functions_and_kernels_are_marked_however_wrapped(capsys):
+    import functools
+
+    from labkit.exercises import nb09
+
+    ref = get_exercise("09.busbw").reference
+
+    class Jitted:  # what @triton.jit returns: an object whose .fn is the function
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __call__(self, *a):
+            raise TypeError("launch it as kernel[grid](...)")
+
+    class Holder:
+        def busbw(self, algbw, n):
+            return ref(algbw, n)
+
+    @functools.wraps(ref)
+    def decorated(algbw, n):
+        return ref(algbw, n)
+
+    own = {"the function": ref, "a partial": functools.partial(ref), "a partial of a partial":
+           functools.partial(functools.partial(ref)), "a kernel-like wrapper": Jitted(ref),
+           "a decorated copy": decorated, "labkit's own helper": nb09.simulate_all_reduce,
+           "a KernelRef": get_exercise("08.softmax").reference}
+    for what, answer in own.items():
+        C.check("08.softmax" if what == "a KernelRef" else "09.busbw", answer)
+        out = capsys.readouterr().out
+        assert out.startswith("… ") and "labkit's own answer" in out, (what, out)
+    C.check("04.resume-scaler", get_exercise("04.resume-scaler").reference[::-1])  # a new tuple of labkit's functions
+    assert "labkit's own answer" in capsys.readouterr().out
+    assert C.results()["09.busbw"] == "not attempted"
+    # the learner's own function passes, also wrapped in a bound method of the learner's class
+    C.check("09.busbw", lambda algbw, n: algbw * 2 * (n - 1) / n)
+    C.check("09.busbw", Jitted(lambda algbw, n: algbw * 2 * (n - 1) / n).fn)
+
+    class Mine:
+        def busbw(self, algbw, n):
+            return algbw * 2 * (n - 1) / n
+
+    C.check("09.busbw", Mine().busbw)
+    assert [ln[:1] for ln in capsys.readouterr().out.splitlines()] == ["✓", "✓", "✓"]
+    assert not C._labkit_own(Holder().busbw), "a method of the learner's class that calls labkit is the learner's"
+    # evaluate() grades whatever it is given: the tests and instructors grade the reference answers with it
+    assert C.evaluate("09.busbw", ref).status == "correct"
+
+
+def test_labkit_own_triton_kernel_is_marked(capsys):
+    pytest.importorskip("triton")
+    from labkit import kernels
+
+    kernels.setup()
+    C.check("08.softmax", kernels.load().softmax_kernel)
+    out = capsys.readouterr().out
+    assert out.startswith("… 08.softmax: that is labkit's own answer") and out.count("\n") == 1, out
+    assert C.load_progress()["08.softmax"]["solution_seen"] is True
+
+
+def test_a_prediction_made_after_the_result_was_shown_is_not_counted(capsys):
+    ex_id = "01.e4m3-overflow"
+    C.predict(ex_id, 500.0)
+    assert C.reveal(ex_id, 448.0).status == "wrong"
+    C.predict(ex_id, 448.0)
+    late = capsys.readouterr().out.splitlines()[-1]
+    assert late.startswith(f"✎ {ex_id}: prediction recorded") and "after the result was shown" in late
+    v = C.reveal(ex_id, 448.0)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "recorded after the result was shown: not counted" in out and "✓" not in out
+    assert v.status == "wrong" and C.results()[ex_id] == "wrong"
+    entry = C.load_progress()[ex_id]
+    assert entry["status"] == "wrong" and entry["attempts"] == 1 and "solved" not in entry
+    # the other way round: a right first prediction stays right whatever comes after it
+    C.reset_results()
+    C.predict(ex_id, 448.0)
+    assert C.reveal(ex_id, 448.0).status == "correct"
+    C.reveal(ex_id, 448.0)  # the measuring cell run again, on the first prediction: graded again
+    C.predict(ex_id, math.inf)
+    assert C.reveal(ex_id, 448.0).status == "correct" and C.results()[ex_id] == "correct"
+    assert "not counted" in capsys.readouterr().out.splitlines()[-1]
+    assert C.load_progress()[ex_id]["attempts"] == 3, "the first kernel's one, then two reveals of the first prediction"
+    # a new kernel knows nothing of the earlier reveal
+    C.reset_results()
+    C.predict(ex_id, 448.0)
+    assert "Now run the next cell" in capsys.readouterr().out
 
 
 NOT_GIVEN_ = C.NOT_GIVEN
@@ -474,7 +623,7 @@ def test_concurrent_kernels_lose_no_record(tmp_path):
     path = tmp_path / "progress.json"
     code = ("import sys; from labkit import check as C\n"
             "ids = sorted(C.all_exercises())[int(sys.argv[1])::2]\n"
-            "for i in ids: C.check(i, 'no')\n")
+            "for i in ids: C.check(i, C.get_exercise(i).reference)\n")  # graded, or marked labkit's: recorded
     env = {**__import__("os").environ, C.PROGRESS_ENV: str(path)}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(k)], env=env, stdout=subprocess.DEVNULL)
              for k in (0, 1)]

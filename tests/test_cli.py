@@ -93,6 +93,12 @@ DDP_BAD = [
     (["--slow-rank", "3", "--slow-ms", "5"], "--slow-rank must be in [0, 1)"),
     (["--resume"], "--ckpt-dir"), (["--ckpt-every", "2"], "--ckpt-dir"),
     (["--data-size", "16", "--batch", "32"], "fewer than --batch"),
+    # sizes with an upper bound (issue 22, low items): refused while parsing, saying the range
+    (["--hidden", str(10**8)], "<= 65536, got 100000000"), (["--data-size", str(10**10)], "<= 16777216"),
+    (["--depth", "10001"], "<= 10000"), (["--steps", str(10**8)], "<= 10000000"),
+    (["--batch", str(2**30)], "<= 16777216"), (["--accum", str(10**6)], "<= 65536"),
+    (["--threads", "100000"], "<= 1024"), (["--hidden", "1" * 5000], "whole number >= 1 and <= 65536"),
+    (["--hidden", "65536", "--depth", "2"], "4,000,000,000 train on one 80 GB GPU"),
 ]
 
 
@@ -115,6 +121,16 @@ def test_ddp_parser_accepts_good_flags_and_checks_the_world_size(monkeypatch, ca
     _rejects(rddp.build_parser(), ["--crash-rank", "0", "--crash-step", "0"], capsys, match="not an integer")
 
 
+def test_ddp_sizes_at_their_limits_are_taken():
+    args = rddp.build_parser().parse_args(["--hidden", "65536", "--depth", "1", "--data-size", str(2**24),
+                                           "--steps", str(10**7), "--accum", "65536", "--threads", "1024"])
+    assert (args.hidden, args.data_size, args.steps) == (65536, 2**24, 10**7)
+    assert rddp.build_parser().parse_args(["--hidden", "44000", "--depth", "3"]).hidden == 44000  # 3.9 billion
+    assert rddp.build_parser().parse_args(["--model", "gpt", "--hidden", "65536", "--depth", "9"]).depth == 9
+    text = rddp.build_parser().format_help()
+    assert "at most 65,536" in text and "at most 16,777,216" in text and "4,000,000,000 parameters" in text
+
+
 def test_ddp_validate_still_guards_the_run():
     args = rddp.build_parser().parse_args([])
     args.crash_rank = 1
@@ -134,7 +150,9 @@ def test_ddp_validate_still_guards_the_run():
 ALLREDUCE_BAD = [(["--sizes", "4X"], "cannot parse size"), (["--sizes", ","], "--sizes"),
                  (["--sizes", "1K,999G"], "up to 64G"), (["--sizes", "0"], "at least 1 byte"),
                  (["--iters", "0"], "--iters"), (["--warmup", "-1"], "--warmup"), (["--repeats", "0"], "--repeats"),
-                 (["--pg-timeout", "inf"], "--pg-timeout"), (["--dtype", "fp8"], "--dtype")]
+                 (["--pg-timeout", "inf"], "--pg-timeout"), (["--dtype", "fp8"], "--dtype"),
+                 (["--iters", str(10**9)], "<= 10000"), (["--warmup", "10001"], "<= 10000"),
+                 (["--repeats", "101"], "<= 100")]
 
 
 @pytest.mark.parametrize(("argv", "match"), ALLREDUCE_BAD, ids=[" ".join(a) for a, _ in ALLREDUCE_BAD])
@@ -154,7 +172,11 @@ ZERO_BAD = [(["--runs", "5:bf16"], "bad run"), (["--runs", ""], "no runs"), (["-
             (["--n-layers", "0"], "--n-layers"), (["--bucket", "1"], "--bucket"),
             (["--initial-scale-power", "65"], "--initial-scale-power"),
             (["--loss-scale-window", "0"], "--loss-scale-window"), (["--hysteresis", "0"], "--hysteresis"),
-            (["--seed", "-3"], "--seed"), (["--shm-comm", "maybe"], "--shm-comm")]
+            (["--seed", "-3"], "--seed"), (["--shm-comm", "maybe"], "--shm-comm"),
+            (["--steps", str(10**8)], "<= 10000000"), (["--micro-batch", str(2**17)], "<= 65536"),
+            (["--grad-accum", str(2**17)], "<= 65536"), (["--d-model", str(10**6)], "<= 65536"),
+            (["--n-layers", str(10**6)], "<= 10000"), (["--bucket", str(2**40)], "<= 2147483648"),
+            (["--d-model", "65536", "--n-layers", "10000"], "parameters")]
 
 
 @pytest.mark.parametrize(("argv", "match"), ZERO_BAD, ids=[" ".join(a) for a, _ in ZERO_BAD])
@@ -191,6 +213,8 @@ SUBPROCESS = [
     (["labkit.recipes.ddp", "--pg-timeout", "1e20"], "--pg-timeout"),
     (["labkit.recipes.allreduce", "--sizes", "64Q"], "--sizes"),
     (["labkit.recipes.zero", "--lr", "inf"], "--lr"),
+    (["labkit.recipes.ddp", "--hidden", str(10**8)], "--hidden: expected a whole number >= 1 and <= 65536"),
+    (["labkit.recipes.ddp", "--data-size", str(10**10)], "--data-size: expected a whole number >= 1 and <= 16777216"),
 ]  # labkit.bench: tests/test_bench.py
 
 
@@ -201,3 +225,12 @@ def test_command_line_bad_value_is_one_line_and_exit_2(cmd, match):
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
     assert match in out.stderr and out.stderr.startswith(f"python -m {cmd[0]}")
     assert "LABKIT_RESULT" not in out.stdout and out.stdout == ""
+
+
+def test_an_oversized_ddp_flag_is_refused_before_torch_is_imported():
+    """The recipe's entry point parses first: an absurd size costs no torch import (seconds per rank)."""
+    code = ("import sys\nfrom labkit.recipes import ddp\ntry:\n    ddp.build_parser().parse_args(sys.argv[1:])\n"
+            "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)")
+    for argv in (["--hidden", str(10**8)], ["--data-size", str(10**10)]):
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+        assert out.stdout.split() == ["2", "False"], (out.stdout, out.stderr)

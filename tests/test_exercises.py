@@ -18,6 +18,7 @@ import torch
 from labkit import check as C
 from labkit.check import NOT_GIVEN, evaluate
 from labkit.exercises import all_exercises
+from labkit.exercises._core import FormatSlip
 from labkit.student import solution_blocks, strip_solutions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,17 @@ def _as_typed(value):
 
 def _message(out) -> str:
     return out[1] if isinstance(out, tuple) else ""
+
+
+def _fresh(value):
+    """``value`` as a learner would type it: an equal object, not the exercise's own (check refuses labkit's)."""
+    if isinstance(value, float):
+        return float(repr(value))
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return type(value)(_fresh(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _fresh(v) for k, v in value.items()}
+    return value
 
 
 # --------------------------------------------------------------------------------------------- every exercise
@@ -157,6 +169,132 @@ def test_the_first_hint_does_not_give_the_answer_away(ex_id):
         assert answer not in ex.hint, f"{ex_id}: the hint contains the answer"
 
 
+# A single-number exercise: its answer must wait for the last level of help, the worked solution.
+# 0, 1 and 2 stand in too many sentences to test for (06.smallest-stage's answer is 2): those are left out here, and
+# the test below makes sure the list of them stays that short.
+SINGLE_NUMBER = [i for i in IDS if isinstance(EXERCISES[i].reference, (int, float))
+                 and not isinstance(EXERCISES[i].reference, bool) and float(EXERCISES[i].reference) not in (0, 1, 2)]
+
+
+def test_few_single_number_answers_are_too_common_to_search_for():
+    common = [i for i in IDS if isinstance(EXERCISES[i].reference, (int, float))
+              and not isinstance(EXERCISES[i].reference, bool) and i not in SINGLE_NUMBER]
+    assert len(SINGLE_NUMBER) >= 15 and common == ["06.smallest-stage"], common
+
+
+def _renderings(value: float) -> set[str]:
+    """The usual ways a text writes ``value``: 65504, 65,504, 6.55e+04, 6.5504e4, 2^-7, 2**-7, 0.17 ..."""
+    v = float(value)
+    out = {f"{v:g}", repr(v), f"{v:.2g}", f"{v:.3g}", f"{v:.4g}"}
+    if v.is_integer():
+        out |= {str(int(v)), f"{int(v):,}"}
+    mantissa, exp = f"{v:e}".split("e")
+    mantissa, exp = mantissa.rstrip("0").rstrip("."), int(exp)
+    out |= {f"{mantissa}e{exp}", f"{mantissa}e{exp:+03d}", f"{mantissa}e{exp:+d}"}
+    if v > 0 and math.log2(v).is_integer():
+        k = int(math.log2(v))
+        out |= {f"2^{k}", f"2**{k}", f"2^({k})", f"2.0**{k}"}
+    return out
+
+
+def _shows(text: str, value: float) -> list[str]:
+    """The renderings of ``value`` that stand alone in ``text`` (not part of a longer number or word)."""
+    return [r for r in _renderings(value)
+            if re.search(rf"(?<![\w.^*]){re.escape(r)}(?![\w]|\.\d|\^|\*\*)", text)]
+
+
+def _generic_wrong(ex) -> float:
+    """A wrong number that is not the typical mistake and that the grader grades (not a slip of form)."""
+    ref = ex.reference
+    pool = ([ref * 3 + 1, ref + 3, ref * 7 + 3] if isinstance(ref, int)
+            else [ref * 7.3 + 1, ref * 3.1, ref / 5.3, ref * 4096.5, ref / 4096.5])
+    for cand in pool:
+        out = ex.grade(cand)
+        if cand != ex.wrong and not out[0] and not isinstance(out[1], FormatSlip):
+            return cand
+    raise AssertionError(f"{ex.id}: no generic wrong answer among {pool}")
+
+
+@pytest.mark.parametrize("ex_id", SINGLE_NUMBER)
+def test_the_number_waits_for_the_worked_solution(ex_id, capsys):
+    """Naming a mistake must not name the answer: the reference number (in any usual writing) is in none of the
+    hint, the method and the typical mistake's explanation, nor in what check prints for the first two wrong
+    answers, the typical mistake and another wrong number, in either order. The worked solution may show it."""
+    ex = EXERCISES[ex_id]
+    value = float(ex.reference)
+    for field in ("hint", "method", "wrong_why"):
+        assert not _shows(getattr(ex, field), value), f"{ex_id}: the {field} shows the answer: {getattr(ex, field)!r}"
+    other = _generic_wrong(ex)
+    for answers in ((ex.wrong, other), (other, ex.wrong)):
+        C.reset_results()
+        for answer in answers:
+            C.check(ex_id, answer)
+        printed = capsys.readouterr().out
+        assert printed.count("✗") == 2, printed
+        assert not _shows(printed, value), f"{ex_id}: a wrong answer is told the answer ({answers}): {printed}"
+    C.check(ex_id, ex.wrong)  # the third wrong answer gets the worked solution, which may show it
+    assert "The worked solution" in capsys.readouterr().out
+
+
+def _statements(code: str) -> set[str]:
+    """The statements of a worked solution, comments cut, spaces and module prefixes (tl., torch.) dropped."""
+    parts = {p.split("#")[0] for line in code.splitlines() for p in line.split(";")}
+    return {n for n in (_squeezed(p) for p in parts) if len(n) >= 8}
+
+
+def _squeezed(text: str) -> str:
+    return re.sub(r"\b(?:tl|torch|dist|labkit|device)\.", "", re.sub(r"\s+", "", text))
+
+
+def _called(text: str) -> set[str]:
+    """The names of the functions ``text`` calls (the last part of a dotted name), of 5 letters or more."""
+    return set(re.findall(r"(?<![\w])([A-Za-z_]\w{4,})\(", text)) | set(re.findall(r"\.([A-Za-z_]\w{4,})\(", text))
+
+
+def _numbers(text: str) -> set[str]:
+    """Powers of two (2^8, 2.0**14), numbers of three digits or more, decimals."""
+    return set(re.findall(r"\d+(?:\.\d+)?\*\*-?\d+|2\^-?\d+|\b\d{3,}(?:\.\d+)?\b|\b\d+\.\d+\b", text))
+
+
+# The method texts that said the solution itself before they were rewritten to say how to get there.
+METHOD_REWRITTEN = ["00.autocast-dtype", "00.device", "02.first-int", "02.lost-update", "03.scaler-step",
+                    "03.static-scale", "03.update-rule", "04.amp-step", "04.fp32-island", "04.resume-scaler",
+                    "05.delayed-scale", "05.fp8-roundtrip", "05.fp8-scale", "06.kept-loss", "06.zero-per-gpu",
+                    "08.bias-gelu", "08.flash-attention", "08.layernorm", "08.softmax", "08.softmax-bytes",
+                    "09.busbw", "11.ddp-overlap", "11.gpipe", "11.tp-conjugates", "11.zero1-step", "12.srun-header",
+                    "12.tunnel"]
+
+
+@pytest.mark.parametrize("ex_id", sorted({"03.static-scale", "08.flash-attention", "11.zero1-step",
+                                          *METHOD_REWRITTEN}))
+def test_the_method_says_how_not_what(ex_id):
+    """The second level of help is the way there, not the solution: the method holds none of the worked solution's
+    statements, calls none of the functions the solution calls (unless the prompt or the hint named them), and
+    writes none of its numbers that the prompt does not give."""
+    ex = EXERCISES[ex_id]
+    method, given = _squeezed(ex.method), ex.prompt + " " + ex.hint
+    said = [st for st in _statements(ex.solution) if st in method]
+    assert not said, f"{ex_id}: the method states the solution's {said}"
+    calls = (_called(ex.solution) & _called(ex.method)) - _called(given)
+    assert not calls, f"{ex_id}: the method calls what the solution calls: {sorted(calls)}"
+    numbers = (_numbers(ex.solution) & _numbers(ex.method)) - _numbers(given)
+    assert not numbers, f"{ex_id}: the method writes the solution's numbers {sorted(numbers)}"
+
+
+@pytest.mark.parametrize("ex_id", [i for i in IDS if not C._shared(EXERCISES[i].reference)])
+def test_checking_labkit_own_reference_is_marked_not_graded(ex_id, capsys):
+    """check() of the exercise's own reference object (a learner's ``get_exercise(id).reference``) is not the
+    learner's answer: one "…" line says so, the grader does not run, and the result is not correct."""
+    ex = EXERCISES[ex_id]
+    C.check(ex_id, ex.reference)
+    out = capsys.readouterr().out
+    assert out.startswith(f"… {ex_id}: that is labkit's own answer") and out.count("\n") == 1, out
+    assert C.results()[ex_id] == "not attempted"
+    if ex.kind == "predict" and not C._shared(ex.reference[0]):
+        C.predict(ex_id, ex.reference[0])
+        assert "labkit's own answer" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("ex_id", IDS)
 def test_ellipsis_is_not_attempted(ex_id):
     v = evaluate(ex_id, ...)
@@ -200,10 +338,11 @@ def test_predict_exercises_compare_a_prediction_with_a_result(ex_id, capsys):
     assert ex.reference[1] == ex.wrong[1] or ex.reference[1] is ex.wrong[1], "one measurement, two predictions"
     ok, why = ex.grade(ex.reference)
     assert ok and why, f"{ex_id}: a right prediction is confirmed with an explanation"
-    # the learner's path: predict, then the next cell reveals the measurement
-    C.predict(ex_id, ex.reference[0])
+    # the learner's path: predict (the learner's own value, equal to the reference), then the next cell reveals
+    C.predict(ex_id, _fresh(ex.reference[0]))
     assert C.reveal(ex_id, ex.reference[1]).status == "correct"
-    C.predict(ex_id, ex.wrong[0])
+    C.reset_results()  # another kernel: a second prediction in this one would come after the result was shown
+    C.predict(ex_id, _fresh(ex.wrong[0]))
     bad = C.reveal(ex_id, ex.wrong[1])
     assert bad.status == "wrong" and ex.wrong_why.strip() in bad.message
     # a student copy: the prediction still `...`, and reveal before any prediction

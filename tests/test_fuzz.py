@@ -4,9 +4,13 @@ The callables are those in the ``__all__`` of every module listed in ``labkit.__
 (``labkit.recipes.*``) and of the exercise modules (``labkit.exercises.*``). Hypothesis calls each one with
 random arguments (strings, ints including 0 and negatives, floats including inf and nan, None, bools,
 empty and small lists, dicts, small tensors, arrays, dtypes, devices, a tiny module), positionally, by
-keyword and mixed. Only ``TypeError`` and ``ValueError`` (and their subclasses) may escape; anything else
-(AttributeError, IndexError, KeyError, AssertionError, OverflowError, ZeroDivisionError, RuntimeError
-from torch deep inside ...) is a bug: the function should have checked its input at the door.
+keyword and mixed. Among them, hostile values (``_HOSTILE``): huge ints (2**64, +-10**400), a list and a dict
+nested 5,000 deep (past the recursion limit: an ``{x!r}`` in an error message raised RecursionError), sparse
+COO tensors and meta tensors (a shape, no values). Only ``TypeError`` and ``ValueError`` (and their
+subclasses) may escape; anything else (AttributeError, IndexError, KeyError, AssertionError, OverflowError,
+RecursionError, ZeroDivisionError, RuntimeError or NotImplementedError from torch deep inside ...) is a bug:
+the function should have checked its input at the door. ``HOSTILE_FOUND`` keeps what a sweep of the hostile
+values found, one plain call each.
 
 Three short lists say what is not held to that, each entry with its reason:
 
@@ -26,6 +30,7 @@ import inspect
 import io
 import math
 import pkgutil
+import reprlib
 import signal
 import warnings
 from collections.abc import Callable
@@ -171,6 +176,53 @@ _FACTORIES: list[Callable[[], Any]] = [
     lambda: {}, lambda: {"a": 1}, lambda: {"fp32": [1.0, 2.0]}, lambda: {"x": {"y": 1.0}}, lambda: {1: "a"},
     _tiny_module,
 ]
+
+#: How deep the nested list and dict go: far past the interpreter's recursion limit (1,000), so a ``repr``,
+#: ``str``, ``copy.deepcopy`` or ``json.dumps`` of one raises RecursionError unless the callee checks first.
+DEEP = 5_000
+
+
+class _Made:
+    """A value made only when the call is made, shown by its name: hypothesis prints a failing call with this
+    name, not with a 5,000-deep repr (its printer recurses)."""
+
+    def __init__(self, name: str, make: Callable[[], Any]) -> None:
+        self.name, self.make = name, make
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _chain(wrap: Callable[[Any], Any], empty: Any) -> Any:
+    value = empty
+    for _ in range(DEEP - 2):  # built iteratively: no recursion here
+        value = wrap(value)
+    return value
+
+
+# The deep part is built once (building and freeing 5,000 levels per call cost ~10 ms, a third more fuzzing
+# time); every call gets fresh top levels, which are all a callee could reasonably change.
+_DEEP_LIST, _DEEP_DICT = _chain(lambda x: [x], []), _chain(lambda x: {"x": x}, {})
+
+
+# Hostile values (issue 22, low items): sizes no machine holds, nesting deeper than the recursion limit, and
+# tensors that dense code cannot read. One branch of _values among the others, so the number of calls stays
+# EXAMPLES per callable: each kind is drawn a few times per callable, not multiplied in.
+_HOSTILE = [
+    _Made("2**64", lambda: 2**64), _Made("10**400", lambda: 10**400), _Made("-10**400", lambda: -(10**400)),
+    _Made(f"[[...]] {DEEP} deep", lambda: [[_DEEP_LIST]]),
+    _Made(f"{{'x': {{...}}}} {DEEP} deep", lambda: {"x": {"x": _DEEP_DICT}}),
+    _Made("sparse_coo(3,)", lambda: torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,))),
+    _Made("sparse_coo(2, 2)", lambda: torch.sparse_coo_tensor([[0, 1], [1, 0]], [1.0, 2.0], (2, 2))),
+    _Made("meta(3,)", lambda: torch.empty(3, device="meta")),
+    _Made("meta(2, 2)", lambda: torch.empty(2, 2, device="meta")),
+]
+
+
+def _make(value: Any) -> Any:
+    return value.make() if isinstance(value, _Made) else value
+
+
 _values = st.one_of(
     st.none(),
     st.booleans(),
@@ -183,6 +235,7 @@ _values = st.one_of(
     st.text(alphabet="abcxyz019_-", max_size=6),
     st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.int64, torch.device("cpu")]),
     st.sampled_from(_FACTORIES).map(lambda make: make()),
+    st.sampled_from(_HOSTILE),
 )
 
 
@@ -282,7 +335,10 @@ def _describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     def short(v: Any) -> str:
         if isinstance(v, torch.Tensor):
             return f"tensor(shape={tuple(v.shape)}, dtype={v.dtype})"
-        text = repr(v)
+        try:
+            text = reprlib.repr(v)
+        except Exception:
+            text = f"<{type(v).__name__}>"
         return text if len(text) <= 60 else text[:57] + "..."
 
     return ", ".join([*map(short, args), *(f"{k}={short(v)}" for k, v in kwargs.items())])
@@ -294,7 +350,7 @@ def _call(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     try:
         with _time_limit(CALL_LIMIT_S), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            result = fn(*args, **kwargs)
+            result = fn(*map(_make, args), **{k: _make(v) for k, v in kwargs.items()})
             if inspect.isgenerator(result) or hasattr(result, "__next__"):
                 result.close() if hasattr(result, "close") else None
     except allowed_here:
@@ -344,6 +400,189 @@ def test_cases_found_elsewhere_now_raise_type_or_value_error(name):
         CALLABLES[name](*args, **kwargs)
 
 
+# Every hostile value in every parameter, the other parameters given plain values (_plain): what such a sweep
+# found before the fixes, {callable: ["parameter=value", ...]} ("*=" is the first positional argument). Each
+# raised something else than TypeError/ValueError: RecursionError from an error message's repr (or a recursive
+# walk), OverflowError from float(10**400) or math.isfinite, NotImplementedError/RuntimeError from a sparse or
+# meta tensor deep in torch. Kept as plain regression tests, one call each.
+HOSTILE_FOUND: dict[str, list[str]] = {
+    "labkit.activations.graph_saved_bytes": ["exclude=sparse_coo(3,)"],
+    "labkit.bench.cpu_flops_per_cycle": ["fma_units=[[...]] 5000 deep"],
+    "labkit.bench.matmul_candidates": ["n=[[...]] 5000 deep", "seed=[[...]] 5000 deep"],
+    "labkit.bench.theoretical_peak": ["fma_units=10**400", "fma_units=[[...]] 5000 deep"],
+    "labkit.check.export_results": ["name=[[...]] 5000 deep"],
+    "labkit.clinic.run_cases": [
+        "requests=[[...]] 5000 deep", "parallel=[[...]] 5000 deep", "parallel=sparse_coo(3,)",
+        "parallel=meta(3,)",
+    ],
+    "labkit.data.make_regression": ["noise=2**64", "noise=10**400", "noise=[[...]] 5000 deep"],
+    "labkit.debug.nonfinite_count": ["value=[[...]] 5000 deep", "value=sparse_coo(3,)", "value=meta(3,)"],
+    "labkit.device.event_timer": ["flush_bytes=[[...]] 5000 deep"],
+    "labkit.dist.emit_result": ["result={'x': {...}} 5000 deep"],
+    "labkit.dist.find_free_port": ["host=[[...]] 5000 deep"],
+    "labkit.exercises.nb04.reference_island_softmax": ["scores=sparse_coo(3,)", "scores=meta(3,)"],
+    "labkit.exercises.nb11.prefetch": ["answers=[[...]] 5000 deep"],
+    "labkit.formats.table": ["names={'x': {...}} 5000 deep"],
+    "labkit.fp8.DelayedScaling": [
+        "history_len=2**64", "history_len=[[...]] 5000 deep", "margin=[[...]] 5000 deep",
+        "algo=[[...]] 5000 deep", "init_scale=10**400",
+    ],
+    "labkit.fp8.TensorTap": ["layers=[[...]] 5000 deep"],
+    "labkit.fp8.amax": ["x=sparse_coo(3,)", "x=meta(3,)"],
+    "labkit.fp8.compute_scale": [
+        "amax=10**400", "margin=2**64", "margin=[[...]] 5000 deep", "previous=10**400",
+    ],
+    "labkit.fp8.current_scaling": [
+        "x=sparse_coo(3,)", "x=meta(3,)", "margin=2**64", "margin=[[...]] 5000 deep",
+    ],
+    "labkit.fp8.dequantize": ["scale=10**400"],
+    "labkit.fp8.quant_stats": ["x=sparse_coo(3,)", "x=meta(3,)", "scale=10**400"],
+    "labkit.fp8.quantize": ["x=sparse_coo(3,)", "scale=10**400", "overflow=[[...]] 5000 deep"],
+    "labkit.fp8.roundtrip": ["x=sparse_coo(3,)", "scale=10**400", "overflow=[[...]] 5000 deep"],
+    "labkit.fp8.scaled_mm": ["a=sparse_coo(2, 2)", "a=meta(2, 2)", "scale_a=10**400"],
+    "labkit.fp8.scaled_mm_reference": ["a=sparse_coo(2, 2)", "a=meta(2, 2)", "scale_a=10**400"],
+    "labkit.handpar.BucketedGradients": ["bucket_mb=[[...]] 5000 deep"],
+    "labkit.handpar.clip_sharded_grad_norm_": ["max_norm=10**400", "max_norm=[[...]] 5000 deep"],
+    "labkit.inference.batch_sweep": ["inputs=sparse_coo(3,)"],
+    "labkit.kernels.adamw_step": ["step=10**400", "lr=10**400", "betas=[[...]] 5000 deep"],
+    "labkit.kernels.adamw_torch": [
+        "p=meta(2, 2)", "step=10**400", "lr=10**400", "betas=[[...]] 5000 deep", "impl=[[...]] 5000 deep",
+    ],
+    "labkit.kernels.adamw_unfused": [
+        "p=meta(2, 2)", "m=meta(2, 2)", "step=10**400", "lr=10**400", "betas=[[...]] 5000 deep",
+    ],
+    "labkit.kernels.close": ["got=sparse_coo(2, 2)", "got=meta(2, 2)"],
+    "labkit.lifecycle.checkpoint_overhead": ["checkpoint_s=10**400"],
+    "labkit.lifecycle.fingerprint": ["*=sparse_coo(3,)", "*=meta(3,)"],
+    "labkit.lifecycle.young_interval": ["checkpoint_s=10**400"],
+    "labkit.memory.fmt_bytes": ["n=10**400"],
+    "labkit.memory.setup_training": ["lr=[[...]] 5000 deep"],
+    "labkit.memory.smallest_fitting_stage": [
+        "gpu_bytes=[[...]] 5000 deep", "reserve_bytes=[[...]] 5000 deep",
+    ],
+    "labkit.memory.tensor_bytes": ["tensors=sparse_coo(2, 2)"],
+    "labkit.models.MLP": ["init_scale=2**64", "init_scale=10**400"],
+    "labkit.models.softmax": ["scores=sparse_coo(3,)", "scores=meta(3,)"],
+    "labkit.plots.format_ranges": ["names={'x': {...}} 5000 deep"],
+    "labkit.plots.grad_histogram": [
+        "values=10**400", "values=meta(3,)", "names={'x': {...}} 5000 deep", "scale=10**400",
+        "scale=[[...]] 5000 deep", "bins=[[...]] 5000 deep",
+    ],
+    "labkit.plots.relative_spacing": ["names={'x': {...}} 5000 deep", "lo=10**400", "lo=[[...]] 5000 deep"],
+    "labkit.plots.scale_history": ["scales=10**400", "scales=meta(3,)"],
+    "labkit.profiling.gelu_chain_cost": ["numel=10**400", "numel=[[...]] 5000 deep", "dtype=10**400"],
+    "labkit.profiling.make_gpt_step": ["batch=[[...]] 5000 deep"],
+    "labkit.profiling.mfu": ["model_flops=10**400"],
+    "labkit.recipes.allreduce.algbw": ["nbytes=10**400"],
+    "labkit.recipes.allreduce.busbw": ["algbw_gbps=10**400", "world_size=10**400"],
+    "labkit.recipes.allreduce.busbw_factor": ["world_size=10**400"],
+    "labkit.recipes.allreduce.format_size": ["nbytes=[[...]] 5000 deep"],
+    "labkit.recipes.ddp.checksum": ["tensors=sparse_coo(2, 2)", "tensors=meta(3,)"],
+    "labkit.recipes.ddp.tensor_sum": ["tensors=meta(3,)"],
+    "labkit.recipes.zero.shm_buffers": ["rank=[[...]] 5000 deep"],
+    "labkit.roofline.OpCost": ["flops=10**400"],
+    "labkit.roofline.attainable": ["intensity=10**400"],
+    "labkit.roofline.bound": ["intensity=10**400"],
+    "labkit.roofline.elementwise_chain_cost": [
+        "numel=10**400", "numel=[[...]] 5000 deep", "dtype=10**400", "flops_per_element=10**400",
+    ],
+    "labkit.roofline.elementwise_cost": [
+        "numel=10**400", "numel=[[...]] 5000 deep", "flops_per_element=[[...]] 5000 deep",
+    ],
+    "labkit.roofline.layernorm_cost": ["rows=10**400", "rows=[[...]] 5000 deep"],
+    "labkit.roofline.matmul_cost": ["m=10**400", "m=[[...]] 5000 deep"],
+    "labkit.roofline.ridge_point": ["peak_flops=10**400"],
+    "labkit.roofline.softmax_cost": ["rows=10**400", "rows=[[...]] 5000 deep"],
+    "labkit.scaling.DynamicLossScaler": ["init_scale=10**400"],
+    "labkit.scaling.choose_scale_power": [
+        "values=10**400", "values=sparse_coo(3,)", "values=meta(3,)", "to=[[...]] 5000 deep",
+    ],
+    "labkit.scaling.deepspeed_fp16_config": ["min_loss_scale=10**400"],
+    "labkit.scaling.deepspeed_scale_sequence": ["initial_scale_power=2**64"],
+    "labkit.scaling.overflow_fraction": [
+        "values=10**400", "values=sparse_coo(3,)", "values=meta(3,)", "scale=10**400",
+    ],
+    "labkit.scaling.safe_scale_powers": [
+        "values=10**400", "values=sparse_coo(3,)", "values=meta(3,)", "to=[[...]] 5000 deep",
+    ],
+    "labkit.scaling.underflow_fraction": [
+        "values=10**400", "values=sparse_coo(3,)", "values=meta(3,)", "scale=10**400",
+        "to=[[...]] 5000 deep",
+    ],
+    "labkit.sizing.plan_3d": ["gpu_bytes=10**400"],
+    "labkit.sizing.search_plans": ["gpu_bytes=10**400"],
+    "labkit.student.solution_blocks": ["cell_type=[[...]] 5000 deep"],
+    "labkit.student.strip_solutions": ["cell_type=[[...]] 5000 deep"],
+    "labkit.tf32.input_rounding_error": ["a=meta(2, 2)"],
+    "labkit.tf32.matmul_error": ["a=meta(2, 2)", "dtype=[[...]] 5000 deep"],
+    "labkit.tf32.round_mantissa": ["x=sparse_coo(3,)", "man_bits=[[...]] 5000 deep"],
+    "labkit.tf32.tf32_matmul": ["a=sparse_coo(2, 2)"],
+    "labkit.toolchain.amdahl": ["speedup=10**400"],
+    "labkit.toolchain.compiler_version": ["cc=[[...]] 5000 deep"],
+    "labkit.train.CheckpointError": ["reason=[[...]] 5000 deep"],
+    "labkit.train.autocast_op_dtypes": ["dtype=[[...]] 5000 deep"],
+    "labkit.train.default_loss": ["batch=sparse_coo(2, 2)", "batch=meta(2, 2)"],
+    "labkit.train.make_optimizer": ["lr=10**400", "lr=[[...]] 5000 deep"],
+    "labkit.train.save_checkpoint": ["step=[[...]] 5000 deep", "policy=[[...]] 5000 deep"],
+    "labkit.train.train": ["steps=[[...]] 5000 deep"],
+    "labkit.widgets.BitExplorer": ["value=10**400"],
+    "labkit.widgets.bit_explorer": ["value=10**400"],
+    "labkit.workspace.updated_name": ["n=[[...]] 5000 deep"],
+    "labkit.zero.config": [
+        "stage=[[...]] 5000 deep", "dtype=[[...]] 5000 deep", "offload=[[...]] 5000 deep", "lr=10**400",
+        "lr=[[...]] 5000 deep", "overlap_comm=[[...]] 5000 deep",
+    ],
+    "labkit.zero.explain": ["cfg={'x': {...}} 5000 deep"],
+    "labkit.zero.partition_layout": ["stage=[[...]] 5000 deep", "stage=sparse_coo(3,)", "stage=meta(3,)"],
+}
+
+
+_HOSTILE_BY_NAME = {h.name: h for h in _HOSTILE}
+
+
+def _plain(p: inspect.Parameter) -> Any:
+    """A plain value for a required parameter, by its annotation (only so that the call reaches the body)."""
+    ann = str(p.annotation)
+    if "Tensor" in ann:
+        return torch.ones(2, 2)
+    if "Module" in ann:
+        return _tiny_module()
+    if "str" in ann and "int" not in ann:
+        return "fp16"
+    for words, value in ((("float",), 1.0), (("Sequence", "list", "Iterable"), [1, 2]), (("dict",), {"a": 1})):
+        if any(w in ann for w in words):
+            return value
+    return 2
+
+
+def _one_hostile(fn: Callable[..., Any], param: str, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) for ``fn`` with ``value`` as ``param`` and plain values for the other required ones."""
+    if param == "*":
+        return (value,), {}
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for p in _params(fn) or []:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or (p.name != param and p.default is not p.empty):
+            continue
+        v = value if p.name == param else _plain(p)
+        if p.kind is p.POSITIONAL_ONLY:
+            args.append(v)
+        else:
+            kwargs[p.name] = v
+    return tuple(args), kwargs
+
+
+_FOUND_CASES = [(name, *entry.split("=", 1)) for name, entries in HOSTILE_FOUND.items() for entry in entries]
+
+
+@pytest.mark.parametrize(("name", "param", "hostile"), _FOUND_CASES,
+                         ids=[f"{n.removeprefix('labkit.')}-{p}-{i}" for i, (n, p, _) in enumerate(_FOUND_CASES)])
+def test_hostile_values_found_by_the_sweep_raise_type_or_value_error(name, param, hostile, sandbox):
+    fn = CALLABLES[name]
+    args, kwargs = _one_hostile(fn, param, _HOSTILE_BY_NAME[hostile])
+    _call(name, fn, args, kwargs, sandbox)
+
+
 def _cuda_absent() -> bool:
     return not torch.cuda.is_available()
 
@@ -379,6 +618,15 @@ REPORTED = [
     ("labkit.widgets.memory_calculator", (), {"gpus_per_node": 100}, ValueError, "between 1 and 64"),
     ("labkit.recipes.ddp.tensor_sum", ("abc",), {}, TypeError, "sequence of tensors"),
     ("labkit.recipes.allreduce.run_benchmark", ([1024],), {"warmup": None}, ValueError, "warmup must be"),
+    # found by the hostile values: a name that is a list nested past the recursion limit; a non-scalar loss
+    ("labkit.activations.check_count", (_DEEP_LIST, "x", 1), {}, TypeError, "name must be a str"),
+    ("labkit.precision.backward", (torch.ones(2, 2).requires_grad_(),), {}, ValueError, "loss must hold one number"),
+    ("labkit.memory.zero_table", (10**6, 2**31), {}, ValueError, "world_size must be between 1 and 1,048,576"),
+    ("labkit.widgets.memory_calculator_report", (10**9,), {"gpus_per_node": 2**40}, ValueError,
+     "gpus_per_node must be between 1 and 1,024"),
+    ("labkit.models.MLP", (4, 4, 1), {"depth": 2**40}, ValueError, "depth must be an int between 0 and 10,000"),
+    ("labkit.models.MLP", (4, 10**6, 1), {}, ValueError, "labkit builds at most 20,000,000,000"),
+    ("labkit.roofline.matmul_cost", (10**400, 2, 2), {}, ValueError, "tensor sizes are int64"),
 ]
 if _cuda_absent():  # on a CPU-only build a GPU is "not here": ValueError, not torch's AssertionError
     REPORTED += [(f"labkit.device.{fn}", ("cuda",), {}, ValueError, "torch sees no CUDA GPU")

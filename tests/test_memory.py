@@ -188,6 +188,28 @@ def test_bad_inputs_elsewhere():
         pass
 
 
+def test_sizes_past_the_limits_are_refused_at_once_saying_the_range():
+    """zero_table(10**6, 2**31) listed 2**31 ranks per stage (hours, then memory); the calculator's report took
+    2**40 GPUs a node, and 10**400 parameters ended in an OverflowError while formatting GB."""
+    cases = [
+        (lambda: M.zero_table(10**6, 2**31), "world_size must be between 1 and 1,048,576"),
+        (lambda: M.model_state_bytes(10**400), "n_params must be between 1 and 1,000,000,000,000,000"),
+        (lambda: M.smallest_fitting_stage(10**9, 80e9, 10**400), "world_size must be between 1 and 1,048,576"),
+        (lambda: W.memory_calculator_report(10**9, gpus_per_node=2**40), "gpus_per_node must be between 1 and 1,024"),
+        (lambda: W.memory_calculator_report(10**9, nodes=2**20), "at most 1,048,576 ranks, got 8 * 1048576"),
+        (lambda: W.memory_calculator_report(10**400), "n_params must be between 1 and"),
+        (lambda: W.memory_calculator_report(10**9, gpu_gb=10**400), "gpu_gb must be a number in (0, 10,000]"),
+        (lambda: W.memory_calculator_report(10**9, gpu_gb=math.inf), "gpu_gb must be a number in (0, 10,000]"),
+        (lambda: zero.partition_layout([10], 2**40, 1), "world_size must be between 1 and 1,048,576"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            call()
+    # at the limits, an answer
+    assert M.zero_table(10**15, 2**20)[3].device_total > 0
+    assert "per GPU:" in W.memory_calculator_report(10**12, gpus_per_node=1024, nodes=1024, gpu_gb=10_000)
+
+
 def test_fmt_bytes():
     assert M.fmt_bytes(31_406_250_000) == "31.41 GB"
     assert M.fmt_bytes(2**30, "GiB") == "1.00 GiB"

@@ -44,6 +44,31 @@ def test_mlp_bad_arguments():
         models.MLP(depth=-1)
 
 
+def test_model_sizes_past_the_limits_are_refused_before_anything_is_built():
+    """MLP(4, 4, 1, depth=2**40) looped for ever; huge widths and GPT shapes allocated until the machine gave up."""
+    from labkit._validate import MAX_MODEL_PARAMS, mlp_param_count
+
+    for kwargs, match in [({"depth": 2**40}, "depth must be an int between 0 and 10,000"),
+                          ({"depth": 10_001}, "depth must be an int between 0 and 10,000"),
+                          ({"hidden": 10**6}, "20,000,000,000"), ({"in_features": 2**64, "depth": 0}, "parameters"),
+                          ({"out_features": 10**400}, "parameters"), ({"hidden": 2**70, "depth": 10_000}, "parameters")]:
+        with pytest.raises(ValueError, match=match):
+            models.MLP(**{"in_features": 4, "hidden": 4, "out_features": 1, **kwargs})
+    for kwargs in [{"d_model": 2**20}, {"n_layers": 10**6}, {"vocab_size": 10**400}, {"seq_len": 2**20},
+                   {"mlp_ratio": 2**64}, {"seq_len": 2**14, "n_layers": 400}]:
+        with pytest.raises(ValueError, match="parameters|n_layers must be between"):
+            models.GPTConfig(**kwargs)
+    with pytest.raises(ValueError, match="causal masks"):
+        models.CausalSelfAttention(8, 2, 2**20)
+    # the count the limit uses is the real one
+    for shape in [(4, 10, 2, 1), (16, 256, 1, 3), (3, 7, 5, 0)]:
+        assert mlp_param_count(*shape) == models.count_parameters(models.MLP(*shape[:3], depth=shape[3]))
+    cfg = models.GPTConfig(d_model=32, n_layers=3, mlp_ratio=2, vocab_size=20, seq_len=9)
+    assert models._gpt_param_count(cfg) == models.count_parameters(models.TinyGPT(cfg))
+    assert MAX_MODEL_PARAMS == 20 * 10**9
+    assert models.MLP(4, 4, 1, depth=10_000).config["depth"] == 10_000  # the limit itself is built
+
+
 @pytest.mark.parametrize("impl", models.SOFTMAX_IMPLS)
 def test_softmax_impls_match_torch_in_fp32(impl):
     s = torch.randn(4, 7) * 3

@@ -18,7 +18,16 @@ from pathlib import Path
 import nbformat
 import pytest
 from lab_env import blocker_env
-from solution_text import NOTEBOOKS, cells, file_text, public_text, reference_lines, solution_lines, trivial
+from solution_text import (
+    NOTEBOOKS,
+    cells,
+    file_text,
+    public_text,
+    reference_lines,
+    solution_lines,
+    strings,
+    trivial,
+)
 
 import labkit.student as student
 from labkit.exercises import all_exercises
@@ -27,6 +36,7 @@ from labkit.student import (
     MARKER,
     build_student,
     build_student_tree,
+    predict_spans,
     shows_a_verdict,
     solution_blocks,
     strip_solutions,
@@ -329,6 +339,87 @@ def test_cli_refusals_are_one_line_with_exit_status_2(src, tmp_path):
     assert cli("--tree", "--src", str(src), "--out", str(tmp_path / "x")).returncode == 2
 
 
+def _cell(**fields) -> dict:
+    return {"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": [], "execution_count": None, **fields}
+
+
+def _nb(**fields) -> dict:
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [_cell()], **fields}
+
+
+# (what the file holds, what the one line says): the file is src/bad.ipynb
+MALFORMED = {
+    "not-json": (b"{this is not json", "not JSON"),
+    "a-json-list": (b"[1, 2, 3]", "its JSON is a list, not an object"),
+    "no-cells": (json.dumps({"nbformat": 4, "metadata": {}}).encode(), "no 'cells' list"),
+    "cells-a-dict": (json.dumps(_nb(cells={"a": 1})).encode(), "no 'cells' list"),
+    "cell-not-a-dict": (json.dumps(_nb(cells=[_cell(), "x = 1"])).encode(), "cell 1 is a string, not a cell"),
+    "source-a-number": (json.dumps(_nb(cells=[_cell(source=42)])).encode(), "cell 0 has a 'source' that is a number"),
+    "source-lines-not-text": (json.dumps(_nb(cells=[_cell(source=["a", 1])])).encode(), "'source' list holding a number"),
+    "nbformat-3": (json.dumps({"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "worksheets": []}).encode(),
+                   "nbformat 3; the student build reads nbformat 4"),
+    "no-nbformat": (json.dumps({"cells": []}).encode(), "no nbformat"),
+    "empty-file": (b"", "the file is empty"),
+    "binary-garbage": (bytes(range(256)) * 4, "not UTF-8 text"),
+    "unknown-cell-type": (json.dumps(_nb(cells=[_cell(cell_type="widget")])).encode(), "cell_type 'widget'"),
+    "cell-type-missing": (json.dumps(_nb(cells=[{"source": "x"}])).encode(), "cell_type missing"),
+    "tags-not-a-list": (json.dumps(_nb(cells=[_cell(metadata={"tags": 3})])).encode(), "list of 'tags'"),
+    "outputs-not-a-list": (json.dumps(_nb(cells=[_cell(outputs=7)])).encode(), "'outputs' that are a number"),
+    "metadata-not-an-object": (json.dumps(_nb(metadata=[])).encode(), "'metadata' is not an object"),
+    "deeply-nested": (b"[" * 100_000 + b"]" * 100_000, "not a notebook"),
+    "unbalanced-solution": (json.dumps(_nb(cells=[_cell(source="### BEGIN SOLUTION\nx")])).encode(),
+                            "cell 0: BEGIN SOLUTION without END SOLUTION"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_notebook_is_one_line_naming_it_and_nothing_is_written(case, src, tmp_path, capsys):
+    """student-build given a file that is not a notebook: one line on stderr naming the file and what is wrong,
+    exit status 2, and no output folder (not even its parent)."""
+    from labkit.__main__ import main
+
+    data, why = MALFORMED[case]
+    (src / "bad.ipynb").write_bytes(data)
+    out = tmp_path / "dist" / "student"
+    assert main(["student-build", "--src", str(src), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith("python -m labkit student-build: error: ")
+    assert str(src / "bad.ipynb") in captured.err and why in captured.err, captured.err
+    assert len(captured.err) < 400, captured.err
+    assert not (tmp_path / "dist").exists()
+
+
+def test_odd_outputs_are_kept_as_they_are(src, tmp_path):
+    """An output whose text is not strings is not a notebook error: the build keeps it (it used to raise TypeError)."""
+    assert shows_a_verdict({"outputs": [{"text": [1, None]}, 3]}) is False
+    (src / "odd.ipynb").write_text(json.dumps(_nb(cells=[_cell(outputs=[{"output_type": "stream", "text": [1]}])])))
+    rep = build_student(src, tmp_path / "out")
+    assert rep.removed["odd.ipynb"] == 0
+    assert json.loads((tmp_path / "out" / "odd.ipynb").read_text())["cells"][0]["outputs"][0]["text"] == [1]
+
+
+def test_a_notebook_over_the_size_limit_is_refused_unread(src, tmp_path, capsys):
+    from labkit.__main__ import main
+
+    with open(src / "huge.ipynb", "wb") as f:
+        f.truncate(student.MAX_NOTEBOOK_BYTES + 1)  # sparse: no disk used, and never read
+    assert main(["student-build", "--src", str(src), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "huge.ipynb: 67,108,865 bytes, more than the 67,108,864" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_malformed_notebook_from_the_command_line(src, tmp_path):
+    """What a user sees: the same one line from ``python -m labkit student-build``, exit status 2."""
+    (src / "bad.ipynb").write_bytes(b"[1, 2, 3]")
+    r = cli("--src", str(src), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr == (f"python -m labkit student-build: error: {src / 'bad.ipynb'}: not a notebook: its JSON is a "
+                        "list, not an object\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_builds_rebuilds_and_forces(src, tmp_path):
     out = tmp_path / "student"
     first = cli("--src", str(src), "--out", str(out))
@@ -430,12 +521,13 @@ def test_tree_holds_no_solution_and_no_reference_answer(tree):
 def test_student_copy_has_no_solution(student_dir, path):
     mine, theirs = cells(path), cells(student_dir / path.name)
     assert len(mine) == len(theirs)
-    for a, b in zip(mine, theirs):
+    spans = predict_spans(json.loads(path.read_text())["cells"])
+    for i, (a, b) in enumerate(zip(mine, theirs)):
         assert "BEGIN SOLUTION" not in b["source"] and "END SOLUTION" not in b["source"]
         blocks = solution_blocks(a["source"], a["cell_type"])
         if not blocks:
             cleared = a["cell_type"] == "code" and (CLEAR_TAG in a.get("metadata", {}).get("tags", [])
-                                                    or shows_a_verdict(a))
+                                                    or i in spans or shows_a_verdict(a))
             if cleared:  # a result that answers a prediction, or a stored verdict: the source stays, no output
                 assert b["source"] == a["source"] and b["outputs"] == [] and b["execution_count"] is None
             else:
@@ -476,3 +568,71 @@ def test_lab_env_blocks_the_test_tools_and_keeps_what_make_lab_installs(lab_env)
 
 # Every student copy runs top to bottom, in JupyterLab, with only what `make lab` installs:
 # tests/browser/test_notebooks.py::test_run_all_in_browser (the browser tests serve the workspace copies).
+
+
+def test_predict_spans_run_from_the_prediction_to_its_reveal():
+    code = lambda src: {"cell_type": "code", "source": src}  # noqa: E731
+    md = {"cell_type": "markdown", "source": "reveal('a.b', 1) in prose is no call"}
+    nb = [code("x = 1"), code('predict("a.b", p)'), md, code("measured = 2"), code('reveal("a.b", measured)'),
+          code("after = 3"), code("predict('c.d', [1,\n 2])"), code("no reveal below")]
+    assert predict_spans(nb) == {1, 3, 4, 6}
+    with pytest.raises(TypeError, match="list of cells"):
+        predict_spans("not cells")
+
+
+def test_no_predict_result_is_shown_before_the_learner_predicts(student_dir):
+    """In the learner's copy, every code cell from a predict(...) through its reveal(...) has no stored output: the
+    measurement that answers the prediction appears only when the learner runs it."""
+    seen = 0
+    for path in NOTEBOOKS:
+        ref, mine = cells(path), cells(student_dir / path.name)
+        for i, c in enumerate(ref):
+            m = re.search(r"""\bpredict\(\s*["']([^"']+)["']""", c["source"]) if c["cell_type"] == "code" else None
+            if not m:
+                continue
+            j = next(k for k in range(i + 1, len(ref)) if f'reveal("{m.group(1)}"' in ref[k]["source"])
+            assert any(ref[k].get("outputs") for k in range(i, j + 1) if ref[k]["cell_type"] == "code"), \
+                f"{path.name}: the reference copy of {m.group(1)} stores no output: the test would test nothing"
+            shown = [k for k in range(i, j + 1) if mine[k]["cell_type"] == "code" and mine[k]["outputs"]]
+            assert not shown, f"{path.name}: cells {shown} show {m.group(1)}'s result before the prediction"
+            seen += 1
+    assert seen >= 15
+
+
+def _windows(lines: list[str], n: int = 3) -> set[tuple[str, ...]]:
+    kept = [ln.strip() for ln in lines if not trivial(ln.strip())]
+    return {tuple(kept[i:i + n]) for i in range(len(kept) - n + 1)}
+
+
+def test_no_output_of_the_learners_copy_shows_an_answer(tree):
+    """No stored output in the student tree shows three consecutive lines of an answer: of a solution block in the
+    notebook sources or of a reference answer's code (labkit's own version of what an exercise asks for, printed by
+    ``inspect.getsource`` or ``rank_module`` below the exercise). One shared line is no leak (a lesson and its
+    exercise may share ``world = dist.get_world_size()``); a printed body of the answer is."""
+    answers: dict[tuple[str, ...], str] = {}
+    for path in sorted((ROOT / "tools" / "nbsrc").glob("*.py")):
+        block: list[str] | None = None
+        for line in path.read_text().splitlines():
+            s = line.strip()
+            if s in ("### BEGIN SOLUTION", "# <!-- BEGIN SOLUTION -->"):
+                block = []
+            elif s in ("### END SOLUTION", "# <!-- END SOLUTION -->") and block is not None:
+                answers.update(dict.fromkeys(_windows(block), f"a solution in {path.name}"))
+                block = None
+            elif block is not None:
+                block.append(s.removeprefix("# "))
+    for key, ex in all_exercises().items():
+        if inspect.isfunction(ex.reference):
+            answers.update(dict.fromkeys(_windows(reference_lines(ex.reference)), f"the reference of {key}"))
+    assert len(answers) >= 100
+    # the search finds what it looks for: notebook 11's reference copy prints three answers in full (rank_module of
+    # overlap_gradients, labkit's zero1_step and gpipe_step), each after its exercise
+    printed = [[ln for o in c.get("outputs", []) for s in strings(o) for ln in s.splitlines()]
+               for p in NOTEBOOKS for c in cells(p)]
+    assert sum(bool(_windows(lines) & set(answers)) for lines in printed) >= 3
+    leaks = []
+    for path in sorted((tree / "notebooks").glob("*.ipynb")):
+        for i, c in enumerate(cells(path)):
+            lines = [ln for o in c.get("outputs", []) for s in strings(o) for ln in s.splitlines()]
+            leaks += [f"{path.name} cell {i}: {answers[w]}: {w}" for w in _windows(lines) & set(answers)]
+    assert not leaks, "\n".join(sorted(leaks)[:20])

@@ -30,7 +30,7 @@ from solution_text import (
 )
 
 from labkit.exercises import all_exercises
-from labkit.student import _student_notebook, shows_a_verdict, solution_blocks
+from labkit.student import _student_notebook, predict_spans, shows_a_verdict, solution_blocks
 from labkit.workspace import (
     CLEAR_TAG,
     MARKER,
@@ -128,11 +128,13 @@ def test_fresh_clone_gets_a_workspace_of_student_copies(checkout):
         assert len(got) == len(theirs) + 1
         student = [{**c, "source": "".join(c["source"]) if isinstance(c["source"], list) else c["source"]}
                    for c in json.loads(_student_notebook(ref)[0])["cells"]]
-        for a, b, s in zip(theirs, got[1:], student):
+        spans = predict_spans(json.loads(ref.read_text())["cells"])
+        for i, (a, b, s) in enumerate(zip(theirs, got[1:], student)):
             blocks = solution_blocks(a["source"], a["cell_type"])
             verdict = shows_a_verdict(a)
-            if CLEAR_TAG in a["metadata"].get("tags", []) or (verdict and not blocks):
-                # the learner's own state (progress), or a reference answer's verdict (reveal's ✓): cleared
+            if CLEAR_TAG in a["metadata"].get("tags", []) or (verdict and not blocks) or (i in spans and not blocks):
+                # the learner's own state (progress), a reference answer's verdict (reveal's ✓), or a result that
+                # answers a prediction (predict ... reveal): cleared
                 assert b["outputs"] == [] and b["execution_count"] is None
                 assert b["source"] == a["source"]
             elif blocks:

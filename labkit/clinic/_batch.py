@@ -19,6 +19,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from labkit._validate import safe_repr
+
 __all__ = ["BEGIN", "END", "main"]
 
 BEGIN = "LABKIT_CASE_BEGIN "
@@ -34,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError("--plan must be a JSON list of [module, settings] pairs")
     for i, (module, cfg) in enumerate(plan):
         if not isinstance(module, str) or not module.startswith("labkit.clinic.cases."):
-            raise ValueError(f"plan entry {i}: {module!r} is not a clinic case module")
+            raise ValueError(f"plan entry {i}: {safe_repr(module)} is not a clinic case module")
         print(f"{BEGIN}{i}", flush=True)
         try:
             rc = importlib.import_module(module).main(["--config", json.dumps(cfg)])

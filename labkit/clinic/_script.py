@@ -18,6 +18,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from labkit._validate import safe_repr
+
 __all__ = ["finish", "merge_config", "read_config"]
 
 
@@ -51,10 +53,10 @@ def merge_config(defaults: Mapping[str, Any], changes: Mapping[str, Any] | None)
     out = dict(defaults)
     for key, value in changes.items():
         if not isinstance(key, str) or key not in defaults:
-            raise ValueError(f"unknown setting {key!r}; this script's settings are: {', '.join(defaults)}.")
+            raise ValueError(f"unknown setting {safe_repr(key)}; this script's settings are: {', '.join(defaults)}.")
         if not _same_kind(defaults[key], value):
             want = "None, a number or a str" if defaults[key] is None else type(defaults[key]).__name__
-            raise TypeError(f"setting {key!r} takes a {want} (its default is {defaults[key]!r}), got {value!r}.")
+            raise TypeError(f"setting {safe_repr(key)} takes a {want} (its default is {defaults[key]!r}), got {safe_repr(value)}.")
         out[key] = float(value) if isinstance(defaults[key], float) else value
     return out
 

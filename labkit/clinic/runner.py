@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from labkit._validate import safe_repr
 from labkit.clinic import _batch
 from labkit.clinic._script import merge_config
 from labkit.clinic.table import CASES, Case, Finding
@@ -109,7 +110,7 @@ class CaseRun:
         if not isinstance(pattern, str):
             raise TypeError(f"pattern must be a str, got {type(pattern).__name__}")
         if isinstance(last, bool) or not isinstance(last, int) or last < 0:
-            raise ValueError(f"last must be an int >= 0, got {last!r}")
+            raise ValueError(f"last must be an int >= 0, got {safe_repr(last)}")
         out = [ln for ln in self.log.splitlines() if pattern in ln and "LABKIT_RESULT " not in ln]
         return out[-last:] if last else out
 
@@ -131,7 +132,7 @@ def _case(key: Any) -> Case:
     if not isinstance(key, str):
         raise TypeError(f"key must be a case name such as 'clip', got {type(key).__name__}")
     if key not in CASES:
-        raise ValueError(f"unknown case {key!r}; the cases are: {', '.join(CASES)}")
+        raise ValueError(f"unknown case {safe_repr(key)}; the cases are: {', '.join(CASES)}")
     return CASES[key]
 
 
@@ -488,7 +489,7 @@ def _run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str
         raise TypeError("stream and fresh must be True or False")
     limit = case.timeout_s if timeout is None else timeout
     if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit <= 3600:
-        raise ValueError(f"timeout must be a number of seconds in (0, 3600], got {timeout!r}")
+        raise ValueError(f"timeout must be a number of seconds in (0, 3600], got {safe_repr(timeout)}")
     cache_key = (key, json.dumps(cfg, sort_keys=True), tuple(sorted(extra.items())))
     if not fresh and cache_key in _CACHE:
         return _CACHE[cache_key]
@@ -575,8 +576,8 @@ def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -
     """
     if isinstance(requests, (str, bytes)) or not isinstance(requests, (list, tuple)):
         raise TypeError("requests must be a list of case keys or (key, fix) pairs")
-    if isinstance(parallel, bool) or parallel not in (1, 2):
-        raise ValueError(f"parallel must be 1 or 2 (jobs at a time on a small machine), got {parallel!r}")
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel not in (1, 2):
+        raise ValueError(f"parallel must be 1 or 2 (jobs at a time on a small machine), got {safe_repr(parallel)}")
     if not isinstance(stream, bool):
         raise TypeError("stream must be True or False")
     plan: list[tuple[Case, dict[str, Any], Any]] = []
@@ -586,7 +587,7 @@ def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -
         elif isinstance(req, (tuple, list)) and len(req) == 2:
             key, fix = req
         else:
-            raise TypeError(f"each request is a case key or a (key, fix) pair, got {req!r}")
+            raise TypeError(f"each request is a case key or a (key, fix) pair, got {safe_repr(req)}")
         case = _case(key)
         cfg = merge_config(settings(key), fix)
         plan.append((case, cfg, (key, json.dumps(cfg, sort_keys=True), ())))

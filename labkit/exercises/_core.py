@@ -26,6 +26,19 @@ class _NotGiven:
 NOT_GIVEN: Any = _NotGiven()
 
 
+class FormatSlip(str):
+    """A grader's message for an answer in the wrong form (text where a number is asked, a value where a function
+    is asked, a prediction handed to ``check``): ``return False, FormatSlip("Give the value as a number.")``.
+
+    It is a ``str``, so it reads like any message; :func:`labkit.check.check` prints it but does not count the
+    answer as a wrong try: the hints do not climb and the progress record is not touched. Use it only for the form
+    of an answer, never for a mistake in its substance. Not in ``__all__``: the exercise modules' own helper.
+    Introduced in notebook 01.
+    """
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: an id such as ``"01.fp16-max"``, a one-line prompt, a grader and a hint.
@@ -75,16 +88,16 @@ def number_grader(want: float, what: str = "the value", rel: float = 0.0,
                   close: float = 1e-2) -> Callable[[Any], tuple[bool, str]]:
     """Return a grader for a numeric answer: equal to ``want`` within ``rel`` (0 means exactly).
 
-    A bool or a non-number gets a "give a number" hint; an answer within ``close`` (relative) but not
-    within ``rel`` is told it is close. Introduced in notebook 01.
+    A bool or a non-number gets a "give a number" :class:`FormatSlip` (not a wrong try); an answer within
+    ``close`` (relative) but not within ``rel`` is told it is close. Introduced in notebook 01.
     """
     def grade(answer: Any) -> tuple[bool, str]:
         if isinstance(answer, bool):
-            return False, f"Give {what} as a number, not a bool."
+            return False, FormatSlip(f"Give {what} as a number, not a bool.")
         try:
             got = float(answer)
         except (TypeError, ValueError, OverflowError):
-            return False, f"Give {what} as a number."
+            return False, FormatSlip(f"Give {what} as a number.")
         if got == want or (math.isfinite(got) and abs(got - want) <= rel * abs(want)):
             return True, ""
         if math.isfinite(got) and want and abs(got - want) <= close * abs(want):

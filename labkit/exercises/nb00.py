@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 
 __all__ = ["EXERCISES"]
 
@@ -22,7 +22,7 @@ def _grade_device(answer: object) -> tuple[bool, str]:
         return True, ""
     if got in ("cpu", "cuda", "mps"):
         return False, _DEVICE_WHY
-    return False, "Give the device type as a string: 'cpu', 'cuda' or 'mps'."
+    return False, FormatSlip("Give the device type as a string: 'cpu', 'cuda' or 'mps'.")
 
 
 _DTYPE_WHY = ("That is the other half-precision dtype. labkit prefers the one that is fast here, bf16 first, and "
@@ -41,7 +41,7 @@ def _grade_dtype(answer: object) -> tuple[bool, str]:
         return True, ""
     if got in ("bfloat16", "float16"):
         return False, _DTYPE_WHY
-    return False, "Give a torch.dtype (e.g. torch.bfloat16) or its name."
+    return False, FormatSlip("Give a torch.dtype (e.g. torch.bfloat16) or its name.")
 
 
 class _AtGradeTime:
@@ -91,11 +91,11 @@ _BIAS_WHY = ("Adding a bias does one FLOP per element it reads and writes: about
 
 def _grade_bottlenecks(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, dict):
-        return False, "Give a dict {scenario: bottleneck}."
+        return False, FormatSlip("Give a dict {scenario: bottleneck}.")
     norm = {str(k): str(v).strip().lower() for k, v in answer.items()}
     unknown = set(norm.values()) - _BOTTLENECKS
     if unknown:
-        return False, f"Bottlenecks are named {sorted(_BOTTLENECKS)}, not {sorted(unknown)}."
+        return False, FormatSlip(f"Bottlenecks are named {sorted(_BOTTLENECKS)}, not {sorted(unknown)}.")
     wrong = [k for k, v in _SCENARIOS.items() if norm.get(k) != v]
     if not wrong:
         return True, ""
@@ -113,11 +113,12 @@ _FLOPS_WHY = ("A FLOP is not a FLOP: the add does 1 FLOP per 12 bytes it moves (
 
 def _grade_flops(pair: object) -> tuple[bool, str]:
     if not (isinstance(pair, tuple) and len(pair) == 2):
-        return False, "predict() records your prediction and reveal() passes the measurement: call them, not check()."
+        return False, FormatSlip("predict() records your prediction and reveal() passes the measurement: "
+                                 "call them, not check().")
     pred, result = pair
     pred = str(pred).strip().lower() if isinstance(pred, str) else pred
     if pred not in _WINNERS:
-        return False, f"Predict one of {list(_WINNERS)}."
+        return False, FormatSlip(f"Predict one of {list(_WINNERS)}.")
     if result not in _WINNERS:
         raise ValueError(f"the measured winner must be one of {_WINNERS}, got {result!r}")
     if pred == result == "matmul":
@@ -138,15 +139,17 @@ EXERCISES = [
     Exercise("00.device", "Which device type does labkit.device.pick_device() choose on this machine?",
              _grade_device,
              "Don't guess from the machine you think you are on: ask labkit.",
-             method="Call labkit.device.pick_device() and read the .type of the torch.device it returns.",
+             method="labkit's device gate, labkit.device, has one function that picks the device every notebook "
+                    "uses (help(device) lists them). Ask it here, and read which kind of torch.device it returns.",
              solution="answer = device.pick_device().type  # 'cpu' here; 'cuda' on a GPU node; 'mps' on a Mac",
              kind="recall", wrong_why=_DEVICE_WHY,
              reference=_AtGradeTime(_picked, "pick_device().type"),
              wrong=_AtGradeTime(_not_picked, "a device type that pick_device() does not choose")),
     Exercise("00.autocast-dtype", "Which dtype does autocast use here by default?", _grade_dtype,
              "Two 16-bit dtypes exist; labkit's device gate decides between them from what this machine can do.",
-             method="Call labkit.device.autocast_dtype(). It asks two questions in turn, 'is it fast here?' and "
-                    "'does it compute here?', each for bf16 first, then fp16.",
+             method="The device gate (labkit.device) has a function for exactly this question; help(device) lists "
+                    "them. It asks two questions in turn, 'is it fast here?' and 'does it compute here?', each for "
+                    "bf16 first, then fp16.",
              solution="answer = device.autocast_dtype()  # bf16 on any machine where bf16 autocast computes; "
                       "fp16 only where bf16 is missing or emulated (V100, T4)",
              kind="recall", wrong_why=_DTYPE_WHY,

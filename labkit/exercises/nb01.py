@@ -5,23 +5,25 @@ from __future__ import annotations
 import math
 
 from labkit import formats as F
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, number, pair
 
 __all__ = ["EXERCISES"]
 
+# The typical mistakes' explanations name the mistake, never the answer: they are shown from the first wrong try
+# on, and the number itself waits for the last level of help, the worked solution.
 _MAX_WHY = ("65536 = 2^16 is one binade too far: FP16 reaches 2^16 only with the all-ones exponent, which is "
-            "reserved for inf and NaN. The largest finite value has exponent field 11110 (2^15) and an all-ones "
-            "mantissa: (2 - 2^-10) × 2^15 = 65504.")
-_DECODE_WHY = ("You decoded the mantissa (1 + 73/128) but left out the exponent: the field 10000000 is 128, minus "
-               "the bias 127 gives 1, so the value is 2^1 times that.")
-_FIELDS_WHY = ("(1, 1, 256) gives the exponent itself, 1. The exponent *field* stores the exponent plus the bias: "
-               "1 + 15 = 16.")
+            "reserved for inf and NaN. The largest finite value lies one binade lower, with the largest exponent "
+            "field that is not reserved and an all-ones mantissa, a little below 2.")
+_DECODE_WHY = ("You decoded the mantissa (1 + 73/128) but left out the exponent: the value is the mantissa times "
+               "2^(exponent field - bias), and BF16's bias is 127.")
+_FIELDS_WHY = ("(1, 1, 256) gives the exponent itself. The exponent *field* stores the exponent plus FP16's bias, "
+               "so that negative exponents need no sign of their own.")
 _E4M3_WHY = ("240 is the IEEE-style answer: it reserves exponent 1111 for inf/NaN, as E5M2 does, and stops at "
              "2^7 × 1.875. E4M3FN has no inf: exponent 1111 holds normal numbers and only the mantissa 111 is NaN, "
-             "so the largest is 0 1111 110 = 2^(15-7) × 1.75 = 448.")
+             "so the pattern 0 1111 110 of the prompt is a normal number: decode it with the bias 7.")
 _EPS_WHY = ("2^-8 is half of eps: the unit roundoff, the largest relative error of rounding to nearest. eps is the "
-            "gap itself, the weight of the last of the 7 stored mantissa bits at 1.0: 2^-7.")
+            "gap itself, the weight of the last stored mantissa bit at 1.0.")
 
 
 def _fields_of(x: float, fmt: str):
@@ -31,9 +33,9 @@ def _fields_of(x: float, fmt: str):
 
     def grade(answer: object) -> tuple[bool, str]:
         if not isinstance(answer, (tuple, list)) or len(answer) != 3:
-            return False, "Give a tuple (sign, exponent field, mantissa field) of ints."
+            return False, FormatSlip("Give a tuple (sign, exponent field, mantissa field) of ints.")
         if any(as_number(a) is None or not float(a).is_integer() for a in answer):
-            return False, "The three fields are whole numbers (ints)."
+            return False, FormatSlip("The three fields are whole numbers (ints).")
         got = tuple(int(a) for a in answer)
         if got == want:
             return True, ""
@@ -55,7 +57,7 @@ def _grade_e4m3_overflow(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = (as_number(v) for v in got)
     if pred is None:
-        return False, "Predict a number: 448.0, math.inf, math.nan, 500.0 ..."
+        return False, FormatSlip("Predict a number: 448.0, math.inf, math.nan, 500.0 ...")
     if result is None:
         raise ValueError(f"the measured value must be a number, got {got[1]!r}")
     if pred == result or (math.isnan(pred) and math.isnan(result)):

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from labkit import formats as F
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, number, pair
 
 __all__ = ["EXERCISES", "UNDERFLOW_VALUES"]
@@ -24,7 +24,7 @@ _UNDERFLOW_WHY = ("3e-8 is below FP16's smallest subnormal, 2^-24 ≈ 5.96e-8, b
 def _grade_underflows(answer: object) -> tuple[bool, str]:
     want = [bool(v) for v in (torch.tensor(UNDERFLOW_VALUES, dtype=torch.float32).to(torch.float16) == 0)]
     if not isinstance(answer, (list, tuple)) or len(answer) != len(UNDERFLOW_VALUES):
-        return False, f"Give a list of {len(UNDERFLOW_VALUES)} booleans, one per value, True = becomes 0."
+        return False, FormatSlip(f"Give a list of {len(UNDERFLOW_VALUES)} booleans, one per value, True = becomes 0.")
     got = [bool(a) for a in answer]
     wrong = [v for v, g, w in zip(UNDERFLOW_VALUES, got, want) if g != w]
     if not wrong:
@@ -48,13 +48,13 @@ def _smallest_surviving_power(fmt: str) -> float:
     return 2.0**k
 
 
-_ULP_WHY = ("2^-10 is the gap at 1.0 (FP16's eps). The spacing is relative: 1000 lies in [2^9, 2^10), where "
-            "every step is 2^9 times larger than at 1.0: 2^(9-10) = 0.5.")
-_INT_WHY = ("2048 = 2^11 is exact (1.0 × 2^11). From 2^11 on the spacing is 2, since FP16 has 11 bits of "
-            "precision, so the first integer that falls between two FP16 values is 2049.")
-_LOST_WHY = ("1.0 + 2^-11 is exactly halfway between 1.0 and 1.0 + 2^-10: a tie, and ties go to the even "
-             "neighbour, 1.0 itself. That update is lost; the smallest power of two that survives is a whole ulp, "
-             "2^-10.")
+# The typical mistakes' explanations name the mistake, not the answer (the worked solution, the last help, does).
+_ULP_WHY = ("2^-10 is the gap at 1.0 (FP16's eps). The spacing is relative: it doubles with every binade, and 1000 "
+            "lies many binades above 1.0.")
+_INT_WHY = ("2048 = 2^11 is exact (1.0 × 2^11), like every power of two in FP16's range. Look at the spacing of "
+            "FP16 values above 2^11 instead: which integers can it still hit?")
+_LOST_WHY = ("1.0 + 2^-11 is exactly halfway between 1.0 and the next FP16 value: a tie, and ties go to the even "
+             "neighbour, 1.0 itself. That update is lost: the smallest power of two that survives is larger.")
 
 # ---- 02.fp16-weight: predict, then run --------------------------------------------------------------
 _WEIGHT_WHY = ("1.0 + 1000 × 1e-5 = 1.01 is what exact arithmetic gives. In FP16 every single + 1e-5 is rounded "
@@ -68,7 +68,7 @@ def _grade_weight(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = (as_number(v) for v in got)
     if pred is None:
-        return False, "Predict the weight as a number."
+        return False, FormatSlip("Predict the weight as a number.")
     if result is None:
         raise ValueError(f"the measured weight must be a number, got {got[1]!r}")
     if math.isclose(pred, result, rel_tol=0, abs_tol=1e-6):
@@ -84,7 +84,7 @@ def _grade_weight(answer: object) -> tuple[bool, str]:
 
 # ---- 02.rms-overflow: debug -------------------------------------------------------------------------
 _RMS_WHY = ("x.pow(2) is computed in FP16 and overflows for every |x| above 255.9 (256² = 65536 > 65504): one inf "
-            "makes the mean inf. Square and average in fp32 (x.float()), then cast the result back to x's dtype.")
+            "makes the mean inf, whatever the later steps do.")
 
 
 def _reference_rms(x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +98,7 @@ def _broken_rms(x: torch.Tensor) -> torch.Tensor:
 
 def _grade_rms(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, "Define a function rms(x) and pass the function itself."
+        return False, FormatSlip("Define a function rms(x) and pass the function itself.")
     g = torch.Generator().manual_seed(2)
     cases = [("activations of size ~300", torch.randn(4096, generator=g) * 300, torch.float16),
              ("small activations (~1e-4)", torch.randn(1000, generator=g) * 1e-4, torch.float16),
@@ -110,7 +110,7 @@ def _grade_rms(fn: Any) -> tuple[bool, str] | None:
         if got is None or got is Ellipsis:
             return None  # still a stub: "not attempted yet"
         if not isinstance(got, torch.Tensor) or got.numel() != 1:
-            return False, "Return a one-element tensor (the root mean square of the whole tensor)."
+            return False, FormatSlip("Return a one-element tensor (the root mean square of the whole tensor).")
         want = x.double().pow(2).mean().sqrt().item()
         if not torch.isfinite(got).all():
             return False, _RMS_WHY
@@ -144,8 +144,9 @@ EXERCISES = [
     Exercise("02.first-int", "The smallest positive integer that FP16 cannot represent exactly.",
              number(float(_first_unrepresentable_int("fp16")), "the integer", {2048.0: _INT_WHY}),
              "Integers are exact as long as the gap between neighbouring FP16 values is at most 1.",
-             method="FP16 has 10 stored mantissa bits, 11 with the hidden bit. Up to 2^11 the gap is at most 1; "
-                    "above 2^11 it is 2. Which integer is the first to fall between two values?",
+             method="FP16 has 10 stored mantissa bits, 11 with the hidden bit. Work out the gap between "
+                    "neighbouring values binade by binade: where does it first grow past 1, and which integer is "
+                    "then the first that no FP16 value hits?",
              solution="Every integer up to 2^11 = 2048 is exact; above it the spacing is 2, so 2049 is the first "
                       "that is not (it rounds to 2048).",
              kind="compute", wrong_why=_INT_WHY, reference=2049, wrong=2048),
@@ -153,8 +154,9 @@ EXERCISES = [
              "The smallest power of two dw such that 1.0 + dw, rounded to FP16, is not 1.0.",
              number(_smallest_surviving_power("fp16"), "dw", {2.0**-11: _LOST_WHY}),
              "What is the gap after 1.0 in FP16, and what happens exactly halfway?",
-             method="ulp(1.0) = 2^-10 in FP16. Anything below half an ulp rounds back to 1.0; exactly half an ulp is "
-                    "a tie, and ties round to the neighbour whose last mantissa bit is 0.",
+             method="Work out ulp(1.0) in FP16 from its 10 stored mantissa bits. Anything below half an ulp rounds "
+                    "back to 1.0; exactly half an ulp is a tie, and ties round to the neighbour whose last mantissa "
+                    "bit is 0.",
              solution="1.0 + 2^-11 is a tie that rounds to even, i.e. to 1.0; so dw = 2**-10, a whole ulp.",
              kind="compute", wrong_why=_LOST_WHY, reference=2.0**-10, wrong=2.0**-11),
     Exercise("02.fp16-weight",

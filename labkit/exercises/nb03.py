@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from labkit import scaling
-from labkit.exercises._core import Exercise, whole
+from labkit.exercises._core import Exercise, FormatSlip, whole
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 
 __all__ = ["EXERCISES", "PATTERN", "PATTERN_KNOBS", "RULE_KNOBS", "exercise_gradients"]
@@ -37,13 +37,13 @@ def exercise_gradients(n: int = 20_000, seed: int = 3) -> torch.Tensor:
 
 
 _STATIC_WHY = ("S = 1 is no scaling at all: the smallest gradients, 2^-32, stay below FP16's smallest subnormal "
-               "2^-24 and flush to zero. The scale has to lift them by at least 8 binades without pushing the "
-               "largest, 2^-6, past 65504.")
+               "2^-24 and flush to zero. The scale has to lift them into FP16's range without pushing the "
+               "largest, 2^-6, past FP16's largest value.")
 
 
 def _grade_static_scale(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, "Give the scale as a number, e.g. 2.0**10."
+        return False, FormatSlip("Give the scale as a number, e.g. 2.0**10.")
     s = float(answer)
     if not (0 < s < math.inf):
         return False, "A loss scale is a positive finite number."
@@ -60,14 +60,14 @@ def _grade_static_scale(answer: object) -> tuple[bool, str]:
     return False, f"With {s:g}, {under:.2%} of the gradients still flush to zero: too small."
 
 
-_PREDICT_WHY = ("2^10 is where the scale started, as if growth and back-off cancelled out. Walk it: 3 clean steps "
-                "double it to 2^11, two overflows halve it to 2^9, 3 clean steps double it to 2^10, 1 clean step "
-                "counts 1, the overflow halves it to 2^9 and resets the count, and 1 clean step is not enough to grow.")
+_PREDICT_WHY = ("2^10 is where the scale started, as if growth and back-off cancelled out. They do not: walk the "
+                "pattern one step at a time, and remember that an overflow resets the count of clean steps too, so "
+                "clean steps before an overflow never add up with those after it.")
 
 
 def _grade_predict(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, "Give the scale as a number."
+        return False, FormatSlip("Give the scale as a number.")
     want = scaling.simulate_scales(PATTERN, **PATTERN_KNOBS)[-1]
     if float(answer) == want:
         return True, ""
@@ -101,7 +101,7 @@ _LATE_WHY = ("You grow one clean step late: GradScaler counts the current clean 
 
 def _grade_rule(update: object) -> tuple[bool, str] | None:
     if not callable(update):
-        return False, "Define a function update(scale, tracker, found_inf) -> (new_scale, new_tracker)."
+        return False, FormatSlip("Define a function update(scale, tracker, found_inf) -> (new_scale, new_tracker).")
     rng = random.Random(7)
     for _trial in range(40):
         ref = scaling.DynamicLossScaler(init_scale=2.0 ** rng.randint(0, 20), **RULE_KNOBS)
@@ -112,7 +112,7 @@ def _grade_rule(update: object) -> tuple[bool, str] | None:
             if out is None or out is Ellipsis:
                 return None  # still a stub: "not attempted yet"
             if not (isinstance(out, tuple) and len(out) == 2):
-                return False, "Return a tuple (new_scale, new_tracker)."
+                return False, FormatSlip("Return a tuple (new_scale, new_tracker).")
             before = scale
             scale, tracker = float(out[0]), int(out[1])
             ref.update(found_inf=found)
@@ -125,13 +125,13 @@ def _grade_rule(update: object) -> tuple[bool, str] | None:
     return True, "Your rule and GradScaler's agree on 40 random runs."
 
 
-_HYSTERESIS_WHY = ("Without 'hysteresis': 1 DeepSpeed keeps its default of 2: it lets one overflow pass (skipping "
-                   "the step but keeping the scale) before it halves, while GradScaler halves at the first overflow.")
+_HYSTERESIS_WHY = ("Without a 'hysteresis' key DeepSpeed keeps its default: it lets one overflow pass (skipping the "
+                   "step but keeping the scale) before it halves, while GradScaler halves at the first overflow.")
 
 
 def _grade_ds_config(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, dict):
-        return False, "Give DeepSpeed's fp16 block as a dict, e.g. {'enabled': True, 'loss_scale': 0, ...}."
+        return False, FormatSlip("Give DeepSpeed's fp16 block as a dict, e.g. {'enabled': True, 'loss_scale': 0, ...}.")
     if answer.get("loss_scale", 0) == 0 and "hysteresis" not in answer:
         return False, _HYSTERESIS_WHY
     try:
@@ -159,7 +159,7 @@ def _grade_collapse(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = (as_number(v) for v in got)
     if pred is None:
-        return False, "Predict the scale as a number."
+        return False, FormatSlip("Predict the scale as a number.")
     if result is None:
         raise ValueError(f"the measured scale must be a number, got {got[1]!r}")
     if pred == result:
@@ -213,7 +213,7 @@ def _broken_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any
 
 def _grade_step(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, "Define train_step(model, opt, scaler, xb, yb) and pass the function itself."
+        return False, FormatSlip("Define train_step(model, opt, scaler, xb, yb) and pass the function itself.")
     from labkit import models
 
     g = torch.Generator().manual_seed(3)
@@ -259,8 +259,10 @@ EXERCISES = [
              "Choose a static loss scale S so that no gradient of exercise_gradients() flushes to zero or "
              "overflows in FP16.", _grade_static_scale,
              "Find the smallest and the largest |g| in the histogram, and where FP16's range starts and ends.",
-             method="S multiplies every gradient. The smallest, 2^-32, must land at or above FP16's smallest "
-                    "subnormal 2^-24 (so S >= 2^8); the largest, 2^-6, must stay below 65520 ≈ 2^16 (so S < 2^22).",
+             method="S multiplies every gradient: as a power of two, 2^k, it adds k to every gradient's exponent. "
+                    "The smallest gradient, 2^-32, must land at or above FP16's smallest subnormal, 2^-24; the "
+                    "largest, 2^-6, must stay below where FP16 overflows, just under 2^16. Each end bounds k; pick "
+                    "a k between the two bounds, away from both.",
              solution="Any power of two from 2^8 to 2^21 works; S = 2.0**14 sits in the middle of that range, with "
                       "headroom on both sides.",
              kind="design", wrong_why=_STATIC_WHY, reference=2.0**14, wrong=1.0),
@@ -276,8 +278,9 @@ EXERCISES = [
              "Write update(scale, tracker, found_inf) -> (new_scale, new_tracker), GradScaler's rule with "
              "RULE_KNOBS.", _grade_rule,
              "Two cases: the step overflowed, or it was clean. Each one changes the scale and the count.",
-             method="Overflow: back off (scale × backoff_factor) and reset the count. Clean: count this step; if the "
-                    "count has reached growth_interval, grow (scale × growth_factor) and reset the count.",
+             method="Write the two branches on found_inf; in each, decide the new scale (backoff_factor, "
+                    "growth_factor, or unchanged) and the new count. The detail that matters: does GradScaler "
+                    "compare the count with growth_interval before or after it counts the current clean step?",
              solution="if found_inf: return scale * 0.5, 0\ntracker += 1\nif tracker == 3: return scale * 2.0, 0\n"
                       "return scale, tracker",
              kind="implement", wrong_why=_LATE_WHY, reference=_reference_rule, wrong=_late_rule),
@@ -309,8 +312,10 @@ EXERCISES = [
              "train_step(model, opt, scaler, xb, yb).",
              _grade_step,
              "Which call decides whether an overflowing step is skipped, and does the broken step make it?",
-             method="The order is scale(loss).backward(), unscale_(opt), [clip], scaler.step(opt), scaler.update(). "
-                    "Only scaler.step looks at the inf check; update() closes the step, so it comes last.",
+             method="List the scaler calls of one AMP step (section 2) and ask what each does: which call looks "
+                    "at the inf check before the weights change, and which call closes the step's bookkeeping (so "
+                    "nothing of the step may come after it)? The broken step calls one of them too early and "
+                    "misses the other.",
              solution="opt.zero_grad()\nwith torch.autocast('cpu', dtype=torch.float16, enabled=FP16):\n"
                       "    loss = F.mse_loss(model(xb), yb)\nscaler.scale(loss).backward()\nscaler.unscale_(opt)\n"
                       "scaler.step(opt)\nscaler.update()",

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from labkit.exercises._core import Exercise
+from labkit._validate import check_dense
+from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, pair
 
 __all__ = ["EXERCISES", "PREDICT_OPS", "reference_amp_step", "reference_island_softmax", "reference_pick_amp"]
@@ -60,6 +61,7 @@ def reference_island_softmax(scores: torch.Tensor) -> torch.Tensor:
     Introduced in notebook 04.
     """
     _expect(("scores", scores, torch.Tensor))
+    check_dense("scores", scores)
     with torch.autocast(device_type=scores.device.type, enabled=False):
         return torch.softmax(scores.float(), dim=-1).to(scores.dtype)
 
@@ -101,12 +103,12 @@ def _amp_dtype() -> torch.dtype:
 
 _CLIP_WHY = ("You clip the still-scaled gradients: before unscale_ their norm is S times the true norm (S = 1024 "
              "here), so the clip always fires and shrinks the step about S-fold, and scaler.step then unscales what "
-             "is left. Call scaler.unscale_(opt) first, then clip_grad_norm_, then scaler.step(opt).")
+             "is left.")
 
 
 def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
-        return False, "Define a function amp_step(model, opt, scaler, x, y, dtype) and pass it."
+        return False, FormatSlip("Define a function amp_step(model, opt, scaler, x, y, dtype) and pass it.")
     from labkit import data, models
 
     dtype = _amp_dtype()
@@ -150,7 +152,7 @@ _PICK_WHY = ("Where both compute, prefer bf16: it has fp32's exponent range, so 
 
 def _grade_pick_amp(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
-        return False, "Define a function pick_amp(caps) returning e.g. ('bf16', False)."
+        return False, FormatSlip("Define a function pick_amp(caps) returning e.g. ('bf16', False).")
     from labkit import device as dev_gate
 
     here = dev_gate.capabilities("cpu").as_dict()
@@ -174,13 +176,12 @@ def _grade_pick_amp(answer: Any) -> tuple[bool, str] | None:
 
 
 _ISLAND_WHY = ("Your island computes in fp32 but hands fp32 on: every op after it follows its input's dtype, so the "
-               "rest of the model silently runs in fp32 and the memory and speed of half precision are gone. Cast "
-               "the result back with .to(scores.dtype).")
+               "rest of the model silently runs in fp32 and the memory and speed of half precision are gone.")
 
 
 def _grade_island(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
-        return False, "Define a function island_softmax(scores) and pass it."
+        return False, FormatSlip("Define a function island_softmax(scores) and pass it.")
     g = torch.Generator().manual_seed(4)
     scores = (torch.randn(3, 5, 7, generator=g) * 30).to(torch.float16)
     scores[0, 0, 3:] = float("-inf")  # a causal mask
@@ -232,7 +233,7 @@ def _grade_autocast(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = got
     if not isinstance(pred, dict) or set(pred) != set(PREDICT_OPS):
-        return False, f"Predict a dict with exactly the keys {list(PREDICT_OPS)}, each 'low' or 'fp32'."
+        return False, FormatSlip(f"Predict a dict with exactly the keys {list(PREDICT_OPS)}, each 'low' or 'fp32'.")
     words = {op: _dtype_word(v) for op, v in pred.items()}
     if None in words.values():
         return False, "Each value is 'low' (fp16/bf16) or 'fp32'."
@@ -252,8 +253,7 @@ def _grade_autocast(answer: object) -> tuple[bool, str]:
 # ---- 04.resume-scaler: debug ------------------------------------------------------------------------
 _RESUME_WHY = ("The checkpoint has no scaler state, so the resumed GradScaler starts again at 2^16 with a growth "
                "count of 0: it forgets the scale it had learned and pays for it in skipped steps, and the resumed "
-               "run no longer matches the uninterrupted one. Save scaler.state_dict() with the model and optimizer, "
-               "and load_state_dict it on resume.")
+               "run no longer matches the uninterrupted one.")
 
 
 def _reference_save(path: Any, model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -287,7 +287,8 @@ def _grade_resume(answer: Any) -> tuple[bool, str] | None:
     from pathlib import Path
 
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(callable(f) for f in answer)):
-        return False, "Pass the two functions: check('04.resume-scaler', (save_checkpoint, load_checkpoint))."
+        return False, FormatSlip("Pass the two functions: check('04.resume-scaler', (save_checkpoint, "
+                                 "load_checkpoint)).")
     save, load = answer
     from labkit import models
 
@@ -333,9 +334,10 @@ EXERCISES = [
         prompt="Write amp_step(model, opt, scaler, x, y, dtype): one AMP step with clipping to 1.0.",
         grade=_grade_amp_step,
         hint="Section 2's three steps, plus clipping: where in the sequence do the gradients hold their true values?",
-        method="Forward and loss under torch.autocast; scaled backward; then the gradients are S times too big "
-               "until scaler.unscale_(opt). Clip after that, then let scaler.step(opt) decide whether to step, "
-               "and scaler.update() adapt the scale.",
+        method="Follow what the gradients hold through one step: after the scaled backward they are S times too "
+               "big, and they stay so until one scaler call divides them back. The clip must measure true "
+               "gradients; the optimizer step must go through the scaler (it skips a step with inf); the scale is "
+               "adapted last.",
         solution="opt.zero_grad()\nwith torch.autocast(device_type=x.device.type, dtype=dtype):\n"
                  "    loss = models.lm_loss(model(x), y)\nscaler.scale(loss).backward()\nscaler.unscale_(opt)\n"
                  "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\nscaler.step(opt)\nscaler.update()",
@@ -360,8 +362,9 @@ EXERCISES = [
         prompt="Write island_softmax(scores): a softmax that never overflows in half precision.",
         grade=_grade_island,
         hint="Do the fragile computation in a wider dtype, and hand the rest of the model what it gave you.",
-        method="Turn autocast off for the region (torch.autocast(..., enabled=False)), upcast the scores to "
-               "float32, take the softmax over the last dimension, and cast the result back to the input's dtype.",
+        method="An island needs three things: autocast must leave the region alone (or it casts the op back "
+               "down), the fragile op must run on fp32 inputs, and what leaves the island must be what the rest "
+               "of the model expects. Find the torch call for each.",
         solution="with torch.autocast(device_type=scores.device.type, enabled=False):\n"
                  "    return torch.softmax(scores.float(), dim=-1).to(scores.dtype)",
         kind="implement", wrong_why=_ISLAND_WHY,
@@ -389,8 +392,8 @@ EXERCISES = [
                "fixed save_checkpoint(path, model, opt, scaler) and load_checkpoint(path, model, opt, scaler).",
         grade=_grade_resume,
         hint="List everything whose state a training step changes. Is each of them in the checkpoint?",
-        method="A step changes the weights, the optimizer's state, and the GradScaler's scale and growth count. "
-               "Everything with a state_dict() goes into the file; on resume, each gets load_state_dict().",
+        method="List the objects whose state a training step changes (there are three). A checkpoint that "
+               "resumes the run exactly saves the state of each one, and the resume restores each one.",
         solution="save: torch.save({'model': model.state_dict(), 'opt': opt.state_dict(), "
                  "'scaler': scaler.state_dict()}, path)\nload: ckpt = torch.load(path, weights_only=True); then "
                  "model/opt/scaler.load_state_dict(ckpt[...]) for all three",

@@ -8,7 +8,7 @@ import random
 import torch
 
 from labkit import fp8
-from labkit.exercises._core import Exercise, whole
+from labkit.exercises._core import Exercise, FormatSlip, whole
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 
 __all__ = ["EXERCISES", "FORMAT_CHOICES", "WORKLOADS", "exercise_tensor"]
@@ -45,7 +45,7 @@ _CHOOSE_WHY = ("E4M3 for the backward pass trades away the range gradients need:
 
 def _grade_choose(answer: object) -> tuple[bool, str] | bool:
     if not isinstance(answer, dict):
-        return False, "Give a dict {workload: format}, with a key for every entry of WORKLOADS."
+        return False, FormatSlip("Give a dict {workload: format}, with a key for every entry of WORKLOADS.")
     missing = [k for k in WORKLOADS if k not in answer]
     if missing:
         return False, f"Missing workloads: {missing}."
@@ -54,7 +54,7 @@ def _grade_choose(answer: object) -> tuple[bool, str] | bool:
         v = answer[k]
         name = _ALIASES.get(str(v).strip().lower(), str(v).strip().lower()) if isinstance(v, str) else v
         if name not in FORMAT_CHOICES:
-            return False, f"{k}: {v!r} is not one of {FORMAT_CHOICES}."
+            return False, FormatSlip(f"{k}: {v!r} is not one of {FORMAT_CHOICES}.")
         if name != want:
             wrong.append((k, name))
     if wrong == [("fp8-backward", "e4m3fn")]:
@@ -80,15 +80,15 @@ _MARGIN = 1
 
 
 _SCALE_WHY = ("448 / amax is the scale with no margin: it puts amax exactly on E4M3's largest value, so a tensor "
-              "that is a little larger at the next step saturates. The exercise asks for one binade of headroom: "
-              "divide by 2**margin = 2 as well, so amax lands at 224.")
+              "that is a little larger at the next step saturates. The exercise asks for a margin of one binade: "
+              "headroom between amax and E4M3's largest value.")
 
 
 def _grade_scale(answer: object) -> tuple[bool, str]:
     if isinstance(answer, torch.Tensor) and answer.numel() == 1:
         answer = float(answer)
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, "Give the scale as a Python float."
+        return False, FormatSlip("Give the scale as a Python float.")
     x = exercise_tensor()
     a = fp8.amax(x)
     want = fp8.compute_scale(a, "e4m3fn", margin=_MARGIN)
@@ -100,7 +100,8 @@ def _grade_scale(answer: object) -> tuple[bool, str]:
         return False, _SCALE_WHY
     if math.isclose(s, a / 448.0, rel_tol=1e-3) or math.isclose(s, 2 * a / 448.0, rel_tol=1e-3):
         return False, "Upside down: the scale multiplies the tensor so that amax lands near 448."
-    return False, f"Not the per-tensor scale (yours puts amax at {a * s:.4g} instead of 224)."
+    return False, (f"Not the per-tensor scale: yours puts amax at {a * s:.4g}, not one binade below E4M3's largest "
+                   "value.")
 
 
 def _reference_delayed(history: list[float], history_len: int, fmt_max: float, margin: int) -> float:
@@ -113,7 +114,7 @@ _DELAYED_WHY = ("You use only the most recent amax. Delayed scaling takes the ma
 
 def _grade_delayed(fn: object) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, "Define delayed_scale(amax_history, history_len, fmt_max, margin) -> float."
+        return False, FormatSlip("Define delayed_scale(amax_history, history_len, fmt_max, margin) -> float.")
     rng = random.Random(11)
     for _ in range(50):
         n = rng.randint(1, 30)
@@ -155,7 +156,7 @@ def _grade_ratio(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = (as_number(v) for v in got)
     if pred is None or not pred > 0:
-        return False, "Predict the ratio as a positive number, e.g. 2."
+        return False, FormatSlip("Predict the ratio as a positive number, e.g. 2.")
     if result is None or not result > 0:
         raise ValueError(f"the measured ratio must be a positive number, got {got[1]!r}")
     if result / 1.5 <= pred <= result * 1.5:
@@ -186,7 +187,7 @@ def _broken_roundtrip(x: torch.Tensor) -> torch.Tensor:
 
 def _grade_roundtrip(fn: object) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, "Define fp8_roundtrip(x) and pass the function itself."
+        return False, FormatSlip("Define fp8_roundtrip(x) and pass the function itself.")
     g = torch.Generator().manual_seed(21)
     cases = [("gradients of size ~1e-6", torch.randn(4096, generator=g) * 1e-6),
              ("activations of size ~3", torch.randn(4096, generator=g) * 3),
@@ -196,7 +197,7 @@ def _grade_roundtrip(fn: object) -> tuple[bool, str] | None:
         if got is None or got is Ellipsis:
             return None  # still a stub: "not attempted yet"
         if not isinstance(got, torch.Tensor) or got.shape != x.shape:
-            return False, "Return a tensor of the same shape as x (the values after the round trip)."
+            return False, FormatSlip("Return a tensor of the same shape as x (the values after the round trip).")
         if not got.is_floating_point() or got.element_size() < 2:
             return False, "Return the values back in float (e.g. .float()), not the FP8 tensor itself."
         got = got.float()
@@ -234,8 +235,8 @@ EXERCISES = [
     Exercise("05.fp8-scale",
              "The per-tensor E4M3 scale for exercise_tensor() with a margin of one binade.", _grade_scale,
              "The scale multiplies the tensor so that its largest magnitude lands near E4M3's largest value.",
-             method="amax = x.abs().max(); E4M3's largest value is 448; a margin of one binade halves the scale once "
-                    "more, so that amax lands at 224 instead of 448.",
+             method="Compute amax = x.abs().max() of the tensor first. The scale maps amax onto E4M3's largest "
+                    "value (448); a margin of m binades lowers that target by a factor 2^m.",
              solution="scale = 448.0 / xt.abs().max().item() / 2**1",
              kind="compute", wrong_why=_SCALE_WHY,
              reference=448.0 / fp8.amax(exercise_tensor()) / 2.0, wrong=448.0 / fp8.amax(exercise_tensor())),
@@ -243,8 +244,9 @@ EXERCISES = [
              "Write delayed_scale(amax_history, history_len, fmt_max, margin): the scale delayed scaling uses next.",
              _grade_delayed,
              "The scale comes from earlier steps' amaxes, but not from all of them, and not from only one.",
-             method="Take the window of the last history_len amaxes, its maximum, then the same formula as the "
-                    "per-tensor scale: fmt_max / amax / 2**margin.",
+             method="Slice the last history_len amaxes out of the history and reduce the window to the one amax "
+                    "the next scale must protect against; then apply the per-tensor scale of 05.fp8-scale to it, "
+                    "with fmt_max and margin.",
              solution="return fmt_max / max(amax_history[-history_len:]) / 2**margin",
              kind="implement", wrong_why=_DELAYED_WHY,
              reference=_reference_delayed, wrong=_wrong_delayed),
@@ -262,8 +264,9 @@ EXERCISES = [
              "a fixed fp8_roundtrip(x) that returns x after scale, cast to E4M3 and back.",
              _grade_roundtrip,
              "Compute x / scale for a gradient of 1e-6 by hand: where does it land on E4M3's number line?",
-             method="scale = 448 / amax maps amax onto 448. The tensor must be multiplied by it before the cast "
-                    "(into the range) and divided by it after (back to the true values).",
+             method="A per-tensor scale maps amax onto E4M3's largest value. Follow a small gradient through the "
+                    "two steps: before the cast it must move into E4M3's range, after the cast back to its true "
+                    "size. Which operation does each step need?",
              solution="scale = 448.0 / x.abs().max()\nreturn (x * scale).to(torch.float8_e4m3fn).float() / scale",
              kind="debug", wrong_why=_ROUNDTRIP_WHY, reference=_reference_roundtrip, wrong=_broken_roundtrip),
 ]

@@ -9,13 +9,14 @@ from typing import Any
 import torch
 
 from labkit import memory as M
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, number, pair
 
 __all__ = ["EXERCISES"]
 
-_BYTES_WHY = ("16 is the figure for Adam, which keeps two fp32 states per parameter (8 bytes). SGD with momentum "
-              "keeps one: 2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 master) + 4 (momentum) = 12.")
+# The typical mistakes' explanations name the mistake, not the answer (the worked solution, the last help, does).
+_BYTES_WHY = ("16 is the figure for Adam, which keeps two fp32 optimizer states per parameter. SGD with momentum "
+              "keeps fewer: list the states it keeps, with their sizes.")
 
 
 def _bytes_per_param(answer: object) -> tuple[bool, str]:
@@ -29,14 +30,13 @@ def _bytes_per_param(answer: object) -> tuple[bool, str]:
 
 
 _STAGE_WHY = ("At stage 1 only the optimizer side (12 B/param) is sharded; the 16-bit weights and gradients stay "
-              "whole: 4Ψ + 12Ψ/8 = 28 + 10.5 = 38.5 GB per GPU, more than 32 GB. Stage 2 also shards the gradients: "
-              "2Ψ + 14Ψ/8 = 26.25 GB fits.")
+              "whole on every GPU. Add up what one GPU then holds for 7B parameters, and compare it with 32 GB.")
 
 
 def _smallest_stage(answer: object) -> tuple[bool, str]:
     want = M.smallest_fitting_stage(7 * 10**9, 32 * M.GB, 8, "bf16-master", "adam")
     if isinstance(answer, bool) or not isinstance(answer, int):
-        return False, "Give the stage as an int (0, 1, 2 or 3)."
+        return False, FormatSlip("Give the stage as an int (0, 1, 2 or 3).")
     if answer == want:
         return True, ""
     if answer == 1:
@@ -59,7 +59,7 @@ def _stage2_shards_params(n_params: int, stage: int, world_size: int) -> float:
 
 
 _PER_GPU_WHY = ("At stage 2 you shard the 16-bit weights too: that is stage 3. Stage 2 shards the optimizer side "
-                "and the gradients, and every rank still holds all the 16-bit weights: 2Ψ + (2 + 12)Ψ/N.")
+                "and the gradients, and every rank still holds all the 16-bit weights.")
 
 
 def _grade_per_gpu(fn: Any) -> tuple[bool, str] | None:
@@ -69,7 +69,7 @@ def _grade_per_gpu(fn: Any) -> tuple[bool, str] | None:
     both Ψ/N and ceil(Ψ/N) sharding.
     """
     if not callable(fn):
-        return False, "Define a function per_gpu_bytes(n_params, stage, world_size) and pass the function."
+        return False, FormatSlip("Define a function per_gpu_bytes(n_params, stage, world_size) and pass the function.")
     rng = random.Random(6)
     cases = [(7_500_000_000, s, 64) for s in range(4)]
     cases += [(rng.randrange(10**6, 10**11), rng.randrange(4), rng.choice([1, 2, 4, 8, 64, 512])) for _ in range(20)]
@@ -98,7 +98,7 @@ def _grade_saved(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = (as_number(v) for v in got)
     if pred is None or not pred > 0:
-        return False, "Predict the ratio as a positive number, e.g. 0.5 for 'half as much'."
+        return False, FormatSlip("Predict the ratio as a positive number, e.g. 0.5 for 'half as much'.")
     if result is None or not result > 0:
         raise ValueError(f"the measured ratio must be a positive number, got {got[1]!r}")
     if abs(pred - result) <= 0.12:
@@ -115,8 +115,7 @@ def _grade_saved(answer: object) -> tuple[bool, str]:
 
 # ---- 06.kept-loss: debug ----------------------------------------------------------------------------
 _KEPT_WHY = ("Every loss in the returned list is a tensor at the root of its autograd graph, and that graph owns "
-             "every activation saved for backward: the list keeps all the batches' activations alive. Evaluate "
-             "under torch.no_grad() (no graph is built) and keep loss.item(), a Python float.")
+             "every activation saved for backward: the list keeps all the batches' activations alive.")
 
 
 def _reference_validation(model: torch.nn.Module, batches: Any) -> list[float]:
@@ -141,7 +140,7 @@ def _broken_validation(model: torch.nn.Module, batches: Any) -> list[Any]:
 
 def _grade_kept(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, "Define validation_losses(model, batches) and pass the function itself."
+        return False, FormatSlip("Define validation_losses(model, batches) and pass the function itself.")
     from labkit import activations, data, models
 
     task = data.make_token_task("reverse", n=96, n_digits=4, vocab_size=10, seed=4)
@@ -192,8 +191,9 @@ EXERCISES = [
              "model-state bytes (16 B/param: 2 + 2 + K, K = 12).",
              _grade_per_gpu,
              "Split the 16 bytes into three parts, and ask for each stage which parts are divided by the GPUs.",
-             method="16-bit weights (2), 16-bit gradients (2), optimizer side K = 12. Stage 1 divides K by N, stage 2 "
-                    "also the gradients, stage 3 also the weights.",
+             method="Write the per-GPU bytes as three terms, 16-bit weights + 16-bit gradients + optimizer side (K "
+                    "bytes per parameter), each either whole on every GPU or divided by N. Then go through the "
+                    "stages with section 2's table: which terms does each stage divide?",
              solution="return [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n][stage]",
              kind="implement", wrong_why=_PER_GPU_WHY,
              reference=_reference_per_gpu, wrong=_stage2_shards_params),
@@ -212,7 +212,8 @@ EXERCISES = [
              _grade_kept,
              "What does each element of the returned list still refer to?",
              method="A loss tensor computed with autograd on is the root of a graph that owns the saved activations. "
-                    "Either build no graph (torch.no_grad()) or keep only the number (loss.item()); do both.",
+                    "Two habits keep none of it alive: one stops the graph from being built at all during "
+                    "validation, the other keeps only the number out of each loss. Use both.",
              solution="losses = []\nwith torch.no_grad():\n    for x, y in batches:\n"
                       "        losses.append(models.lm_loss(model(x), y).item())\nreturn losses",
              kind="debug", wrong_why=_KEPT_WHY, reference=_reference_validation, wrong=_broken_validation),

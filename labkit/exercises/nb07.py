@@ -6,7 +6,7 @@ import math
 import random
 
 from labkit import roofline as R
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, pair
 
 __all__ = ["EXERCISES", "H100_BANDWIDTH", "H100_BF16_FLOPS", "PROFILE_TABLE"]
@@ -36,11 +36,11 @@ H100_BANDWIDTH = 3.35e12
 def _number(want: float, what: str, rel: float = 1e-6, mistakes: dict[float, str] | None = None):
     def grade(answer: object) -> tuple[bool, str]:
         if isinstance(answer, bool):
-            return False, f"Give {what} as a number, not a bool."
+            return False, FormatSlip(f"Give {what} as a number, not a bool.")
         try:
             got = float(answer)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            return False, f"Give {what} as a number."
+            return False, FormatSlip(f"Give {what} as a number.")
         if math.isfinite(got) and abs(got - want) <= rel * abs(want):
             return True, ""
         for value, why in (mistakes or {}).items():
@@ -52,15 +52,16 @@ def _number(want: float, what: str, rel: float = 1e-6, mistakes: dict[float, str
     return grade
 
 
-_AXPY_WHY = ("2/8 counts reading x and y (8 bytes) but not writing y back: y = a*x + y stores 4 more bytes per "
-             "element, 12 in all, so the intensity is 2/12 ≈ 0.17 FLOP/byte.")
-_MATMUL_WHY = ("You count reading A and B but not writing C: the m × n result is stored once too, so the bytes are "
-               "(m·k + k·n + m·n) × bytes_per_element. For a thin matmul the output is a large share of them.")
+# The typical mistakes' explanations name the mistake, not the answer (the worked solution, the last help, does).
+_AXPY_WHY = ("2/8 counts reading x and y but not writing y back: y = a*x + y stores its result too, and those "
+             "bytes cross the memory bus as well.")
+_MATMUL_WHY = ("You count reading A and B but not writing C: the m × n result is stored once too, and for a thin "
+               "matmul the output is a large share of the bytes.")
 
 
 def _grade_matmul_intensity(fn: object) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, "Give a function intensity(m, n, k, bytes_per_element) -> FLOP per byte."
+        return False, FormatSlip("Give a function intensity(m, n, k, bytes_per_element) -> FLOP per byte.")
     rng = random.Random(7)
     cases = [(1024, 1024, 1024, 4), (4096, 1, 4096, 2), (1, 1, 1, 8)]
     cases += [(rng.randint(1, 3000), rng.randint(1, 3000), rng.randint(1, 3000), rng.choice((1, 2, 4)))
@@ -85,8 +86,8 @@ def _forgot_output_intensity(m: int, n: int, k: int, bytes_per_element: int) -> 
     return 2 * m * n * k / ((m * k + k * n) * bytes_per_element)
 
 
-_FIRST_WHY = ("aten::linear has the largest *total* time, but its self time is 0.6 ms: nearly all of it is "
-              "aten::addmm, which it calls. Total time counts the children again; rank by self time.")
+_FIRST_WHY = ("aten::linear has the largest *total* time, but its self time is 0.6 ms: nearly all of it is spent "
+              "in an op it calls. Total time counts the children again; rank by self time.")
 _OPS80_WHY = ("12 is every op in the table. Sort by self time, largest first, and stop as soon as the running sum "
               "reaches 80 % of the total: a handful of ops, which is the point of profiling.")
 _BOUND_WHY = ("A matmul is not always compute-bound. With 8 rows, (8, 8192) @ (8192, 8192) reads the whole 128 MiB "
@@ -100,7 +101,7 @@ def _top_self_op() -> str:
 
 def _grade_first(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, str):
-        return False, "Give the op's name as a string, e.g. 'aten::gelu'."
+        return False, FormatSlip("Give the op's name as a string, e.g. 'aten::gelu'.")
     if answer == _top_self_op():
         return True, "It has the largest self time, about a third of the step."
     if answer == "aten::linear":
@@ -123,7 +124,7 @@ def _ops_for_80() -> int:
 
 def _grade_bound(answer: object) -> tuple[bool, str]:
     if not (isinstance(answer, (tuple, list)) and len(answer) == 3 and all(isinstance(a, str) for a in answer)):
-        return False, "Give three strings, each 'memory' or 'compute'."
+        return False, FormatSlip("Give three strings, each 'memory' or 'compute'.")
     ops = (R.matmul_cost(8192, 8192, 8192, "bf16"), R.softmax_cost(8192, 8192, "bf16"),
            R.matmul_cost(8, 8192, 8192, "bf16"))
     want = tuple(R.bound(c.intensity, H100_BF16_FLOPS, H100_BANDWIDTH) for c in ops)
@@ -150,7 +151,7 @@ def _grade_race(answer: object) -> tuple[bool, str]:
     pred, result = got
     pred = pred.strip().lower() if isinstance(pred, str) else pred
     if pred not in _RACE:
-        return False, f"Predict one of {list(_RACE)}."
+        return False, FormatSlip(f"Predict one of {list(_RACE)}.")
     if result not in _RACE:
         raise ValueError(f"the measured winner must be one of {_RACE}, got {result!r}")
     if pred == result == "one big add":

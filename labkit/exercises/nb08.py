@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit import kernelbench, kernels
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 
 __all__ = ["EXERCISES"]
 
@@ -233,14 +233,14 @@ def _grade_flash(answer: Any) -> tuple[bool, str] | None:
 
 def _grade_bytes(answer: Any) -> tuple[bool, str]:
     if not (isinstance(answer, tuple) and len(answer) == 2):
-        return False, ("This one is predict, then run: predict(\"08.softmax-bytes\", your factor) records a number, "
-                       "and the next cell's reveal(...) compares it with the count.")
+        return False, FormatSlip("This one is predict, then run: predict(\"08.softmax-bytes\", your factor) "
+                                 "records a number, and the next cell's reveal(...) compares it with the count.")
     prediction, result = answer
     if isinstance(prediction, bool) or not isinstance(prediction, (int, float)) or not math.isfinite(prediction) \
             or prediction <= 0:
-        return False, f"Give the factor as a positive number, such as 2 or 10, not {prediction!r}."
+        return False, FormatSlip(f"Give the factor as a positive number, such as 2 or 10, not {prediction!r}.")
     if isinstance(result, bool) or not isinstance(result, (int, float)) or not result > 0:
-        return False, "The measured result must be a positive number (the cell below computes it)."
+        return False, FormatSlip("The measured result must be a positive number (the cell below computes it).")
     why = ("The five ops read the matrix 5 times (max, subtract, exp, sum, divide) and write it 3 times "
            "(subtract, exp, divide); max and sum write one value per row. The fused kernel reads it once and "
            f"writes it once: 8 passes against 2, measured {result:.2f}x.")
@@ -254,9 +254,9 @@ EXERCISES = [
              _grade_bias_gelu,
              "Each program owns BLOCK consecutive elements of the flattened x; which column's bias does element i "
              "need, and what must the last program not touch?",
-             method="offs = program id * BLOCK + arange; mask = offs < n; load x and the bias at offs % n_cols, both "
-                    "masked, convert to fp32, add, apply gelu(h) = h * 0.5 * (1 + erf(h / sqrt 2)) with tl.math.erf, "
-                    "convert to y's dtype and store with the same mask.",
+             method="Each program builds the offsets of its BLOCK elements and a mask for the last, partial block. "
+                    "Load x, and for each element the bias of its column (its offset modulo n_cols), both masked; "
+                    "compute in fp32 (gelu needs erf: tl.math.erf), and store in y's dtype under the same mask.",
              solution="pid = tl.program_id(0); offs = pid * BLOCK + tl.arange(0, BLOCK); mask = offs < n\n"
                       "x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)\n"
                       "b = tl.load(b_ptr + offs % n_cols, mask=mask).to(tl.float32)\n"
@@ -268,8 +268,9 @@ EXERCISES = [
              _grade_softmax,
              "Softmax is unchanged if you subtract the same number from every element of a row. Which number keeps "
              "exp from overflowing, and what should lanes past the end of the row hold?",
-             method="Load the row with mask=offs < n_cols and other=-inf, convert to fp32, subtract tl.max(x, axis=0), "
-                    "take tl.exp, divide by tl.sum of it, store with the mask.",
+             method="Load the row masked, filling the missing lanes with a value that can never be the max and "
+                    "adds nothing to the sum once exponentiated; work in fp32; shift the row by its max before the "
+                    "exponential, normalise by the sum, and store under the mask in y's dtype.",
              solution="mask = offs < n_cols\n"
                       "x = tl.load(x_ptr + row * row_stride + offs, mask=mask, other=float('-inf')).to(tl.float32)\n"
                       "e = tl.exp(x - tl.max(x, axis=0)); y = e / tl.sum(e, axis=0)\n"
@@ -282,9 +283,11 @@ EXERCISES = [
              _grade_layernorm,
              "Think about the dtype your sums run in when x arrives as bf16, and about what lanes past the end of "
              "the row add to the mean and to the variance.",
-             method="Load x masked (other=0) and convert to fp32; mean = sum / n_cols; xc = x - mean, zeroed on masked "
-                    "lanes with tl.where; var = sum(xc * xc) / n_cols; rstd = 1 / sqrt(var + eps); load w and b "
-                    "(fp32), store xc * rstd * w + b in y's dtype, and mean and rstd at mean_ptr + row, rstd_ptr + row.",
+             method="Work in fp32 from the load on. The statistics divide by n_cols, not by the block size, and the "
+                    "lanes past the end must add nothing: a masked load's fill handles the mean, but the centred "
+                    "values there are not zero unless you zero them (tl.where) before squaring. Then scale and "
+                    "shift with the weight and bias, store y in its own dtype, and store the row's mean and rstd "
+                    "at the row's index.",
              solution="mask = offs < n_cols\n"
                       "x = tl.load(x_ptr + row * row_stride + offs, mask=mask, other=0.0).to(tl.float32)\n"
                       "mean = tl.sum(x, axis=0) / n_cols; xc = tl.where(mask, x - mean, 0.0)\n"
@@ -301,8 +304,9 @@ EXERCISES = [
              _grade_bytes,
              "Count passes over the matrix: for each of the five ops, does it read the whole matrix, write the "
              "whole matrix, or only one value per row?",
-             method="max: read all, write a column; subtract: read all, write all; exp: read all, write all; sum: "
-                    "read all, write a column; divide: read all, write all. The fused kernel: read all, write all.",
+             method="Go through the five ops one by one and count whole-matrix passes: does the op read the matrix, "
+                    "write a whole matrix, or write only one value per row (next to nothing)? Count the fused "
+                    "kernel the same way, then divide.",
              solution="(5 reads + 3 writes) / (1 read + 1 write) = 8 / 2 = 4x (plus a few columns).",
              kind="predict", reference=(4, 4.01), wrong=(5, 4.01),
              wrong_why="One pass per op counts 5 ops against 1 kernel, but every elementwise op both reads and writes "
@@ -312,8 +316,10 @@ EXERCISES = [
              "Complete FlashAttention's online-softmax update inside the loop over key blocks.", _grade_flash,
              "After a new block of scores s, the running max may grow. What happens to the sum l_i and the "
              "accumulator acc, which were built with exponentials of the old max?",
-             method="m_new = max(m_i, row max of s); alpha = exp(m_i - m_new); p = exp(s - m_new[:, None]); "
-                    "l_i = l_i * alpha + row sum of p; acc = acc * alpha[:, None] + p @ v (tl.dot); m_i = m_new.",
+             method="For each key block: the running max becomes the larger of the old one and the block's row "
+                    "max. Everything summed so far (l_i and acc) was weighted by exponentials of the old max: find "
+                    "the one factor per row that turns exp(s - m_old) into exp(s - m_new), and rescale both by it "
+                    "before adding the new block's exponentials (to l_i) and their product with v (to acc).",
              solution="m_new = tl.maximum(m_i, tl.max(s, axis=1)); alpha = tl.exp(m_i - m_new)\n"
                       "p = tl.exp(s - m_new[:, None]); l_i = l_i * alpha + tl.sum(p, axis=1)\n"
                       "acc = acc * alpha[:, None] + tl.dot(p, v, input_precision='ieee'); m_i = m_new",

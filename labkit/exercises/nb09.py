@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 from labkit.recipes import allreduce as _ar
 
@@ -23,14 +23,15 @@ GLOBAL_BATCH = NODES * GPUS_PER_NODE * MICRO_BATCH * ACCUM  # 2048
 SCALED_LR = BASE_LR * GLOBAL_BATCH / BASE_BATCH  # 2.4e-3
 
 
+# The typical mistakes' explanations name the mistake, not the answer (the worked solution, the last help, does).
 _GLOBAL_WHY = (f"{GLOBAL_BATCH // ACCUM} = {MICRO_BATCH} × {NODES * GPUS_PER_NODE} ranks forgets the accumulation: "
-               f"each optimizer step sums the gradients of {ACCUM} micro-batches on every rank, so it sees "
-               f"{ACCUM} × {GLOBAL_BATCH // ACCUM} = {GLOBAL_BATCH} examples.")
+               "each optimizer step sums the gradients of several micro-batches on every rank, and each of them "
+               "brings its own examples.")
 
 
 def _grade_global_batch(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, "Give the global batch as a number of examples."
+        return False, FormatSlip("Give the global batch as a number of examples.")
     if answer == GLOBAL_BATCH:
         return True, ""
     if answer == GLOBAL_BATCH // ACCUM:
@@ -51,7 +52,7 @@ def _grade_global_batch(answer: object) -> tuple[bool, str]:
 
 
 _LR_WHY = ("That is the square-root rule (some use it with Adam). The linear rule scales the learning rate by the "
-           f"batch ratio itself: {BASE_LR:g} × {GLOBAL_BATCH}/{BASE_BATCH} = {SCALED_LR:g}.")
+           "batch ratio itself, not by its square root.")
 
 
 _LR_MISTAKES = (
@@ -71,13 +72,13 @@ _LR_MISTAKES = (
 
 def _grade_lr(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, "Give the learning rate as a number."
+        return False, FormatSlip("Give the learning rate as a number.")
     if math.isclose(float(answer), SCALED_LR, rel_tol=1e-9):
         return True, ""
     if math.isclose(float(answer), BASE_LR * math.sqrt(GLOBAL_BATCH / BASE_BATCH), rel_tol=1e-9):
         return False, _LR_WHY
     if math.isclose(float(answer), BASE_LR, rel_tol=1e-9):
-        return False, "That is the lr of the base recipe: the global batch grew 8-fold, so the lr must follow it."
+        return False, "That is the lr of the base recipe: the global batch grew, so the lr must follow it."
     for value, why in _LR_MISTAKES:
         if math.isclose(float(answer), value, rel_tol=1e-9):
             return False, why
@@ -94,7 +95,7 @@ def _busbw_one_way(algbw: float, n: int) -> float:
 
 
 _BUSBW_WHY = ("(n-1)/n counts half of a ring all-reduce, the reduce-scatter. The all-gather that follows moves as "
-              "much again, so each rank sends (and receives) 2(n-1)/n of the message: busbw = algbw × 2(n-1)/n.")
+              "much again, and busbw counts what each rank sends in both halves.")
 
 
 #: Typical wrong formulas, each with what it gets wrong; told apart on rank counts >= 3 (at n = 2 the factor is 1).
@@ -132,7 +133,7 @@ def _busbw_mistake(answer: Callable[..., Any]) -> str:
 
 def _grade_busbw(answer: object) -> tuple[bool, str] | None:
     if not callable(answer):
-        return False, "Define a function busbw(algbw, n) and pass the function itself."
+        return False, FormatSlip("Define a function busbw(algbw, n) and pass the function itself.")
     rng = random.Random(8)
     cases = [(100.0, 1), (100.0, 2), (120.0, 8), (0.5, 3)] + [
         (rng.uniform(0.1, 500.0), rng.randint(1, 1024)) for _ in range(20)]
@@ -153,13 +154,14 @@ def _grade_busbw(answer: object) -> tuple[bool, str] | None:
     return True, ""
 
 
-_SLOW_WHY = ("140 ms is the average rank. A synchronous all-reduce cannot finish before the slowest rank arrives "
-             "(160 ms) and then takes its 20 ms, for every rank: 180 ms, with two ranks idle for 60 ms.")
+_SLOW_WHY = ("140 ms is the average rank. A synchronous all-reduce cannot finish before the slowest rank arrives, "
+             "and it takes its own time after that, for every rank: the fast ranks wait, they do not make up for "
+             "the slow one.")
 
 
 def _grade_slow_rank(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, "Give the step time in milliseconds, as a number."
+        return False, FormatSlip("Give the step time in milliseconds, as a number.")
     if math.isclose(float(answer), 180.0, abs_tol=1e-9):
         return True, ""
     if math.isclose(float(answer), 140.0, abs_tol=1e-9):
@@ -195,7 +197,7 @@ def _grade_count(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = (as_number(v) for v in got)
     if pred is None:
-        return False, "Predict the number of all-reduces per rank."
+        return False, FormatSlip("Predict the number of all-reduces per rank.")
     if result is None:
         raise ValueError(f"the measured count must be a number, got {got[1]!r}")
     if pred == result:
@@ -225,9 +227,7 @@ def _grade_count(answer: object) -> tuple[bool, str]:
 
 # ---- 09.average-grads: debug ------------------------------------------------------------------------
 _AVG_WHY = ("all_reduce sums: after it every rank holds the *sum* of the ranks' gradients, world_size times the "
-            "mean. Stepping with the sum is like multiplying the learning rate by the number of ranks. Divide by "
-            "world_size, before or after the sum: DDP scales each gradient bucket by 1/world_size before its "
-            "all-reduce (notebook 11 shows it), which also keeps an fp16 sum from overflowing.")
+            "mean. Stepping with the sum is like multiplying the learning rate by the number of ranks.")
 
 
 def _rank_all_reduce(group: dict[str, Any], rank: int) -> Callable[..., None]:
@@ -362,7 +362,8 @@ def _average_mistake(out: list[list[torch.Tensor]], before: list[list[torch.Tens
 
 def _grade_average(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, "Define average_gradients(params, world_size, all_reduce) and pass the function itself."
+        return False, FormatSlip("Define average_gradients(params, world_size, all_reduce) and pass the "
+                                 "function itself.")
     g = torch.Generator().manual_seed(9)
     for n in (2, 3, 4):
         local = [[torch.randn(3, 4, generator=g), torch.randn(5, generator=g)] for _ in range(n)]
@@ -418,8 +419,9 @@ EXERCISES = [
              "Write busbw(algbw, n): the all-reduce bus bandwidth nccl-tests reports for n ranks.",
              _grade_busbw,
              "busbw corrects algbw for how much each rank really sends in a ring all-reduce.",
-             method="A ring all-reduce is a reduce-scatter followed by an all-gather; in each, every rank sends "
-                    "(n-1)/n of the message. One rank sends nothing at all.",
+             method="A ring all-reduce is a reduce-scatter followed by an all-gather, and the message travels in n "
+                    "chunks. In each half, count the chunks one rank sends; busbw scales algbw by the share of the "
+                    "message a rank sends in all. One rank sends nothing at all.",
              solution="return algbw * 2 * (n - 1) / n",
              kind="implement", wrong_why=_BUSBW_WHY,
              success="busbw no longer depends on n, so it can be compared with the link's bandwidth.",

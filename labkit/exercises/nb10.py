@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, pair
 
 __all__ = ["CONFIG_SETUP", "EXERCISES", "STAGE2_OUTCOMES"]
@@ -47,7 +47,7 @@ def _grade_config(answer: Any) -> tuple[bool, str]:
 
     s = CONFIG_SETUP
     if not isinstance(answer, dict):
-        return False, "Give the DeepSpeed config as a dict (zero.config(...) builds one)."
+        return False, FormatSlip("Give the DeepSpeed config as a dict (zero.config(...) builds one).")
     misplaced = _misplaced(answer)
     if misplaced:
         return False, misplaced
@@ -104,9 +104,9 @@ def _wrong_config() -> dict[str, Any]:
 
 
 _COMM_WHY = ("That counts one micro-batch per step. A ZeRO-2 rank keeps only its slice of the gradients, so it "
-             "cannot hold on to the other ranks' parts until the last micro-batch: it reduce-scatters the gradients "
-             "of every micro-batch (4Ψ), then all-gathers the updated weights once (Ψ). Stage 3 also gathers the "
-             "weights for every micro-batch's forward and backward.")
+             "cannot hold on to the other ranks' parts until the last micro-batch: it has to reduce-scatter the "
+             "gradients of every micro-batch. Stage 3 also gathers the weights for every micro-batch's forward and "
+             "backward.")
 
 
 #: 10.comm-volume: micro-batches accumulated per optimizer step
@@ -115,9 +115,9 @@ COMM_MICRO_BATCHES = 4
 
 def _grade_comm(answer: Any) -> tuple[bool, str]:
     if not isinstance(answer, (tuple, list)) or len(answer) != 3:
-        return False, "Give a triple (ZeRO-1, ZeRO-2, ZeRO-3 volume per optimizer step), in units of Ψ."
+        return False, FormatSlip("Give a triple (ZeRO-1, ZeRO-2, ZeRO-3 volume per optimizer step), in units of Ψ.")
     if any(isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) for a in answer):
-        return False, "All three volumes are numbers."
+        return False, FormatSlip("All three volumes are numbers.")
     s1, s2, s3 = (float(a) for a in answer)
     k = COMM_MICRO_BATCHES
     if (s1, s2, s3) == (2.0, k + 1.0, 3.0 * k):
@@ -163,7 +163,7 @@ def _grade_stage2(answer: object) -> tuple[bool, str]:
     pred, result = got
     pred = pred.strip().lower() if isinstance(pred, str) else pred
     if pred not in STAGE2_OUTCOMES:
-        return False, f"Predict one of {list(STAGE2_OUTCOMES)}."
+        return False, FormatSlip(f"Predict one of {list(STAGE2_OUTCOMES)}.")
     if result not in (*STAGE2_OUTCOMES, "mixed"):
         raise ValueError(f"the measured outcome must be one of {STAGE2_OUTCOMES + ('mixed',)}, got {result!r}")
     if pred == result == "more":
@@ -182,8 +182,8 @@ def _grade_stage2(answer: object) -> tuple[bool, str]:
 
 # ---- 10.batch-triple: debug -------------------------------------------------------------------------
 _TRIPLE_WHY = ("global_batch // micro_batch forgets the ranks: each of the world_size ranks contributes micro_batch "
-               "examples per micro-step, so DeepSpeed requires train_batch_size = micro × accumulation × world_size. "
-               "Divide by micro_batch × world_size (and refuse a global batch that does not divide).")
+               "examples per micro-step, so DeepSpeed requires train_batch_size = micro × accumulation × "
+               "world_size.")
 
 
 _TRIPLE_NO_MICRO = ("global_batch // world_size forgets the micro-batch: each accumulation step runs micro_batch "
@@ -206,7 +206,8 @@ def _broken_batch_keys(global_batch: int, micro_batch: int, world_size: int) -> 
 
 def _grade_triple(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, "Define batch_keys(global_batch, micro_batch, world_size) and pass the function itself."
+        return False, FormatSlip("Define batch_keys(global_batch, micro_batch, world_size) and pass the "
+                                 "function itself.")
     from labkit import zero
 
     for gb, mb, ws in ((256, 8, 16), (1024, 4, 8), (96, 2, 3), (64, 64, 1), (4096, 16, 256)):
@@ -214,7 +215,7 @@ def _grade_triple(fn: Any) -> tuple[bool, str] | None:
         if got is None or got is Ellipsis:
             return None  # still a stub: "not attempted yet"
         if not isinstance(got, dict):
-            return False, "Return a dict with DeepSpeed's three batch keys."
+            return False, FormatSlip("Return a dict with DeepSpeed's three batch keys.")
         try:
             zero.validate({**got, "zero_optimization": {"stage": 2}}, world_size=ws)
         except (TypeError, ValueError) as exc:

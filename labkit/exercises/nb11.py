@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from labkit import handpar as _hp
+from labkit._validate import safe_repr
 from labkit.exercises import _nb11_mistakes as _mistake
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 
 __all__ = ["EXERCISES", "PREDICT_SETUP", "prefetch", "rank_module"]
 
@@ -142,7 +143,8 @@ def _module_text(names: tuple[str, ...], answer: Any) -> str | tuple[bool, str] 
     tree_names = {n.name for n in ast.parse(text).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     missing = [n for n in names if n not in tree_names]
     if missing:
-        return False, f"The cell must define {', '.join(missing)} (with that name): the ranks look it up by name."
+        return False, FormatSlip(f"The cell must define {', '.join(missing)} (with that name): the ranks "
+                                 "look it up by name.")
     return text
 
 
@@ -185,7 +187,7 @@ def prefetch(answers: Sequence[tuple[str, Any]]) -> int:
     jobs: dict[tuple[str, str], tuple[str, Any]] = {}
     for pair in answers:
         if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str):
-            raise TypeError(f"each answer must be an (exercise id, answer) pair, got {pair!r}")
+            raise TypeError(f"each answer must be an (exercise id, answer) pair, got {safe_repr(pair)}")
         spec = graders.get(pair[0])
         if spec is None:
             runs = sorted(i for i, g in graders.items() if g is not None)
@@ -344,12 +346,13 @@ _COUNTS = {"naive": 8, "bucketed": 3, "ddp": 1}
 
 def _grade_predict(answer: Any) -> tuple[bool, str]:
     if not (isinstance(answer, tuple) and len(answer) == 2):
-        return False, "reveal() passes (prediction, result); give the prediction as a dict."
+        return False, FormatSlip("reveal() passes (prediction, result); give the prediction as a dict.")
     pred, result = answer
     if not isinstance(pred, dict) or set(pred) != set(_COUNTS):
-        return False, "Predict a dict with the keys 'naive', 'bucketed' and 'ddp': all-reduce calls per step."
+        return False, FormatSlip("Predict a dict with the keys 'naive', 'bucketed' and 'ddp': all-reduce "
+                                 "calls per step.")
     if not isinstance(result, dict):
-        return False, "The measured result should be a dict of calls per step."
+        return False, FormatSlip("The measured result should be a dict of calls per step.")
     got = {k: result.get(k) for k in _COUNTS}
     lines = []
     why = {"naive": "one per tensor, after backward",
@@ -374,9 +377,10 @@ EXERCISES = [
         success="Bitwise equal to torch DDP on 2 ranks, with communication started during backward.",
         reference=_hp.overlap_gradients,
         wrong=_mistake.overlap_gradients,
-        method="For every parameter p: p.register_post_accumulate_grad_hook(hook). In hook(p): scale p.grad by "
-               "1/world, then work = dist.all_reduce(p.grad, async_op=True) and keep the work in a list. wait() "
-               "calls work.wait() on each and empties the list.",
+        method="Two halves. During backward, a hook on each parameter fires as soon as its gradient is complete "
+               "(torch has a parameter hook for exactly that) and starts the gradient's all-reduce without blocking, "
+               "keeping the handle it gets back. After backward, wait() blocks on every handle. And the gradient "
+               "must end up as DDP's: the mean over the ranks, not their sum.",
         solution="world = dist.get_world_size(); pending = []\n"
                  "def hook(p): p.grad.mul_(1.0 / world); pending.append(dist.all_reduce(p.grad, async_op=True))\n"
                  "for p in model.parameters(): p.register_post_accumulate_grad_hook(hook)\n"
@@ -396,9 +400,10 @@ EXERCISES = [
         success="Bitwise equal to AdamW on the whole model, with AdamW states for half the parameters per rank.",
         reference=_hp.zero1_step,
         wrong=_mistake.zero1_step,
-        method="grad_shard = torch.empty_like(shard); dist.reduce_scatter_single(grad_shard, flat_grad / world); "
-               "shard.grad = grad_shard; optimizer.step(); then dist.all_gather_single(flat_param, "
-               "shard.detach()).",
+        method="Follow one step's data. Each rank needs only its own slice of the averaged gradient: one "
+               "collective reduces and slices at once (torch.distributed has *_single versions for flat tensors). "
+               "The optimizer reads .grad of the shard it was given. After its step, every rank needs every "
+               "updated slice back in flat_param: the opposite collective.",
         solution="world = dist.get_world_size()\ngrad_shard = torch.empty_like(shard)\n"
                  "dist.reduce_scatter_single(grad_shard, flat_grad.mul(1.0 / world))\nshard.grad = grad_shard\n"
                  "optimizer.step()\ndist.all_gather_single(flat_param, shard.detach())",
@@ -418,8 +423,9 @@ EXERCISES = [
                    _hp.ReduceFromTP),
         wrong=(_mistake.CopyToTP,
                _mistake.ReduceFromTP),
-        method="Both are classes with @staticmethod forward(ctx, x) and backward(ctx, grad). An all-reduce is "
-               "in-place: clone the tensor, dist.all_reduce(it), return it. The identity returns its argument.",
+        method="Both are torch.autograd.Function classes with static forward(ctx, x) and backward(ctx, grad). For "
+               "each class and each direction decide: identity, or a sum over the ranks? Mind that "
+               "dist.all_reduce works in place, on a tensor autograd may still need.",
         solution="class CopyToTP(torch.autograd.Function):\n    forward: return x\n"
                  "    backward: grad = grad.clone(); dist.all_reduce(grad); return grad\n"
                  "class ReduceFromTP(torch.autograd.Function):\n    forward: x = x.clone(); dist.all_reduce(x); "
@@ -438,11 +444,11 @@ EXERCISES = [
         success="The same loss and gradients as the whole model on the whole batch, to fp32 rounding.",
         reference=_hp.gpipe_step,
         wrong=_mistake.gpipe_step,
-        method="m = len(inputs) on rank 0, len(targets) on rank 1. Forward loop: rank 0 runs stage(inputs[i]) and "
-               "sends; rank 1 receives into torch.empty(act_shape) on the stage's device and dtype (take them from "
-               "next(stage.parameters())), sets requires_grad_, runs the stage and "
-               "loss_fn(out, targets[i]) / m. Backward loop: rank 1 calls backward and sends x.grad; rank 0 receives "
-               "the gradient and calls out.backward(grad).",
+        method="Each rank counts the micro-batches from its own list. Forward loop: rank 0 runs its stage and "
+               "sends each activation; rank 1 receives it into a fresh tensor of act_shape (with its stage's device "
+               "and dtype), makes it require grad so that a gradient can go back, and computes that micro-batch's "
+               "share of the whole batch's loss. Backward loop: rank 1 backpropagates and sends the received "
+               "activation's gradient; rank 0 receives it and backpropagates its own output with it.",
         solution="See labkit.handpar.gpipe_step: two loops over the micro-batches; dist.send/dist.recv (or isend) "
                  "between them; the last stage divides each micro-batch loss by m and returns their sum.",
         kind="implement",

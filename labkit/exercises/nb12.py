@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkit.exercises._core import Exercise
+from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 from labkit.slurm import gpus_per_node, parse_sbatch_header, parse_tunnel, time_minutes
 
@@ -33,12 +33,12 @@ JOB = {"job-name": "gpt-ddp", "partition": "gpu", "account": "proj123", "nodes":
 
 
 _HEADER_WHY = ("--gpus=4 asks for 4 GPUs for the whole job, which Slurm may split over the 2 nodes any way it likes "
-               "(3 + 1, say); the job needs 4 on each node: --gpus-per-node=4 (or --gres=gpu:4).")
+               "(3 + 1, say); the job needs 4 on each node, which --gpus cannot ask for.")
 
 
 def _grade_header(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, str):
-        return False, "Give the header as one string of #SBATCH lines."
+        return False, FormatSlip("Give the header as one string of #SBATCH lines.")
     try:
         o = parse_sbatch_header(answer)
     except ValueError as exc:
@@ -99,7 +99,8 @@ _STORAGE_WHY = ("Scratch is not backed up and is purged after some days: a check
 
 def _grade_storage(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, dict) or set(answer) != set(STORAGE_ITEMS):
-        return False, f"Give a dict with exactly the keys {sorted(STORAGE_ITEMS)}, each one of {list(STORAGE_TIERS)}."
+        return False, FormatSlip(f"Give a dict with exactly the keys {sorted(STORAGE_ITEMS)}, each one of "
+                                 f"{list(STORAGE_TIERS)}.")
     got = {k: str(v).strip().lower() for k, v in answer.items()}
     unknown = sorted(set(got.values()) - set(STORAGE_TIERS))
     if unknown:
@@ -132,7 +133,8 @@ def _grade_late(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = got
     if not (isinstance(pred, (tuple, list)) and len(pred) == 2):
-        return False, "Predict a pair (minutes of --time, GPUs per node), e.g. (60, 2); None or 0 for no GPU."
+        return False, FormatSlip("Predict a pair (minutes of --time, GPUs per node), e.g. (60, 2); None or "
+                                 "0 for no GPU.")
     minutes = as_number(pred[0])
     gpus = 0 if pred[1] is None else as_number(pred[1])
     if minutes is None or gpus is None:
@@ -149,7 +151,7 @@ def _grade_late(answer: object) -> tuple[bool, str]:
 # ---- 12.srun-header: debug --------------------------------------------------------------------------
 _SRUN_WHY = ("--ntasks counts the tasks of the whole job, not per node: with 2 nodes of 4 GPUs it starts 4 ranks in "
              "all, spread over the nodes (2 + 2, or 3 + 1), so half of the 8 GPUs sit idle and the world size is 4, "
-             "not 8. With srun starting one rank per task, ask for --ntasks-per-node equal to the GPUs per node.")
+             "not 8.")
 
 
 def _reference_srun_header(nodes: int, gpus_per_node: int, hours: int) -> str:
@@ -165,13 +167,13 @@ def _broken_srun_header(nodes: int, gpus_per_node: int, hours: int) -> str:
 
 def _grade_srun(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, "Define srun_header(nodes, gpus_per_node, hours) and pass the function itself."
+        return False, FormatSlip("Define srun_header(nodes, gpus_per_node, hours) and pass the function itself.")
     for nodes, gpn, hours in ((2, 4, 3), (1, 8, 1), (4, 2, 12), (3, 4, 2)):
         text = fn(nodes, gpn, hours)
         if text is None or text is Ellipsis:
             return None  # still a stub: "not attempted yet"
         if not isinstance(text, str):
-            return False, "Return the header as one string of #SBATCH lines."
+            return False, FormatSlip("Return the header as one string of #SBATCH lines.")
         try:
             o = parse_sbatch_header(text)
             gpus = gpus_per_node(o)
@@ -206,13 +208,12 @@ CONNECTION = {"node": "cn0412", "port": 21983, "user": "carol", "login": "hpc-lo
 
 
 _TUNNEL_WHY = ("'localhost' in -L is resolved on the far side of the tunnel, the login node, and JupyterLab does not "
-               "run there: it runs on the compute node and listens on that node's name. Forward to the node: "
-               "-L 21983:cn0412:21983.")
+               "run there: it runs on the compute node and listens on that node's name.")
 
 
 def _grade_tunnel(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, str):
-        return False, "Give the ssh command as a string."
+        return False, FormatSlip("Give the ssh command as a string.")
     try:
         t = parse_tunnel(answer)
     except ValueError as exc:
@@ -265,19 +266,19 @@ _WRONG = {"login-node", "missing-gpus", "fixed-port"}
 
 
 _PROBLEMS_WHY = ("Binding JupyterLab to the node's hostname is right, not a problem: 0.0.0.0 would listen on every "
-                 "interface, and the token is what keeps others out either way. What you missed: a fixed port "
-                 "(8888) collides as soon as a second job lands on the same node.")
+                 "interface, and the token is what keeps others out either way. One real problem is still missing: "
+                 "think of what happens when a second person's job lands on the same node.")
 
 
 def _grade_problems(answer: object) -> tuple[bool, str]:
     if isinstance(answer, str):
         answer = {answer}
     if not isinstance(answer, (set, frozenset, list, tuple)):
-        return False, "Give a set of labels from PROBLEMS."
+        return False, FormatSlip("Give a set of labels from PROBLEMS.")
     got = {str(a) for a in answer}
     unknown = got - set(PROBLEMS)
     if unknown:
-        return False, f"unknown labels {sorted(unknown)}; choose from {sorted(PROBLEMS)}"
+        return False, FormatSlip(f"unknown labels {sorted(unknown)}; choose from {sorted(PROBLEMS)}")
     missed, extra = _WRONG - got, got - _WRONG
     if missed == {"fixed-port"} and extra == {"hostname-bind"}:
         return False, _PROBLEMS_WHY
@@ -328,8 +329,9 @@ EXERCISES = [
              "Write the ssh command, run on your laptop, that makes JupyterLab of CONNECTION reachable.",
              _grade_tunnel,
              "The tunnel starts on your laptop, enters at the login node, and must end where JupyterLab listens.",
-             method="ssh -N -L <local port>:<host>:<port> <you>@<login node>: the far end (the login node) connects "
-                    "to host:port, so host is the compute node's name and port JupyterLab's.",
+             method="In ssh -L <local port>:<host>:<port>, host:port is resolved by the far end of the tunnel, the "
+                    "machine you log in to. From there, which machine name and which port reach JupyterLab? (-N "
+                    "opens no remote shell, just the tunnel.)",
              solution="ssh -N -L 21983:cn0412:21983 carol@hpc-login.uni.example",
              kind="design", wrong_why=_TUNNEL_WHY,
              reference="ssh -N -L 21983:cn0412:21983 carol@hpc-login.uni.example",
@@ -362,8 +364,8 @@ EXERCISES = [
              "srun_header for `srun python -m labkit.recipes.ddp` (one task = one rank per GPU).",
              _grade_srun,
              "Count the tasks this header starts on each node, and compare with the GPUs per node.",
-             method="--ntasks is per job, --ntasks-per-node per node. With srun starting one rank per task, the "
-                    "tasks per node must equal the GPUs per node.",
+             method="For each #SBATCH option of the header, ask whether Slurm counts it per job or per node. srun "
+                    "starts one rank per task: how many tasks must each node get, and which option says that?",
              solution="#SBATCH --nodes={nodes}\n#SBATCH --ntasks-per-node={gpus_per_node}\n"
                       "#SBATCH --gpus-per-node={gpus_per_node}\n#SBATCH --cpus-per-task=8\n#SBATCH --time={hours}:00:00",
              kind="debug", wrong_why=_SRUN_WHY,

@@ -25,6 +25,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from labkit._validate import MAX_WORLD_SIZE, as_float, check_int, safe_repr
+
 __all__ = ["DEFAULT_SIZES", "algbw", "busbw", "busbw_factor", "format_size", "main", "parse_size",
            "run_benchmark"]
 
@@ -47,7 +49,7 @@ def parse_size(text: str | int) -> int:
     elif isinstance(text, str):
         m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
         if not m or m.group(2).upper() not in _UNITS:
-            raise ValueError(f"cannot parse size {text!r}; use e.g. 1024, '64K', '4M', '1G'")
+            raise ValueError(f"cannot parse size {safe_repr(text)}; use e.g. 1024, '64K', '4M', '1G'")
         n = int(m.group(1)) * _UNITS[m.group(2).upper()]
     else:
         raise TypeError(f"size must be an int or a str such as '64K', got {type(text).__name__}")
@@ -59,7 +61,7 @@ def parse_size(text: str | int) -> int:
 def format_size(nbytes: int) -> str:
     """Format a byte count with a binary unit: ``format_size(65536) == "64K"``. Introduced in notebook 09."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
+        raise ValueError(f"nbytes must be an int >= 0, got {safe_repr(nbytes)}")
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale}{unit}"
@@ -70,8 +72,8 @@ def _positive(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return float(value)
+        raise ValueError(f"{name} must be > 0, got {safe_repr(value)}")
+    return as_float(name, value)
 
 
 def algbw(nbytes: int, seconds: float) -> float:
@@ -87,10 +89,7 @@ def busbw_factor(world_size: int) -> float:
 
     Introduced in notebook 09.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    check_int("world_size", world_size, 1, MAX_WORLD_SIZE)
     return 2.0 * (world_size - 1) / world_size
 
 
@@ -102,8 +101,8 @@ def busbw(algbw_gbps: float, world_size: int) -> float:
     if isinstance(algbw_gbps, bool) or not isinstance(algbw_gbps, (int, float)):
         raise TypeError(f"algbw must be a number, got {type(algbw_gbps).__name__}")
     if not algbw_gbps >= 0:
-        raise ValueError(f"algbw must be >= 0, got {algbw_gbps}")
-    return float(algbw_gbps) * busbw_factor(world_size)
+        raise ValueError(f"algbw must be >= 0, got {safe_repr(algbw_gbps)}")
+    return as_float("algbw", algbw_gbps) * busbw_factor(world_size)
 
 
 def run_benchmark(sizes: Sequence[int], iters: int = 20, warmup: int = 5, repeats: int = 3,
@@ -121,17 +120,18 @@ def run_benchmark(sizes: Sequence[int], iters: int = 20, warmup: int = 5, repeat
     import torch.distributed as dist
 
     from labkit import device as dev_gate
-
-    for name, v in (("iters", iters), ("warmup", warmup), ("repeats", repeats)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup" else 1):
-            raise ValueError(f"{name} must be a non-negative int (iters/repeats >= 1), got {v!r}")
     from labkit import precision
 
+    for name, v, low, top in (("iters", iters, 1, _MAX_ITERS), ("warmup", warmup, 0, _MAX_ITERS),
+                              ("repeats", repeats, 1, _MAX_REPEATS)):
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= top:
+            raise ValueError(f"{name} must be an int between {low} and {top:,}, got {safe_repr(v)}")
     if not isinstance(dtype_name, str) or dtype_name not in ("float32", "float16", "bfloat16"):
-        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype_name!r}")
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {safe_repr(dtype_name)}")
     given, sizes = sizes, [] if isinstance(sizes, (str, bytes)) else list(sizes)
-    if not sizes or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes):
-        raise ValueError(f"sizes must be a non-empty sequence of byte counts >= 1 (see parse_size), got {given!r}")
+    if not sizes or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _MAX_SIZE for v in sizes):
+        raise ValueError(f"sizes must be a non-empty sequence of byte counts from 1 to {format_size(_MAX_SIZE)} "
+                         f"(see parse_size), got {safe_repr(given)}")
     if device is not None and not isinstance(device, (str, torch.device)):
         raise TypeError(f"device must be a torch.device, a str or None, got {type(device).__name__}")
     # the arguments are checked first; the process group is the caller's environment, not an argument
@@ -174,6 +174,10 @@ def run_benchmark(sizes: Sequence[int], iters: int = 20, warmup: int = 5, repeat
 
 # The largest message --sizes takes (64 GiB): a typo such as 999G fails while parsing, not in an allocation.
 _MAX_SIZE = 1 << 36
+# The most all-reduces per repeat (and warm-up) and repeats: 500 and 30 times nccl-tests' defaults (20 iterations,
+# 5 warm-up). Every size runs them all: at the largest sizes a typo of 10**9 would run for days.
+_MAX_ITERS = 10_000
+_MAX_REPEATS = 100
 
 
 def _sizes(text: str) -> str:
@@ -182,7 +186,7 @@ def _sizes(text: str) -> str:
 
     items = [s for s in text.split(",") if s.strip()]
     if not items:
-        raise _cli.BadValue(f"expected comma-separated sizes such as 4K,64K,1M, got {text!r}")
+        raise _cli.BadValue(f"expected comma-separated sizes such as 4K,64K,1M, got {safe_repr(text)}")
     for item in items:
         try:
             n = parse_size(item)
@@ -206,11 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "Run under torchrun or srun; rank 0 prints one LABKIT_RESULT {json} line.")
     ap.add_argument("--sizes", type=_sizes, default=",".join(format_size(s) for s in DEFAULT_SIZES),
                     help="comma-separated message sizes in bytes, binary units allowed (default: %(default)s)")
-    ap.add_argument("--iters", type=_cli.int_in(1), default=20,
-                    help="timed all-reduces per repeat (default: 20)")
-    ap.add_argument("--warmup", type=_cli.int_in(0), default=5, help="untimed all-reduces first (default: 5)")
-    ap.add_argument("--repeats", type=_cli.int_in(1), default=3,
-                    help="repeats; the median is reported (default: 3)")
+    ap.add_argument("--iters", type=_cli.int_in(1, _MAX_ITERS), default=20,
+                    help=f"timed all-reduces per repeat, at most {_MAX_ITERS:,} (default: 20)")
+    ap.add_argument("--warmup", type=_cli.int_in(0, _MAX_ITERS), default=5,
+                    help=f"untimed all-reduces first, at most {_MAX_ITERS:,} (default: 5)")
+    ap.add_argument("--repeats", type=_cli.int_in(1, _MAX_REPEATS), default=3,
+                    help=f"repeats, at most {_MAX_REPEATS}; the median is reported (default: 3)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--device", type=_cli.device, default=None,
                     help="cpu or cuda (default: labkit.device.pick_device())")
@@ -253,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer at once, before torch is imported
     from labkit.dist import run_rank_main
 
     run_rank_main(main)  # flushes, then exits without C++ teardown (see its docstring)

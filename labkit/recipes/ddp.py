@@ -13,7 +13,9 @@ Flags: ``--model {mlp,gpt}``, ``--precision {fp32,bf16,fp16}``, ``--steps`` (opt
 ``--slow-rank R --slow-ms M`` (rank R sleeps M ms every micro-batch: the slow-rank effect),
 ``--sync-every-micro`` (all-reduce on every micro-batch: accumulation without ``no_sync``),
 ``--scaler-first-rank R`` (rank R creates its GradScaler before the optimizer and the DDP wrap, the others after),
-``--device``, ``--threads``, ``--pg-timeout``, ``--log-every``.
+``--device``, ``--threads``, ``--pg-timeout``, ``--log-every``. Sizes have upper bounds, given in ``--help``
+(``--data-size`` 2**24 examples, ``--hidden`` 65,536, ``--depth`` 10,000 and an MLP of at most 4 billion
+parameters, what one 80 GB GPU trains here): a bad value is one line on stderr, exit status 2, before torch loads.
 
 What happens, in order:
 
@@ -72,11 +74,13 @@ def checksum(tensors: Sequence[Any]) -> str:
     """
     import torch
 
+    from labkit._validate import check_dense
+
     h = hashlib.sha256()
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"checksum takes tensors, got {type(t).__name__}")
-        h.update(t.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(check_dense("each tensor", t).detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -87,9 +91,13 @@ def tensor_sum(tensors: Sequence[Any]) -> float:
     """
     import torch
 
+    from labkit._validate import check_dense
+
     ts = list(tensors)  # TypeError if not iterable
     if not all(isinstance(t, torch.Tensor) for t in ts):
         raise TypeError("tensor_sum takes a sequence of tensors")
+    for t in ts:
+        check_dense("each tensor", t)
     return float(sum(float(t.detach().double().sum()) for t in ts))
 
 
@@ -112,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     Introduced in notebook 09.
     """
     from labkit import _cli
+    from labkit._validate import MAX_DEPTH
 
-    count, whole, seed = _cli.int_in(1), _cli.int_in(0), _cli.int_in(0, 2**32 - 1)
+    whole, seed = _cli.int_in(0), _cli.int_in(0, 2**32 - 1)
     ap = _cli.ArgumentParser(
         prog="python -m labkit.recipes.ddp", checks=[_check_flags],
         description="DDP training recipe (run under torchrun or srun). Rank 0 prints one "
@@ -122,15 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="mlp: regression MLP; gpt: TinyGPT on the 'reverse' token task (default: mlp)")
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                     help="fp32, or autocast to bf16 / fp16 (fp16 adds a GradScaler) (default: fp32)")
-    ap.add_argument("--steps", type=count, default=20, help="optimizer steps in total (default: 20)")
-    ap.add_argument("--batch", type=count, default=32, help="micro-batch per rank (default: 32)")
-    ap.add_argument("--accum", type=count, default=1, help="micro-batches per optimizer step (default: 1)")
+    ap.add_argument("--steps", type=_cli.int_in(1, _MAX_STEPS), default=20,
+                    help=f"optimizer steps in total, at most {_MAX_STEPS:,} (default: 20)")
+    ap.add_argument("--batch", type=_cli.int_in(1, _MAX_DATA), default=32,
+                    help="micro-batch per rank, at most --data-size / ranks (default: 32)")
+    ap.add_argument("--accum", type=_cli.int_in(1, _MAX_ACCUM), default=1,
+                    help=f"micro-batches per optimizer step, at most {_MAX_ACCUM:,} (default: 1)")
     ap.add_argument("--lr", type=_cli.float_in(0.0, low_open=True), default=3e-3,
                     help="AdamW learning rate, a finite number > 0 (default: 3e-3)")
     ap.add_argument("--seed", type=seed, default=0, help="model, data and sampler seed (default: 0)")
-    ap.add_argument("--data-size", type=count, default=4096, help="examples in the data set (default: 4096)")
-    ap.add_argument("--hidden", type=count, default=256, help="MLP width (default: 256)")
-    ap.add_argument("--depth", type=whole, default=3, help="MLP hidden layers (default: 3)")
+    ap.add_argument("--data-size", type=_cli.int_in(1, _MAX_DATA), default=4096,
+                    help=f"examples in the data set, at most {_MAX_DATA:,}: every rank generates all of them in "
+                         "host memory (default: 4096)")
+    ap.add_argument("--hidden", type=_cli.int_in(1, _MAX_HIDDEN), default=256,
+                    help=f"MLP width, at most {_MAX_HIDDEN:,} (default: 256)")
+    ap.add_argument("--depth", type=_cli.int_in(0, MAX_DEPTH), default=3,
+                    help=f"MLP hidden layers, at most {MAX_DEPTH:,}; the MLP may have at most "
+                         f"{_MAX_TRAIN_PARAMS:,} parameters (default: 3)")
     ap.add_argument("--ckpt-dir", default=None, help="directory for checkpoints (default: none)")
     ap.add_argument("--ckpt-every", type=whole, default=0,
                     help="save every K steps (0: only at the end; needs --ckpt-dir) (default: 0)")
@@ -148,8 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="all-reduce after every micro-batch (accumulation without no_sync, for comparison)")
     ap.add_argument("--device", type=_cli.device, default=None,
                     help="cpu or cuda (default: labkit.device.pick_device())")
-    ap.add_argument("--threads", type=count, default=None,
-                    help="torch threads per rank (default: $OMP_NUM_THREADS, else 1)")
+    ap.add_argument("--threads", type=_cli.int_in(1, _MAX_THREADS), default=None,
+                    help=f"torch threads per rank, at most {_MAX_THREADS:,} (default: $OMP_NUM_THREADS, else 1)")
     ap.add_argument("--pg-timeout", type=_cli.pg_timeout, default=60.0,
                     help="process-group (collective) timeout in seconds, at most a week (default: 60)")
     ap.add_argument("--log-every", type=whole, default=0, help="rank 0 prints the loss every K steps (0: never)")
@@ -158,6 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 # The longest sleep --slow-ms takes (an hour): a typo cannot make a rank sleep for ever.
 _MAX_SLOW_MS = 3600e3
+# Sizes the flags take, each refused while parsing (before torch is imported) rather than by an allocation or a
+# loop that does not end. --data-size: every rank generates the whole data set in host memory, up to ~0.4 KB an
+# example (the GPT task's token tensors), so 2**24 examples are ~7 GB per rank, 4,096 times the default.
+_MAX_DATA = 2**24
+# --hidden: wider than any production model's MLP (GPT-3's is 49,152).
+_MAX_HIDDEN = 2**16
+# The MLP's parameters: what one 80 GB GPU trains with this recipe, at 20 bytes a parameter (fp32 weights and
+# gradients, AdamW's two states, DDP's gradient buckets).
+_MAX_TRAIN_PARAMS = 4 * 10**9
+# --steps: ten million optimizer steps (the loss history holds one number per step); --accum: micro-batches per
+# step; --threads: more than any node's cores.
+_MAX_STEPS = 10**7
+_MAX_ACCUM = 2**16
+_MAX_THREADS = 1024
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -189,6 +220,8 @@ def _check_writable(path: Path) -> None:
 
 def _validate(args: argparse.Namespace, world: int | None) -> None:
     """Raise ValueError for flags that contradict each other (or, when ``world`` is known, the world size)."""
+    from labkit._validate import mlp_param_count
+
     for name in ("steps", "batch", "accum", "data_size", "hidden"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -206,6 +239,12 @@ def _validate(args: argparse.Namespace, world: int | None) -> None:
         raise ValueError("--scaler-first-rank needs --precision fp16 (only fp16 has a GradScaler)")
     if (args.ckpt_every or args.resume) and not args.ckpt_dir:
         raise ValueError("--ckpt-every and --resume need --ckpt-dir")
+    if args.model == "mlp":
+        n_params = mlp_param_count(16, args.hidden, 1, args.depth)
+        if n_params > _MAX_TRAIN_PARAMS:
+            raise ValueError(f"--hidden {args.hidden} --depth {args.depth} make an MLP of {n_params:,} parameters; "
+                             f"at most {_MAX_TRAIN_PARAMS:,} train on one 80 GB GPU here (20 bytes each: fp32 "
+                             "weights and gradients, AdamW's two states, DDP's buckets)")
     if world is None:
         return
     if args.crash_rank is not None and not 0 <= args.crash_rank < world:
@@ -505,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer at once, before torch is imported
     from labkit.dist import run_rank_main
 
     run_rank_main(main)  # flushes, then exits without C++ teardown (see its docstring)

@@ -38,6 +38,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from labkit._validate import safe_repr
+
 __all__ = ["PARTS", "build_parser", "main", "rank_device"]
 
 #: What ``--parts`` runs.
@@ -1124,7 +1126,7 @@ def _two_rank_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None, cli:
     function, before any argument is read; with ``cli=True`` (``python -m``) ``--help`` still works, and anything
     else is one line on stderr, exit status 2. Introduced in notebook 11."""
     if not isinstance(cli, bool):
-        raise TypeError(f"cli must be True or False, got {cli!r}")
+        raise TypeError(f"cli must be True or False, got {safe_repr(cli)}")
     outside = os.environ.get("WORLD_SIZE") != "2" or "RANK" not in os.environ
     msg = f"run this under torchrun with 2 ranks: torchrun --nproc_per_node 2 -m {command}"
     if outside and not cli:

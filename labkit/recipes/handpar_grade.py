@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from labkit._validate import safe_repr
 from labkit.recipes import handpar as H
 
 __all__ = ["GRADES", "build_parser", "grade", "main"]
@@ -274,9 +275,9 @@ def grade(name: str, path: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     if name not in GRADES:
-        raise ValueError(f"name must be one of {sorted(GRADES)}, got {name!r}")
+        raise ValueError(f"name must be one of {sorted(GRADES)}, got {safe_repr(name)}")
     if not isinstance(path, (str, os.PathLike)) or not str(path).endswith(".py") or not os.path.isfile(path):
-        raise ValueError(f"path must name an existing .py file, got {path!r}")
+        raise ValueError(f"path must name an existing .py file, got {safe_repr(path)}")
     if not dist.is_initialized():
         raise ValueError("grade runs on a rank: join the process group first (run under torchrun)")
     # the learner's module is loaded and run while its collectives are recorded (how it calls them: blocking or

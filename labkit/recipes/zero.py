@@ -51,6 +51,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from labkit._validate import safe_repr
+
 __all__ = ["build_parser", "get_accelerator_name", "main", "parse_runs", "shm_buffers"]
 
 
@@ -69,10 +71,10 @@ def parse_runs(text: str) -> list[tuple[int, str, str]]:
             continue
         parts = item.split(":")
         if len(parts) not in (2, 3) or not parts[0].isdigit():
-            raise ValueError(f"bad run {item!r}: expected stage:dtype[:offload] such as 2:bf16 or 2:bf16:cpu")
+            raise ValueError(f"bad run {safe_repr(item)}: expected stage:dtype[:offload] such as 2:bf16 or 2:bf16:cpu")
         stage, dtype, off = int(parts[0]), parts[1], parts[2] if len(parts) == 3 else "none"
         if stage not in STAGES or dtype not in DTYPES or off not in OFFLOAD_DEVICES:
-            raise ValueError(f"bad run {item!r}: stage in {STAGES}, dtype in {DTYPES}, offload in "
+            raise ValueError(f"bad run {safe_repr(item)}: stage in {STAGES}, dtype in {DTYPES}, offload in "
                              f"{OFFLOAD_DEVICES}")
         out.append((stage, dtype, off))
     if not out:
@@ -86,6 +88,8 @@ def shm_buffers(rank: int | None = None) -> list[str]:
     DeepSpeed names them ``deepspeed_allreduce_buffer_{uid}_{MASTER_ADDR}_{MASTER_PORT}_{rank}``.
     Introduced in notebook 10.
     """
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank must be None or an int >= 0, got {safe_repr(rank)}")
     prefix = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
               f"{os.environ.get('MASTER_PORT', '')}_")
     return sorted(glob.glob(prefix + ("*" if rank is None else str(rank))))
@@ -99,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     Introduced in notebook 10.
     """
     from labkit import _cli
+    from labkit._validate import MAX_DEPTH, MAX_MODEL_PARAMS
 
     count = _cli.int_in(1)
     ap = _cli.ArgumentParser(
@@ -106,15 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the tiny GPT with DeepSpeed ZeRO; rank 0 prints one LABKIT_RESULT {json} line.")
     ap.add_argument("--runs", type=_runs, default="0:bf16,1:bf16,2:bf16,3:bf16",
                     help="comma-separated stage:dtype[:offload] runs (default: %(default)s)")
-    ap.add_argument("--steps", type=count, default=6, help="optimizer steps per run (default: 6)")
-    ap.add_argument("--micro-batch", type=count, default=8, help="samples per rank per micro-batch")
-    ap.add_argument("--grad-accum", type=count, default=2, help="micro-batches per optimizer step")
+    ap.add_argument("--steps", type=_cli.int_in(1, _MAX_STEPS), default=6,
+                    help=f"optimizer steps per run, at most {_MAX_STEPS:,} (default: 6)")
+    ap.add_argument("--micro-batch", type=_cli.int_in(1, _MAX_MICRO_BATCH), default=8,
+                    help=f"samples per rank per micro-batch, at most {_MAX_MICRO_BATCH:,}")
+    ap.add_argument("--grad-accum", type=_cli.int_in(1, _MAX_ACCUM), default=2,
+                    help=f"micro-batches per optimizer step, at most {_MAX_ACCUM:,}")
     ap.add_argument("--lr", type=_cli.float_in(0.0, low_open=True), default=3e-3, help="a finite number > 0")
     ap.add_argument("--clip", type=_cli.float_in(0.0), default=1.0, help="gradient clipping (0 = off)")
-    ap.add_argument("--d-model", type=count, default=96, help="a multiple of the 4 attention heads")
-    ap.add_argument("--n-layers", type=count, default=2)
-    ap.add_argument("--bucket", type=_cli.int_in(2), default=1 << 15,
-                    help="reduce/prefetch bucket size in elements (default: %(default)s)")
+    ap.add_argument("--d-model", type=_cli.int_in(1, _MAX_D_MODEL), default=96,
+                    help=f"a multiple of the 4 attention heads, at most {_MAX_D_MODEL:,}")
+    ap.add_argument("--n-layers", type=_cli.int_in(1, MAX_DEPTH), default=2,
+                    help=f"transformer blocks, at most {MAX_DEPTH:,}; the model may have at most "
+                         f"{MAX_MODEL_PARAMS:,} parameters (default: 2)")
+    ap.add_argument("--bucket", type=_cli.int_in(2, _MAX_BUCKET), default=1 << 15,
+                    help=f"reduce/prefetch bucket size in elements, at most {_MAX_BUCKET:,} (default: %(default)s)")
     ap.add_argument("--initial-scale-power", type=_cli.int_in(0, 64), default=16,
                     help="fp16: start at 2**this (0-64)")
     ap.add_argument("--loss-scale-window", type=count, default=1000, help="fp16: clean steps per doubling")
@@ -131,6 +142,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--local_rank", "--local-rank", type=_cli.int_in(0), default=None,
                     help=argparse.SUPPRESS)
     return ap
+
+
+# Sizes the flags take, refused while parsing rather than by an allocation or a loop that does not end:
+# --steps ten million optimizer steps; --micro-batch and --grad-accum 65,536, thousands of times the defaults;
+# --d-model wider than any production transformer (GPT-3: 12,288); --bucket 2**31 elements, four times DeepSpeed's
+# default (ZeRO-2 allocates its gradient buckets that size, whole).
+_MAX_STEPS = 10**7
+_MAX_MICRO_BATCH = 2**16
+_MAX_ACCUM = 2**16
+_MAX_D_MODEL = 2**16
+_MAX_BUCKET = 2**31
 
 
 def _runs(text: str) -> str:
@@ -394,6 +416,7 @@ def get_accelerator_name() -> str:
 
 
 if __name__ == "__main__":
+    build_parser().parse_args()  # --help and a bad flag answer at once, before torch is imported
     from labkit.dist import run_rank_main
 
     run_rank_main(main)  # flushes, then exits without C++ teardown (see its docstring)

@@ -200,10 +200,7 @@ prediction = 448.0
 predict("01.e4m3-overflow", prediction)
 
 # %% [markdown]
-# **Where libraries disagree.** E4M3FN has no infinity, so what should an overflow become? ml_dtypes (and the OCP
-# spec's non-saturating mode) makes it NaN. torch's cast **saturates** to ±448, even for inf, since torch 2.13 (the
-# oldest release labkit admits); before it, eager casts gave NaN like ml_dtypes, so the same line of code changed
-# its answer between releases. E5M2 has inf, and both libraries agree. labkit exposes both rules by name.
+# Four values through torch's cast and through ml_dtypes':
 
 # %% tags=["workspace-clear"]
 vals = np.array([300.0, 464.0, 500.0, np.inf], dtype=np.float32)
@@ -211,6 +208,14 @@ t = torch.from_numpy(vals).to(torch.float8_e4m3fn).float().tolist()
 m = vals.astype(ml_dtypes.float8_e4m3fn).astype(np.float32).tolist()
 print("input         ", vals.tolist(), "\ntorch         ", t, "\nml_dtypes     ", m)
 reveal("01.e4m3-overflow", t[2])  # torch's answer for 500.0
+
+# %% [markdown]
+# **Where libraries disagree.** E4M3FN has no infinity, so what should an overflow become? ml_dtypes (and the OCP
+# spec's non-saturating mode) makes it NaN. torch's cast **saturates** to ±448, even for inf, since torch 2.13 (the
+# oldest release labkit admits); before it, eager casts gave NaN like ml_dtypes, so the same line of code changed
+# its answer between releases. E5M2 has inf, and both libraries agree. labkit exposes both rules by name:
+
+# %%
 assert t == [288.0, 448.0, 448.0, 448.0] and m[:2] == [288.0, 448.0] and all(map(math.isnan, m[2:]))
 assert [F.round_to(v, "e4m3fn", overflow="saturate") for v in vals] == t
 assert all(map(math.isnan, [F.round_to(v, "e4m3fn", overflow="nan") for v in vals[2:]]))

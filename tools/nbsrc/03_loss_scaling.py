@@ -167,13 +167,9 @@ assert not torch.isfinite(scaled_grads(2.0 ** (hi + 8))).all()  # too big: inf, 
 #
 # The rule of `torch.amp.GradScaler`: start high (2^16); if a step's gradients hold an inf or NaN, **skip** the
 # optimizer step and **halve** the scale; after `growth_interval` (2000) clean steps in a row, **double** it. It
-# keeps the scale just below where gradients overflow. `DynamicLossScaler` is that rule in plain Python:
-
-# %%
-print(textwrap.dedent(inspect.getsource(DynamicLossScaler.grow_or_back_off)))
-
-# %% [markdown]
-# The scale is stored as an FP32 number, as in GradScaler (`_fp32` rounds to FP32). `tests/test_scaling.py`
+# keeps the scale just below where gradients overflow. `DynamicLossScaler` is that rule in plain Python (you write
+# it yourself in exercise 7.3; its code is printed after that exercise). The scale is stored as an FP32 number, as
+# in GradScaler (`_fp32` rounds to FP32). `tests/test_scaling.py`
 # checks on 240 random sequences with injected inf/NaN that `DynamicLossScaler` and `GradScaler("cpu")` produce
 # the same scales, skip the same steps and leave bit-identical weights. Here is one pattern, by hand:
 
@@ -583,6 +579,12 @@ def update(scale, tracker, found_inf):
     return scale, tracker
 ### END SOLUTION
 check("03.update-rule", update)
+
+# %% [markdown]
+# `DynamicLossScaler`'s version, for comparison once you have written yours:
+
+# %% tags=["workspace-clear"]
+print(textwrap.dedent(inspect.getsource(DynamicLossScaler.grow_or_back_off)))
 
 # %% [markdown]
 # **7.4** Write DeepSpeed's `fp16` block (a dict) that behaves as closely as possible like

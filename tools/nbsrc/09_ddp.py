@@ -209,12 +209,6 @@ predict("09.allreduce-count", prediction)
 # %% [markdown]
 # ## 4. Gradient accumulation with `no_sync()`
 #
-# Accumulating 4 micro-batches needs only one gradient synchronisation, after the last one: one all-reduce per
-# bucket, and this model's 136 193 parameters (0.54 MB of fp32 gradients) fit in DDP's first bucket, which is capped
-# at 1 MiB (the later ones at 25 MiB): one all-reduce.
-# Inside `ddp.no_sync()` DDP skips the all-reduce and lets gradients add up locally: that is the `sync = ...` line of the loop above, and the loss
-# is divided by `accum` so that the summed gradients are the mean over the whole step.
-#
 # The recipe counts the all-reduces DDP really issues (a communication hook that counts, then all-reduces):
 
 # %% tags=["workspace-clear"]
@@ -222,6 +216,15 @@ for name, r in [("fp32, accumulation 1", two), ("fp16, accumulation 4", amp)]:
     calls, mib = r["allreduce_calls"][0], r["allreduce_bytes"][0] / 2**20
     print(f"{name}: {r['micro_batches']:2d} micro-batches, {calls:2d} all-reduces, {mib:.1f} MiB all-reduced")
 reveal("09.allreduce-count", amp["allreduce_calls"][0])
+
+# %% [markdown]
+# Accumulating 4 micro-batches needs only one gradient synchronisation, after the last one: one all-reduce per
+# bucket, and this model's 136 193 parameters (0.54 MB of fp32 gradients) fit in DDP's first bucket, which is capped
+# at 1 MiB (the later ones at 25 MiB): one all-reduce.
+# Inside `ddp.no_sync()` DDP skips the all-reduce and lets gradients add up locally: that is the `sync = ...` line of
+# the loop above, and the loss is divided by `accum` so that the summed gradients are the mean over the whole step.
+
+# %%
 assert amp["allreduce_calls"] == [12, 12] and amp["micro_batches"] == 48  # 48 micro-batches, 12 all-reduces
 assert two["allreduce_calls"] == [12, 12] and two["allreduce_bytes"] == amp["allreduce_bytes"]
 

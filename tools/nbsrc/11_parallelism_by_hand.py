@@ -132,7 +132,7 @@ check("11.ddp-overlap", overlap_gradients)
 # %% [markdown]
 # This is the file `check()` sent to the ranks, built from your cell (its `check(...)` line left out):
 
-# %%
+# %% tags=["workspace-clear"]
 print(rank_module(overlap_gradients))
 
 # %% [markdown]
@@ -306,7 +306,7 @@ check("11.zero1-step", zero1_step)
 # tensor is held twice. (PyTorch ships the same idea as `torch.distributed.optim.ZeroRedundancyOptimizer`, which
 # shards the states of any optimizer per parameter tensor; DeepSpeed stage 1 shards one flat vector, like ours.)
 
-# %%
+# %% tags=["workspace-clear"]
 print(inspect.getsource(handpar.zero1_step))
 print(inspect.getsource(handpar.ShardedAdamW.__init__))
 
@@ -622,7 +622,7 @@ check("11.gpipe", gpipe_step)
 # micro-batch (with gloo, a blocking `send` of a large tensor can wait for the receiver, and then the stages take
 # turns instead of working at once):
 
-# %%
+# %% tags=["workspace-clear"]
 print(inspect.getsource(handpar.gpipe_step))
 
 # %% [markdown]

@@ -104,14 +104,18 @@ prediction = (30, None)
 predict("12.late-sbatch", prediction)
 
 # %% [markdown]
-# sbatch reads `#SBATCH` lines **only until the first command**; an `#SBATCH` line after that is an ordinary comment.
-# Options on the command line override the script's lines. `labkit.slurm.parse_sbatch_header` follows the same
-# rules, and it is tested against the real sbatch:
+# `labkit.slurm.parse_sbatch_header` reads the header as sbatch does (it is tested against the real sbatch):
 
 # %% tags=["workspace-clear"]
 late = parse_sbatch_header(LATE_SCRIPT)
 print(late)
 reveal("12.late-sbatch", (time_minutes(late["time"]), gpus_per_node(late)))
+
+# %% [markdown]
+# sbatch reads `#SBATCH` lines **only until the first command**; an `#SBATCH` line after that is an ordinary comment.
+# Options on the command line override the script's lines.
+
+# %%
 assert late == {"job-name": "train", "time": "00:30:00"}
 
 # %% [markdown]
