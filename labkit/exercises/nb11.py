@@ -214,6 +214,11 @@ def _judge_ddp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
     r = ranks[0]
     if "returned" in r:
         return False, f"overlap_gradients returned a {r['returned']}; return the function that waits (wait)."
+    if any(x.get("unwaited") for x in ranks):  # whether or not gloo happened to finish them before the comparison
+        n = max(x.get("unwaited", 0) for x in ranks)
+        return False, (f"{n} all-reduce(s) you started were never waited for: wait() must wait on every work "
+                       "object the hooks started. Gloo may finish them in time on a quiet machine; on a GPU, NCCL "
+                       "runs them on its own stream, and optimizer.step() would read gradients not yet reduced.")
     if all(x["bitwise"] for x in ranks):
         started = min(x["in_backward"] for x in ranks)
         if started == 0:
@@ -225,11 +230,6 @@ def _judge_ddp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
                            "blocks backward until that gradient is reduced on every rank, so nothing overlaps (the "
                            "count of all-reduces issued during backward looks right, the timeline does not). Start it "
                            "with async_op=True, keep the work object, and wait for it in wait().")
-        if any(x.get("unwaited") for x in ranks):
-            n = max(x.get("unwaited", 0) for x in ranks)
-            return False, (f"{n} all-reduce(s) you started were never waited for: wait() must wait on every work "
-                           "object the hooks started. Here gloo happened to finish them in time; on a GPU, NCCL runs "
-                           "them on its own stream, and optimizer.step() would read gradients not yet reduced.")
         if any(x.get("waited_early") for x in ranks):
             return False, ("You wait for an all-reduce before backward has issued the last one (work.wait() inside the "
                            "hook): that blocks backward just like a blocking call. Keep the work objects and wait for "
