@@ -57,20 +57,26 @@ def trivial(line: str) -> bool:
     return len(line) < 12 or not re.search(r"[A-Za-z0-9]", line)
 
 
-def solution_lines() -> set[str]:
-    """Every non-trivial line inside a solution block of the notebook sources (tools/nbsrc/*.py)."""
-    out = set()
+def solution_source_blocks() -> list[tuple[str, list[str]]]:
+    """Every solution block of the notebook sources (tools/nbsrc/*.py): ``(file name, its stripped lines)``."""
+    out = []
     for path in sorted((ROOT / "tools" / "nbsrc").glob("*.py")):
-        inside = False
+        block: list[str] | None = None
         for line in path.read_text().splitlines():
             s = line.strip()
             if s in ("### BEGIN SOLUTION", "# <!-- BEGIN SOLUTION -->"):
-                inside = True
-            elif s in ("### END SOLUTION", "# <!-- END SOLUTION -->"):
-                inside = False
-            elif inside and not trivial(s.removeprefix("# ").strip()):
-                out.add(s.removeprefix("# ").strip())
+                block = []
+            elif s in ("### END SOLUTION", "# <!-- END SOLUTION -->") and block is not None:
+                out.append((path.name, block))
+                block = None
+            elif block is not None:
+                block.append(s.removeprefix("# ").strip())
     return out
+
+
+def solution_lines() -> set[str]:
+    """Every non-trivial line inside a solution block of the notebook sources (tools/nbsrc/*.py)."""
+    return {ln for _, block in solution_source_blocks() for ln in block if not trivial(ln)}
 
 
 def reference_lines(value) -> list[str]:

@@ -25,6 +25,7 @@ from solution_text import (
     public_text,
     reference_lines,
     solution_lines,
+    solution_source_blocks,
     strings,
     trivial,
 )
@@ -610,17 +611,8 @@ def test_no_output_of_the_learners_copy_shows_an_answer(tree):
     ``inspect.getsource`` or ``rank_module`` below the exercise). One shared line is no leak (a lesson and its
     exercise may share ``world = dist.get_world_size()``); a printed body of the answer is."""
     answers: dict[tuple[str, ...], str] = {}
-    for path in sorted((ROOT / "tools" / "nbsrc").glob("*.py")):
-        block: list[str] | None = None
-        for line in path.read_text().splitlines():
-            s = line.strip()
-            if s in ("### BEGIN SOLUTION", "# <!-- BEGIN SOLUTION -->"):
-                block = []
-            elif s in ("### END SOLUTION", "# <!-- END SOLUTION -->") and block is not None:
-                answers.update(dict.fromkeys(_windows(block), f"a solution in {path.name}"))
-                block = None
-            elif block is not None:
-                block.append(s.removeprefix("# "))
+    for name, block in solution_source_blocks():
+        answers.update(dict.fromkeys(_windows(block), f"a solution in {name}"))
     for key, ex in all_exercises().items():
         if inspect.isfunction(ex.reference):
             answers.update(dict.fromkeys(_windows(reference_lines(ex.reference)), f"the reference of {key}"))
