@@ -36,8 +36,8 @@ from pathlib import Path
 
 from labkit._validate import safe_repr
 
-__all__ = ["CLEAR_TAG", "MARKER", "MAX_NOTEBOOK_BYTES", "TREE_PATHS", "BuildReport", "build_student",
-           "build_student_tree", "predict_spans", "shows_a_verdict", "solution_blocks", "strip_solutions"]
+__all__ = ["CLEAR_TAG", "MARKER", "MAX_NOTEBOOK_BYTES", "TREE_PATHS", "TREE_README", "BuildReport",
+           "build_student", "build_student_tree", "predict_spans", "shows_a_verdict", "solution_blocks", "strip_solutions"]
 
 _CODE = (re.compile(r"^\s*### BEGIN SOLUTION\s*$"), re.compile(r"^\s*### END SOLUTION\s*$"))
 _MD = (re.compile(r"^\s*<!-- BEGIN SOLUTION -->\s*$"), re.compile(r"^\s*<!-- END SOLUTION -->\s*$"))
@@ -49,9 +49,12 @@ _ABOUT = ("Written by `python -m labkit student-build`. A later build replaces t
           "file in it is one listed here, unchanged; anything else makes it stop and say so. Delete this "
           "marker and the folder counts as yours: no build will touch it.")
 
-#: What a student tree holds besides ``notebooks/``: paths relative to the workbook root, files or folders.
-#: Not ``labkit/``, ``tools/`` or ``tests/`` (solutions and reference answers), not the instructor's docs.
-TREE_PATHS = ("README.md", "docs/img", "docs/glossary.md", "slurm")
+#: What a student tree holds besides ``notebooks/`` and its README: paths relative to the workbook root, files or
+#: folders. Not ``labkit/``, ``tools/`` or ``tests/`` (solutions and reference answers), not the instructor's docs.
+TREE_PATHS = ("docs/img", "docs/glossary.md", "slurm")
+#: The student tree's README.md: the students' own (no ``make`` commands they cannot run, links that resolve in the
+#: tree), not the checkout's developer README.
+TREE_README = "docs/student/README.md"
 #: Paths under :data:`TREE_PATHS` a student does not get: the cluster admin's JupyterHub setup.
 TREE_EXCLUDE = ("slurm/jupyterhub",)
 # the checkout's own folders: a student tree is never written inside one (pytest, ruff and nbbuild read them)
@@ -620,11 +623,15 @@ def build_student(src_dir: str | Path = "notebooks", out_dir: str | Path = "dist
 
 
 def _tree_sources(root: Path) -> list[tuple[Path, str]]:
-    """Return ``(source file, path in the tree)`` for everything in :data:`TREE_PATHS`, sorted.
+    """Return ``(source file, path in the tree)`` for the README (:data:`TREE_README`) and everything in
+    :data:`TREE_PATHS`, sorted.
 
     Raises ``ValueError`` if one is missing. Introduced in notebook 00.
     """
-    pairs: list[tuple[Path, str]] = []
+    readme = root / TREE_README
+    if not readme.is_file():
+        raise ValueError(f"{root} does not look like the workbook: it has no {TREE_README}")
+    pairs: list[tuple[Path, str]] = [(readme, "README.md")]
     for rel in TREE_PATHS:
         path = root / rel
         if path.is_file():
@@ -646,8 +653,8 @@ def build_student_tree(repo_root: str | Path = ".", out_dir: str | Path = "dist/
                        force: bool = False) -> BuildReport:
     """Write a complete student copy of the workbook to ``out_dir``, holding no solution.
 
-    ``out_dir`` gets the student notebooks in ``notebooks/`` plus :data:`TREE_PATHS` (README, its
-    images, ``slurm/``, which notebook 12 reads): what a student needs to run the workbook with labkit
+    ``out_dir`` gets the student notebooks in ``notebooks/``, the students' README (:data:`TREE_README`) and
+    :data:`TREE_PATHS` (its images, the glossary, ``slurm/``, which notebook 12 reads): what a student needs to run the workbook with labkit
     installed in the class environment. ``labkit/``, ``tools/``, ``tests/`` and the instructor's docs
     stay out. The rules on ``out_dir`` are :func:`build_student`'s: it may not be the checkout, a folder
     above it, or inside one of its folders. Introduced in notebook 00.

@@ -274,7 +274,7 @@ def test_a_format_slip_does_not_climb_the_ladder_and_is_not_recorded(capsys, tmp
     C.check("01.fp16-max", "x")
     C.check("01.fp16-max", 2.0)
     text, boolean, first, slip, second = capsys.readouterr().out.split("✗ ")[1:]
-    assert "Give the value as a number." in text and "Not counted" in text and "Hint" not in text
+    assert "Give the value as a number, not text" in text and "Not counted" in text and "Hint" not in text
     assert "not a bool" in boolean and "Not counted" in boolean
     assert f"Hint: {fp16.hint}" in first, "the first real wrong answer still gets the nudge"
     assert "Not counted" in slip and "Hint" not in slip

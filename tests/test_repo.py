@@ -134,12 +134,30 @@ def test_readme_map_is_current():
     assert catalog.markdown_table() in text, "README notebook map is stale: run python tools/readme.py"
     first = text.split("## ")[0]
     assert "make lab" in first and "make test" in first, "the two commands come first"
+    student = (ROOT / "docs" / "student" / "README.md").read_text()
+    assert catalog.markdown_table() in student, "the student README's map is stale: run python tools/readme.py"
+
+
+def test_readme_says_who_what_and_how_long_from_the_notebooks_own_numbers():
+    """The README's first section: the audience, what a machine needs, and the total time, which is the sum of the
+    notebooks' own estimates (rounded to the hour) and the disk the venv takes."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Who it is for")[1].split("\n## ")[0]
+    minutes = sum(_estimated_minutes(p) for p in NOTEBOOKS)
+    hours = re.search(r"about (\d+) hours", block)
+    assert hours and int(hours.group(1)) == round(minutes / 60), (minutes, hours)
+    for needed in ("Linux", "Triton", "2 CPU cores", "GB", "PyTorch"):
+        assert needed in block, needed
+
+
+def _estimated_minutes(path: Path) -> int:
+    md = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"][:3])
+    return int(re.search(r"\*\*Estimated time:\*\* (\d+) min", md).group(1))
 
 
 def test_estimated_minutes_parse():
     for path in NOTEBOOKS:
-        md = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"][:3])
-        assert int(re.search(r"\*\*Estimated time:\*\* (\d+) min", md).group(1)) > 0
+        assert _estimated_minutes(path) > 0
 
 
 def test_ci_runs_the_readme_test_command():

@@ -263,7 +263,7 @@ def fake_checkout(tmp_path) -> Path:
         nbformat.write(nb, co / "notebooks" / name)
     for rel, text in [("labkit/__init__.py", ""), ("tools/nbsrc/00_a.py", "# source"), ("tests/test_x.py", ""),
                       ("docs/glossary.md", "# words"), ("docs/img/x.png", "png"), ("slurm/jupyter.sbatch", "#!"),
-                      ("README.md", "# workbook"), (".git/HEAD", "ref: main")]:
+                      ("README.md", "# workbook"), ("docs/student/README.md", "# yours"), (".git/HEAD", "ref: main")]:
         (co / rel).parent.mkdir(parents=True, exist_ok=True)
         (co / rel).write_text(text)
     return co
@@ -485,6 +485,23 @@ def test_tree_holds_what_a_student_needs_and_no_package_or_tooling(tree):
     assert not {"docs/instructor.md", "docs/authoring.md"} & files
     for f in ("slurm/jupyter.sbatch", "slurm/ddp.sbatch"):
         assert (tree / f).stat().st_mode == (ROOT / f).stat().st_mode, f"{f}: permission bits kept"
+
+
+def test_tree_readme_is_the_students_and_every_link_in_the_tree_resolves_inside_it(tree):
+    """The tree's README is docs/student/README.md (no make command a student cannot run), and every relative link of
+    every Markdown file in the tree points at a file the tree holds."""
+    readme = (tree / "README.md").read_text()
+    assert readme == (ROOT / "docs" / "student" / "README.md").read_text()
+    assert not re.search(r"`make \w|^make ", readme, re.M) and "notebooks/00_environment.ipynb" in readme
+    broken = []
+    for md in tree.rglob("*.md"):
+        for target in re.findall(r"\]\(([^)\s]+)\)", md.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (md.parent / target.split("#")[0]).resolve()
+            if tree.resolve() not in path.parents or not path.exists():
+                broken.append(f"{md.relative_to(tree)}: {target}")
+    assert not broken, broken
 
 
 def test_tree_notebooks_are_the_student_build(tree, tmp_path):

@@ -1,7 +1,7 @@
 """Regenerate README.md's generated blocks: the notebook map and the seed-coverage map.
 
-    python tools/readme.py              # rewrite the blocks of README.md in place
-    python tools/readme.py --check      # exit 1 (and change nothing) if README.md is stale
+    python tools/readme.py              # rewrite the blocks of README.md and docs/student/README.md in place
+    python tools/readme.py --check      # exit 1 (and change nothing) if either is stale
     python tools/readme.py OTHER.md     # another file with the same markers
 
 The notebook map comes from :data:`labkit.catalog.NOTEBOOKS`, the seed-coverage map from
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from labkit.catalog import NOTEBOOKS, markdown_table
 
-__all__ = ["COVERAGE_FILE", "DEPTHS", "EVIDENCE", "GPU_NEEDED", "README", "ROOT", "Correction", "Row", "Where",
+__all__ = ["COVERAGE_FILE", "DEPTHS", "EVIDENCE", "GPU_NEEDED", "README", "ROOT", "STUDENT_README", "Correction", "Row", "Where",
            "coverage_summary", "coverage_table", "load_coverage", "load_seeds", "main", "render", "update_readme"]
 
 #: The repository root (this file is tools/readme.py).
@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COVERAGE_FILE = ROOT / "docs" / "seed_coverage.toml"
 #: The README whose blocks are generated.
 README = ROOT / "README.md"
+#: The student tree's README (labkit.student.TREE_README): its notebook map is generated too.
+STUDENT_README = ROOT / "docs" / "student" / "README.md"
 
 _START, _END = "<!-- notebook-map:start -->", "<!-- notebook-map:end -->"
 _COV_START, _COV_END = "<!-- seed-coverage:start -->", "<!-- seed-coverage:end -->"
@@ -273,25 +275,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     Introduced in notebook 00.
     """
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("readme", nargs="?", default=str(README), help="the file to update (default: README.md)")
+    ap.add_argument("readme", nargs="?", default=None,
+                    help="the file to update (default: README.md and docs/student/README.md)")
     ap.add_argument("--check", action="store_true",
                     help="change nothing; exit 1 if the generated blocks are stale")
     a = ap.parse_args(argv)
-    p = Path(a.readme)
-    if a.check:
-        text = p.read_text()
-        try:
-            stale = render(text) != text
-        except ValueError as exc:
-            print(f"{p}: {exc}", file=sys.stderr)
-            return 1
-        if stale:
-            print(f"{p} is stale: run python tools/readme.py", file=sys.stderr)
-            return 1
-        print(f"{p} is current")
-        return 0
-    print(f"{p}: updated" if update_readme(p) else f"{p}: already current")
-    return 0
+    status = 0
+    for p in [Path(a.readme)] if a.readme is not None else [README, STUDENT_README]:
+        if a.check:
+            text = p.read_text()
+            try:
+                stale = render(text) != text
+            except ValueError as exc:
+                print(f"{p}: {exc}", file=sys.stderr)
+                status = 1
+                continue
+            if stale:
+                print(f"{p} is stale: run python tools/readme.py", file=sys.stderr)
+                status = 1
+            else:
+                print(f"{p} is current")
+            continue
+        print(f"{p}: updated" if update_readme(p) else f"{p}: already current")
+    return status
 
 
 if __name__ == "__main__":

@@ -88,12 +88,14 @@ def number_grader(want: float, what: str = "the value", rel: float = 0.0,
                   close: float = 1e-2) -> Callable[[Any], tuple[bool, str]]:
     """Return a grader for a numeric answer: equal to ``want`` within ``rel`` (0 means exactly).
 
-    A bool or a non-number gets a "give a number" :class:`FormatSlip` (not a wrong try); an answer within
+    A bool, a text or a non-number gets a "give a number" :class:`FormatSlip` (not a wrong try); an answer within
     ``close`` (relative) but not within ``rel`` is told it is close. Introduced in notebook 01.
     """
     def grade(answer: Any) -> tuple[bool, str]:
         if isinstance(answer, bool):
             return False, FormatSlip(f"Give {what} as a number, not a bool.")
+        if isinstance(answer, (str, bytes)):
+            return False, FormatSlip(f"Give {what} as a number, not text (no quotes).")
         try:
             got = float(answer)
         except (TypeError, ValueError, OverflowError):

@@ -22,8 +22,9 @@ NOT_A_PAIR = FormatSlip("A predict-then-run exercise is checked in two cells: pr
 
 
 def as_number(answer: Any) -> float | None:
-    """``answer`` as a float, or None for a bool or anything that is not a number."""
-    if isinstance(answer, bool):
+    """``answer`` as a float, or None for a bool, a text (``"30"`` is a slip of form, as everywhere) or anything that
+    is not a number."""
+    if isinstance(answer, (bool, str, bytes)):
         return None
     try:
         return float(answer)

@@ -14,7 +14,7 @@ __all__ = ["EXERCISES"]
 # on, and the number itself waits for the last level of help, the worked solution.
 _MAX_WHY = ("65536 = 2^16 is one binade too far: FP16 reaches 2^16 only with the all-ones exponent, which is "
             "reserved for inf and NaN. The largest finite value lies one binade lower, with the largest exponent "
-            "field that is not reserved and an all-ones mantissa, a little below 2.")
+            "field that is not reserved and an all-ones mantissa (a significand a little below 2).")
 _DECODE_WHY = ("You decoded the mantissa (1 + 73/128) but left out the exponent: the value is the mantissa times "
                "2^(exponent field - bias), and BF16's bias is 127.")
 _FIELDS_WHY = ("(1, 1, 256) gives the exponent itself. The exponent *field* stores the exponent plus FP16's bias, "
@@ -34,8 +34,11 @@ def _fields_of(x: float, fmt: str):
     def grade(answer: object) -> tuple[bool, str]:
         if not isinstance(answer, (tuple, list)) or len(answer) != 3:
             return False, FormatSlip("Give a tuple (sign, exponent field, mantissa field) of ints.")
-        if any(as_number(a) is None or not float(a).is_integer() for a in answer):
+        if any(as_number(a) is None for a in answer):
             return False, FormatSlip("The three fields are whole numbers (ints).")
+        if not all(float(a).is_integer() for a in answer):  # e.g. the fraction 0.25 itself: a mistake, not a slip
+            return False, ("Each field is a whole number: the bits read as an unsigned integer. A fraction belongs "
+                           "to the value, not to a field.")
         got = tuple(int(a) for a in answer)
         if got == want:
             return True, ""

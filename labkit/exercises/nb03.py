@@ -61,8 +61,8 @@ def _grade_static_scale(answer: object) -> tuple[bool, str]:
 
 
 _PREDICT_WHY = ("2^10 is where the scale started, as if growth and back-off cancelled out. They do not: walk the "
-                "pattern one step at a time, and remember that an overflow resets the count of clean steps too, so "
-                "clean steps before an overflow never add up with those after it.")
+                "pattern one step at a time, count every overflow (two in a row halve twice), and grow only after "
+                "growth_interval clean steps in a row.")
 
 
 def _grade_predict(answer: object) -> tuple[bool, str]:
@@ -94,9 +94,8 @@ def _late_rule(scale: float, tracker: int, found_inf: bool) -> tuple[float, int]
     return scale, tracker + 1
 
 
-_LATE_WHY = ("You grow one clean step late: GradScaler counts the current clean step first (tracker + 1) and "
-             "doubles as soon as that count reaches growth_interval, resetting it to 0. Compare after the "
-             "increment, not before.")
+_LATE_WHY = ("You grow one clean step late: GradScaler counts the current clean step first and doubles as soon as "
+             "that count, the current step included, reaches growth_interval.")
 
 
 def _grade_rule(update: object) -> tuple[bool, str] | None:
@@ -178,8 +177,8 @@ def _grade_collapse(answer: object) -> tuple[bool, str]:
 
 # ---- 03.scaler-step: debug --------------------------------------------------------------------------
 _STEP_WHY = ("opt.step() bypasses the scaler: it steps even when the gradients hold inf/NaN, and writes them into "
-             "the weights. scaler.step(opt) skips that step; and scaler.update() comes after it, because update() "
-             "ends the step's bookkeeping (it forgets that unscale_ already ran).")
+             "the weights. One scaler call is missing, and one comes too early: the call that ends the step's "
+             "bookkeeping may only come last.")
 
 
 def _fp16() -> bool:
@@ -239,13 +238,12 @@ def _grade_step(fn: Any) -> tuple[bool, str] | None:
     if not torch.isfinite(got_moved).all() or (got_moved - ref_moved).norm() > 0.05 * ref_moved.norm():
         ratio = (got_moved.norm() / ref_moved.norm()).item()
         if 0 < ratio < 0.01:
-            return False, ("On a clean step your update is about 1/scale of the right one: scaler.update() before "
-                           "scaler.step(opt) ends the step's record of unscale_, so step() unscales a second time. "
-                           "Call update() last.")
+            return False, ("On a clean step your update is about 1/scale of the right one: the gradients were "
+                           "unscaled twice. One of your scaler calls forgets, too early, that unscale_ already ran.")
         return False, "On a clean step your update differs from a correct one: scale, backward, unscale_, step."
     if got_scale != ref_scale:
-        return False, (f"After a clean step the scale should grow to {ref_scale:g} (growth_interval=1), got "
-                       f"{got_scale:g}: call scaler.update() once per step, after scaler.step(opt).")
+        return False, (f"After a clean step the scale should grow (growth_interval=1), but it stayed {got_scale:g}: "
+                       "the call that adjusts the scale is missing, or comes more than once.")
     _, bad_scale, bad_w = run(fn, bad_y)
     if not all(torch.equal(p, q) for p, q in zip(w0, bad_w)):
         return False, _STEP_WHY
@@ -312,7 +310,7 @@ EXERCISES = [
              "train_step(model, opt, scaler, xb, yb).",
              _grade_step,
              "Which call decides whether an overflowing step is skipped, and does the broken step make it?",
-             method="List the scaler calls of one AMP step (section 2) and ask what each does: which call looks "
+             method="List the scaler calls of one AMP step (section 4) and ask what each does: which call looks "
                     "at the inf check before the weights change, and which call closes the step's bookkeeping (so "
                     "nothing of the step may come after it)? The broken step calls one of them too early and "
                     "misses the other.",

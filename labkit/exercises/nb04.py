@@ -362,8 +362,8 @@ EXERCISES = [
         prompt="Write island_softmax(scores): a softmax that never overflows in half precision.",
         grade=_grade_island,
         hint="Do the fragile computation in a wider dtype, and hand the rest of the model what it gave you.",
-        method="An island needs three things: autocast must leave the region alone (or it casts the op back "
-               "down), the fragile op must run on fp32 inputs, and what leaves the island must be what the rest "
+        method="An island needs three things: autocast must leave the region alone (an op on autocast's "
+               "low-precision list, a matmul say, would be cast back down), the fragile op must run on fp32 inputs, and what leaves the island must be what the rest "
                "of the model expects. Find the torch call for each.",
         solution="with torch.autocast(device_type=scores.device.type, enabled=False):\n"
                  "    return torch.softmax(scores.float(), dim=-1).to(scores.dtype)",

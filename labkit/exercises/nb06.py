@@ -193,7 +193,7 @@ EXERCISES = [
              "Split the 16 bytes into three parts, and ask for each stage which parts are divided by the GPUs.",
              method="Write the per-GPU bytes as three terms, 16-bit weights + 16-bit gradients + optimizer side (K "
                     "bytes per parameter), each either whole on every GPU or divided by N. Then go through the "
-                    "stages with section 2's table: which terms does each stage divide?",
+                    "stages as section 5 describes them: which terms does each stage divide?",
              solution="return [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n][stage]",
              kind="implement", wrong_why=_PER_GPU_WHY,
              reference=_reference_per_gpu, wrong=_stage2_shards_params),

@@ -421,7 +421,7 @@ EXERCISES = [
              "busbw corrects algbw for how much each rank really sends in a ring all-reduce.",
              method="A ring all-reduce is a reduce-scatter followed by an all-gather, and the message travels in n "
                     "chunks. In each half, count the chunks one rank sends; busbw scales algbw by the share of the "
-                    "message a rank sends in all. One rank sends nothing at all.",
+                    "message a rank sends in all. (With n = 1 nothing is sent.)",
              solution="return algbw * 2 * (n - 1) / n",
              kind="implement", wrong_why=_BUSBW_WHY,
              success="busbw no longer depends on n, so it can be compared with the link's bandwidth.",

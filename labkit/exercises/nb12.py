@@ -32,8 +32,14 @@ JOB = {"job-name": "gpt-ddp", "partition": "gpu", "account": "proj123", "nodes":
        "ntasks-per-node": 4, "cpus-per-task": 8, "minutes": 90}
 
 
-_HEADER_WHY = ("--gpus=4 asks for 4 GPUs for the whole job, which Slurm may split over the 2 nodes any way it likes "
-               "(3 + 1, say); the job needs 4 on each node, which --gpus cannot ask for.")
+def _header_why(o: dict[str, str]) -> str:
+    """The typical mistake's message, with the learner's own --gpus value."""
+    return (f"--gpus={o.get('gpus', '')} asks for {o.get('gpus', '')} GPUs for the whole job, which Slurm may split "
+            "over the 2 nodes any way it likes (3 + 1, say); the job needs its GPUs on each node, which --gpus cannot "
+            "ask for.")
+
+
+_HEADER_WHY = _header_why({"gpus": "4"})  # the typical mistake below: --gpus=4
 
 
 def _grade_header(answer: object) -> tuple[bool, str]:
@@ -55,21 +61,29 @@ def _grade_header(answer: object) -> tuple[bool, str]:
         gpn = gpus_per_node(o)
     except ValueError:
         gpn = None
+    if gpn is None and o.get("gpus-per-task") == "1" and o.get("ntasks-per-node", "").isdigit():
+        gpn = int(o["ntasks-per-node"])  # one GPU per task, so as many per node as tasks (srun_header accepts it too)
     if gpn != JOB["gpus-per-node"]:
         extra = " (--gpus counts GPUs for the whole job, not per node)" if "gpus" in o else ""
-        problems.append(f"ask for {JOB['gpus-per-node']} GPUs on each node with --gpus-per-node or --gres{extra}")
-    if o.get("ntasks-per-node") != str(JOB["ntasks-per-node"]):
-        problems.append("one task per GPU: --ntasks-per-node=4")
+        problems.append(f"the GPUs: the job needs its GPUs on each node, and your header does not ask for that{extra}")
+    ranks = JOB["nodes"] * JOB["ntasks-per-node"]
+    if "ntasks" in o and o["ntasks"] != str(ranks):
+        problems.append(f"--ntasks={o['ntasks']} counts tasks for the whole job and wins over a per-node count: "
+                        f"srun would start {o['ntasks']} ranks for {ranks} GPUs")
+    elif o.get("ntasks-per-node") != str(JOB["ntasks-per-node"]):
+        problems.append("the tasks: the job wants one task (rank) per GPU on each node, and your header does not "
+                        "ask for that per node")
     if o.get("cpus-per-task") != str(JOB["cpus-per-task"]):
-        problems.append("--cpus-per-task should be 8")
+        problems.append(f"--cpus-per-task should be {JOB['cpus-per-task']}, as JOB says")
     try:
         minutes = time_minutes(o.get("time", ""))
     except ValueError:
         minutes = None
     if minutes != JOB["minutes"]:
-        problems.append("--time should be 1 hour 30 minutes (1:30:00 or 90)")
+        read = "cannot read it" if minutes is None else f"reads it as {minutes:g} minutes"
+        problems.append(f"--time: sbatch {read}, and JOB says {JOB['minutes']} minutes")
     if len(problems) == 1 and "gpus" in o and gpn is None:
-        return False, _HEADER_WHY
+        return False, _header_why(o)
     return (not problems), "; ".join(problems)
 
 
@@ -138,7 +152,7 @@ def _grade_late(answer: object) -> tuple[bool, str]:
     minutes = as_number(pred[0])
     gpus = 0 if pred[1] is None else as_number(pred[1])
     if minutes is None or gpus is None:
-        return False, "Both parts of the prediction are numbers (None or 0 for no GPU)."
+        return False, FormatSlip("Both parts of the prediction are numbers (None or 0 for no GPU).")
     want_minutes, want_gpus = result[0], result[1] or 0
     if minutes == want_minutes and gpus == want_gpus:
         return True, ("The header ends at the first command: the later #SBATCH lines are comments. Put every "
@@ -182,23 +196,30 @@ def _grade_srun(fn: Any) -> tuple[bool, str] | None:
             return False, f"srun_header({nodes}, {gpn}, {hours}): sbatch could not read it: {exc}."
         if o.get("nodes") != str(nodes):
             return False, f"srun_header({nodes}, {gpn}, {hours}) must ask for --nodes={nodes}."
+        if "ntasks" in o and int(o["ntasks"]) != nodes * gpn:
+            if int(o["ntasks"]) == gpn and nodes > 1 and "ntasks-per-node" not in o:
+                return False, _SRUN_WHY
+            return False, (f"srun_header({nodes}, {gpn}, {hours}): --ntasks={o['ntasks']} counts tasks for the whole "
+                           "job and wins over a per-node count: srun would start "
+                           f"{o['ntasks']} ranks for {nodes * gpn} GPUs.")
         if "ntasks-per-node" in o:
             per_node = int(o["ntasks-per-node"])
         elif "ntasks" in o:
-            if int(o["ntasks"]) == gpn and nodes > 1:
-                return False, _SRUN_WHY
-            return False, ("Give the tasks per node with --ntasks-per-node: --ntasks alone lets Slurm place the "
-                           "tasks unevenly over the nodes.")
+            return False, ("--ntasks alone counts tasks for the whole job, not per node: Slurm may place them "
+                           "unevenly over the nodes.")
         else:
-            return False, "Ask for one task (rank) per GPU on every node: --ntasks-per-node."
+            return False, ("Your header asks for no tasks: srun starts one rank per task, and the job wants one per "
+                           "GPU on every node.")
         if gpus is None and o.get("gpus-per-task") == "1":
             gpus = per_node
         if gpus != gpn:
             return False, f"srun_header({nodes}, {gpn}, {hours}) must ask for {gpn} GPUs on each node."
         if per_node != gpn:
-            return False, f"One rank per GPU: --ntasks-per-node={gpn}, got {per_node}."
+            return False, (f"srun_header({nodes}, {gpn}, {hours}) asks for {per_node} tasks on each node of {gpn} "
+                           "GPUs: one rank per GPU.")
         if minutes != 60 * hours:
-            return False, f"srun_header({nodes}, {gpn}, {hours}) must ask for --time={hours}:00:00."
+            return False, (f"srun_header({nodes}, {gpn}, {hours}): sbatch reads your --time as {minutes:g} minutes, "
+                           f"not {hours} hours.")
     return True, "One task per GPU on every node: srun starts exactly nodes × GPUs ranks."
 
 

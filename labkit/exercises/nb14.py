@@ -92,7 +92,7 @@ def _reference_p99(values: list[float]) -> float:
 
 
 _P99_WHY = ("sorted(x)[int(0.99 * n)] is one place too far: with 100 latencies it returns the largest, which is "
-            "the 100th percentile. Nearest ranks count from 1, list indices from 0.")
+            "the 100th percentile. Nearest ranks count from 1 and round up; list indices count from 0.")
 
 
 def _grade_p99(fn: Any) -> tuple[bool, str] | None:

@@ -77,6 +77,13 @@ class _Work:
         self._rec.numels.append(0)
         return self._work.wait(*args, **kwargs)
 
+    def get_future(self) -> Any:
+        """The handle's future. A learner may wait through it (``torch.futures.wait_all``, as DDP's comm hooks do),
+        where no wrapper can see the wait: taking the future counts as waiting; the bitwise comparison of the
+        gradients still catches one never waited for."""
+        self.waited = True
+        return self._work.get_future()
+
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._work, attr)
 

@@ -34,6 +34,15 @@ def test_header_exercise():
     assert _status("12.sbatch-header", "echo hi\n" + good) == "wrong"  # after a command: ignored
     assert _status("12.sbatch-header", good.replace("1:30:00", "1:30")) == "wrong"  # 1 min 30 s
     assert _status("12.sbatch-header", ...) == "not attempted"
+    # the fix line added without deleting --ntasks=4: --ntasks wins, 4 ranks for 8 GPUs
+    v = evaluate("12.sbatch-header", good + "#SBATCH --ntasks=4\n")
+    assert v.status == "wrong" and "--ntasks=4" in v.message and "whole job" in v.message
+    assert _status("12.sbatch-header", good + "#SBATCH --ntasks=8\n") == "correct"  # consistent: 2 x 4
+    per_task = good.replace("--gpus-per-node=4", "--gpus-per-task=1")
+    assert _status("12.sbatch-header", per_task) == "correct", "one GPU per task, 4 tasks per node"
+    v = evaluate("12.sbatch-header", good.replace("--gpus-per-node=4", "--gpus=8"))
+    assert "--gpus=8 asks for 8 GPUs" in v.message, "the message quotes the learner's own value"
+    assert "--ntasks-per-node=4" not in evaluate("12.sbatch-header", good.replace("--ntasks-per-node=4", "")).message
 
 
 def test_storage_exercise():
@@ -57,6 +66,12 @@ def test_late_sbatch_prediction_is_what_the_parser_reads():
     v = evaluate("12.late-sbatch", ((240, 4), result))
     assert v.status == "wrong" and "first command" in v.message
     assert _status("12.late-sbatch", ((30, 4), result)) == "wrong"
+    from labkit.check import _judge
+    from labkit.exercises import get_exercise
+    from labkit.exercises._core import FormatSlip
+
+    _, detail, _ = _judge(get_exercise("12.late-sbatch"), (("thirty", 4), result))
+    assert isinstance(detail, FormatSlip), "a prediction that is not numbers is a slip of form, not a wrong try"
 
 
 def test_srun_header_exercise_runs_the_function():
@@ -77,6 +92,12 @@ def test_srun_header_exercise_runs_the_function():
                 f"#SBATCH --time={hours}:00:00\n")
 
     assert "unevenly" in evaluate("12.srun-header", total_tasks).message
+
+    def both(nodes, gpus_per_node, hours):  # the fix line added, the broken --ntasks line kept: --ntasks wins
+        return per_node(nodes, gpus_per_node, hours) + f"#SBATCH --ntasks={gpus_per_node}\n"
+
+    v = evaluate("12.srun-header", both)
+    assert v.status == "wrong" and "whole job" in v.message
 
     def wrong_time(nodes, gpus_per_node, hours):
         return per_node(nodes, gpus_per_node, hours).replace(f"-t {hours * 60}", f"-t {hours}")

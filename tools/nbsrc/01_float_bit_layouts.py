@@ -216,6 +216,8 @@ reveal("01.e4m3-overflow", t[2])  # torch's answer for 500.0
 # its answer between releases. E5M2 has inf, and both libraries agree. labkit exposes both rules by name:
 
 # %%
+for rule in ("saturate", "nan"):
+    print(f"{rule:14}", [F.round_to(v, "e4m3fn", overflow=rule) for v in vals])
 assert t == [288.0, 448.0, 448.0, 448.0] and m[:2] == [288.0, 448.0] and all(map(math.isnan, m[2:]))
 assert [F.round_to(v, "e4m3fn", overflow="saturate") for v in vals] == t
 assert all(map(math.isnan, [F.round_to(v, "e4m3fn", overflow="nan") for v in vals[2:]]))

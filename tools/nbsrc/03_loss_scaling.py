@@ -169,7 +169,7 @@ assert not torch.isfinite(scaled_grads(2.0 ** (hi + 8))).all()  # too big: inf, 
 # optimizer step and **halve** the scale; after `growth_interval` (2000) clean steps in a row, **double** it. It
 # keeps the scale just below where gradients overflow. `DynamicLossScaler` is that rule in plain Python (you write
 # it yourself in exercise 7.3; its code is printed after that exercise). The scale is stored as an FP32 number, as
-# in GradScaler (`_fp32` rounds to FP32). `tests/test_scaling.py`
+# in GradScaler. `tests/test_scaling.py`
 # checks on 240 random sequences with injected inf/NaN that `DynamicLossScaler` and `GradScaler("cpu")` produce
 # the same scales, skip the same steps and leave bit-identical weights. Here is one pattern, by hand:
 
@@ -192,7 +192,7 @@ assert mine == theirs
 # > instead of automatic adjustment".
 # >
 # > **Why it is wrong:** there is nothing to switch: GradScaler's automatic adjustment *is* dynamic loss scaling,
-# > the rule printed above, and `DynamicLossScaler` reproduces it step for step (asserted above). The alternative to
+# > the rule stated at the top of this section, and `DynamicLossScaler` reproduces it step for step (asserted above). The alternative to
 # > it is a fixed scale, section 2.
 # >
 # > **What is true:** the choice is static or dynamic, and with FP16 dynamic is the one to keep. If accuracy drops,
