@@ -1,4 +1,5 @@
-"""Command line: ``python -m labkit doctor [--json]``, ``student-build [--tree]``, ``workspace`` and ``progress``."""
+"""Command line: ``python -m labkit doctor [--json]``, ``student-build [--tree]``, ``workspace``, ``progress
+[--export]`` and ``class-report``."""
 
 from __future__ import annotations
 
@@ -36,7 +37,22 @@ def main(argv: list[str] | None = None) -> int:
     prg.add_argument("--file", default=None,
                      help="the progress record (default: the workspace's, or ./work's, else your per-user file)")
     prg.add_argument("--json", action="store_true", help="print the record as JSON")
+    prg.add_argument("--export", action="store_true",
+                     help="write the record as a results file for your class (attempts, first solved, solution "
+                          "shown, labkit version): to --to, else ~/labkit-results.json")
+    prg.add_argument("--to", default=None,
+                     help="with --export: the class's results folder (writes <login>.json there) or a .json file")
+    rep = sub.add_parser("class-report",
+                         help="instructor: gather the class's results files into class-results.csv and .html")
+    rep.add_argument("sources", nargs="+",
+                     help="folders of results files, files, or glob patterns such as '/home/*/labkit-results.json'")
+    rep.add_argument("--out", default="class-report", help="the folder to write the two files to (default: "
+                                                          "class-report)")
     args = ap.parse_args(argv)
+    if args.cmd == "class-report":
+        return _class_report(args)
+    if args.cmd == "progress" and args.to is not None and not args.export:
+        prg.error("--to goes with --export")
     if args.cmd == "workspace":
         return _workspace(args)
     if args.cmd == "progress":
@@ -117,6 +133,20 @@ def _progress(args: argparse.Namespace) -> int:
         path = (Path(DEFAULT_DIR) / PROGRESS_FILE).absolute()
     else:
         path = check.progress_path()
+    if args.export:
+        from labkit.classresults import export_record
+
+        if path is None:
+            print("python -m labkit progress: error: no progress record here (the reference notebooks, or "
+                  "LABKIT_PROGRESS=off): nothing to export", file=sys.stderr)
+            return 2
+        try:
+            out = export_record(args.to, path)
+        except (ValueError, OSError) as e:
+            print(f"python -m labkit progress: error: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
+        print(f"exported {len(check.load_progress(path))} exercises from {path} to {out}")
+        return 0
     try:
         record = check.load_progress(path) if path is not None else {}
     except ValueError as e:
@@ -130,6 +160,25 @@ def _progress(args: argparse.Namespace) -> int:
     else:
         print(f"Your progress (recorded in {path}):" if record else f"No exercise checked yet (record: {path}).")
     print(check.format_progress(record))
+    return 0
+
+
+def _class_report(args: argparse.Namespace) -> int:
+    """Run ``class-report``: gather the results files, write the CSV and the HTML page, say where (exit 2: why not).
+
+    Introduced in notebook 00.
+    """
+    from labkit.classresults import gather, write_report
+
+    try:
+        res = gather(args.sources)
+        csv_path, html_path = write_report(res, args.out)
+    except (ValueError, OSError) as e:
+        print(f"python -m labkit class-report: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    n = len(res.learners)
+    print(f"{n} learner{'s' if n != 1 else ''} ({', '.join(sorted(res.learners))}); {len(res.skipped)} file(s) "
+          f"skipped; wrote {csv_path} and {html_path}")
     return 0
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -53,6 +55,23 @@ def _start_order(nodeid: str) -> int:
     if group in _FIRST:
         return _FIRST.index(group)
     return len(_FIRST) + (0 if group.startswith("browser:") else 1 if group.endswith(".ipynb") else 2)
+
+
+def pytest_configure(config):
+    """One folder per test run through which every process shares its clinic runs (labkit.clinic.runner.SHARE_ENV):
+    the clinic's unit tests, notebook 13 under nbval and the tests' kernels then run each case once. Made by the
+    controlling process, before the xdist workers start, so that they inherit it; removed at the end."""
+    if hasattr(config, "workerinput") or os.environ.get("LABKIT_CLINIC_SHARE"):
+        return
+    config._labkit_clinic_share = tempfile.mkdtemp(prefix="labkit-clinic-share-")  # 0700: only this user
+    os.environ["LABKIT_CLINIC_SHARE"] = config._labkit_clinic_share
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_labkit_clinic_share", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("LABKIT_CLINIC_SHARE", None)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -420,3 +420,29 @@ def test_a_dead_notebook_takes_its_one_process_run_with_it(tmp_path, route, coun
             parent.wait()
         for p in _running(family):
             p.kill()
+
+
+def test_runs_are_shared_between_processes_only_through_a_private_folder(tmp_path):
+    """With LABKIT_CLINIC_SHARE naming a private folder, a second process gets the first one's run (the same
+    measured seconds) instead of running again; another timeout is another run; a folder others can write is ignored."""
+    share = tmp_path / "share"
+    share.mkdir(mode=0o700)
+    code = ("import json, sys\nfrom labkit import clinic\n"
+            "r = clinic.run_case('bf16-scaler', timeout=float(sys.argv[1]))\n"
+            "print(json.dumps([r.seconds, r.symptom])); clinic.shutdown()")
+
+    def run(timeout: float, folder: Path) -> list:
+        env = {**os.environ, "LABKIT_CLINIC_SHARE": str(folder)}
+        out = subprocess.run([sys.executable, "-c", code, str(timeout)], env=env, capture_output=True, text=True,
+                             timeout=300, check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
+    first = run(60.0, share)
+    assert first[1] and len(list(share.glob("*.json"))) == 1
+    assert run(60.0, share) == first, "the second process read the first one's run"
+    assert run(59.0, share)[0] != first[0] and len(list(share.glob("*.json"))) == 2, "another timeout, another run"
+    share.chmod(0o777)
+    try:
+        assert run(60.0, share)[0] != first[0], "a folder others could write is not read"
+    finally:
+        share.chmod(0o700)

@@ -313,6 +313,8 @@ def sandbox(tmp_path_factory):
 
     here = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("fuzz"))
+    saved_home = os.environ.get("HOME")
+    os.environ["HOME"] = os.getcwd()  # what writes to ~ by default (classresults.export_record) writes here
     saved = (torch.get_num_threads(), torch.get_float32_matmul_precision(), torch.get_default_dtype(),
              torch.backends.cudnn.allow_tf32, torch.random.get_rng_state(), dict(check._RESULTS), dict(os.environ))
     try:
@@ -328,6 +330,8 @@ def sandbox(tmp_path_factory):
         check._RESULTS.update(saved[5])
         os.environ.clear()
         os.environ.update(saved[6])
+        if saved_home is not None:
+            os.environ["HOME"] = saved_home
         plt.close("all")
 
 

@@ -46,5 +46,5 @@ def test_guide_links_exist_and_readme_links_the_guide():
             assert (GUIDE.parent / target).resolve().exists(), f"broken link {target}"
     assert "(docs/instructor.md)" in (ROOT / "README.md").read_text()
     for needed in ("environment.yml", "slurm/jupyter.sbatch", "--reservation", "make student", "export_results",
-                   "load_results", "results()"):
+                   "load_results", "progress --export", "class-report", "nbgrader", "otter-grader"):
         assert needed in text, needed

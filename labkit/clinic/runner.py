@@ -7,8 +7,12 @@ a timeout, every process killed at the end). One-process cases need no rendezvou
 own, in a session of its own, with the same guarantees (a timeout, the log kept, and every process of that
 session, DataLoader workers included, killed at the end). On Linux that process is forked from a helper that has
 imported torch once (:mod:`labkit.clinic._zygote`, stopped by :func:`shutdown` and when this process ends), which
-saves two seconds of start-up per run; elsewhere it is ``python -m labkit.clinic.cases.<name>``. Runs are remembered by (case, settings, environment) for the life of the process, so
-that a cell run twice, or a grader, does not pay twice; ``fresh=True`` runs again.
+saves two seconds of start-up per run; elsewhere it is ``python -m labkit.clinic.cases.<name>``. Runs are
+remembered by (case, settings, environment) for the life of the process, so that a cell run twice, or a grader, does
+not pay twice; ``fresh=True`` runs again. Where ``$LABKIT_CLINIC_SHARE`` names a folder of this user's that nobody
+else can write (the test suite sets it, so that its unit tests, nbval and the browser share one set of runs), runs
+are also shared between processes through it, as JSON files keyed by everything that can change a run (the case,
+its settings and environment, the timeout, the Python, the CPU caps); a learner's notebook never sets it.
 
 However a run ends (done, failed, stopped at its timeout, or interrupted with Ctrl-C, which is raised again
 afterwards), every process of it is dead when the call returns, and the folder its processes used as ``TMPDIR``
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
+import hashlib
 import importlib
 import inspect
 import json
@@ -35,6 +41,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -59,8 +66,14 @@ from labkit.dist import (
     parse_result,
 )
 
-__all__ = ["CaseRun", "causes", "clear_cache", "grade_cause", "grade_fix", "run_case", "run_cases", "settings",
-           "shutdown", "source"]
+__all__ = ["SHARE_ENV", "CaseRun", "causes", "clear_cache", "grade_cause", "grade_fix", "run_case", "run_cases",
+           "settings", "shutdown", "source"]
+
+#: The environment variable naming a folder through which processes share their runs (the test suite's; unset, the
+#: runs are remembered in this process only).
+SHARE_ENV = "LABKIT_CLINIC_SHARE"
+#: What else, in the environment, changes a run: the CPU caps, and tests/lab_env.py's blocked packages.
+_SHARE_CONTEXT = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "LABKIT_LAB_ENV_BLOCKED", "PYTHONPATH")
 
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _GRACE_S = 2.0
@@ -124,8 +137,83 @@ _CACHE: dict[tuple[str, str, tuple[tuple[str, str], ...]], CaseRun] = {}
 
 
 def clear_cache() -> None:
-    """Forget every remembered run, so that the next :func:`run_case` runs again. Introduced in notebook 13."""
+    """Forget every remembered run, so that the next :func:`run_case` runs again (runs shared through
+    ``$LABKIT_CLINIC_SHARE`` stay there for other processes; this one no longer reads them). Introduced in notebook
+    13."""
     _CACHE.clear()
+    _SHARE_OFF.append(True)
+
+
+_SHARE_OFF: list[bool] = []  # clear_cache() was called: this process makes its own runs from now on
+
+
+def _share_dir() -> str | None:
+    """The sharing folder, if ``$LABKIT_CLINIC_SHARE`` names a folder owned by this user that nobody else can write."""
+    folder = os.environ.get(SHARE_ENV, "").strip()
+    if not folder or _SHARE_OFF:
+        return None
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    ok = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+    return folder if ok else None
+
+
+def _share_file(folder: str, key: str, cfg: dict[str, Any], extra: dict[str, str], limit: float) -> str:
+    context = [key, json.dumps(cfg, sort_keys=True), sorted(extra.items()), float(limit), sys.executable,
+               [os.environ.get(k) for k in _SHARE_CONTEXT]]
+    return os.path.join(folder, hashlib.sha256(json.dumps(context).encode()).hexdigest()[:40] + ".json")
+
+
+@contextlib.contextmanager
+def _share_locked(paths: list[str], cancel: threading.Event | None = None) -> Iterator[None]:
+    """Hold ``<path>.lock`` of every path (in one order, so that no two processes wait on each other), waiting while
+    another process makes those runs; stop waiting, as interrupted, once ``cancel`` is set."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no POSIX locks: each process makes its own runs
+        yield
+        return
+    fds: list[int] = []
+    try:
+        for path in sorted(set(paths)):
+            fds.append(os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600))
+            while True:
+                try:
+                    fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    _cancelled(cancel)
+                    time.sleep(0.05)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _share_load(path: str) -> CaseRun | None:
+    """A run another process made (None if there is none, or it cannot be read as one)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path, encoding="utf-8") as fh:
+            return CaseRun(**json.load(fh))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _share_store(path: str, run: CaseRun) -> None:
+    """Write a run for the other processes (atomically, 0600); a failure only costs them a run."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(dataclasses.asdict(run), fh)
+        os.replace(tmp, path)
+    except (OSError, TypeError, ValueError):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _case(key: Any) -> Case:
@@ -493,6 +581,26 @@ def _run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str
     cache_key = (key, json.dumps(cfg, sort_keys=True), tuple(sorted(extra.items())))
     if not fresh and cache_key in _CACHE:
         return _CACHE[cache_key]
+    share = None if fresh else _share_dir()
+    if share is None:
+        run = _make_run(case, cfg, extra, float(limit), stream, cancel)
+    else:  # made once for every process that shares: the others wait for it, then read it
+        shared = _share_file(share, key, cfg, extra, float(limit))
+        with _share_locked([shared], cancel):
+            made = _share_load(shared)
+            run = made if made is not None else _make_run(case, cfg, extra, float(limit), stream, cancel)
+            if made is None:
+                _share_store(shared, run)
+            elif stream and made.log:
+                print(made.log)  # what the run printed, as a run made here would have streamed it
+    _CACHE[cache_key] = run
+    return run
+
+
+def _make_run(case: Case, cfg: dict[str, Any], extra: dict[str, str], limit: float, stream: bool,
+              cancel: threading.Event | None) -> CaseRun:
+    """Run a case once, with the settings ``cfg`` and the environment ``extra``; every process gone on return."""
+    key = case.key
     # a freshly started process gets its own random hash seed, as `python` does, even where the caller pinned one
     # (case 8's two runs depend on it; forked one-process runs share the zygote's, and none depends on it)
     run_env = {"PYTHONHASHSEED": "random", **extra}
@@ -525,9 +633,7 @@ def _run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str
             log = "\n".join(lines)
         seconds = time.perf_counter() - t0
     result = parse_result(log) if rc == 0 else None
-    run = CaseRun(key, cfg, extra, case.nproc, result, log, error, rc, timed_out, seconds)
-    _CACHE[cache_key] = run
-    return run
+    return CaseRun(key, cfg, extra, case.nproc, result, log, error, rc, timed_out, seconds)
 
 
 def _run_batch(todo: list[tuple[Case, dict[str, Any], Any]], stream: bool,
@@ -591,8 +697,13 @@ def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -
         case = _case(key)
         cfg = merge_config(settings(key), fix)
         plan.append((case, cfg, (key, json.dumps(cfg, sort_keys=True), ())))
+    share = _share_dir()
     todo, seen = [], set()
     for case, cfg, ck in plan:
+        if share and ck not in _CACHE:
+            made = _share_load(_share_file(share, case.key, cfg, {}, float(case.timeout_s)))
+            if made is not None:
+                _CACHE[ck] = made
         if ck not in _CACHE and ck not in seen:
             seen.add(ck)
             todo.append((case, cfg, ck))
@@ -600,7 +711,28 @@ def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -
     cancel = threading.Event()  # set when the caller is interrupted: the jobs in the worker threads stop too
     single = [t for t in todo if t[0].nproc == 1]
     if single:
-        jobs.append(lambda: _run_batch(single, stream, cancel))
+        def batch() -> None:
+            if share is None:
+                _run_batch(single, stream, cancel)
+                return
+            # shared (the 2-rank jobs share theirs in _run_case): made once, the other processes wait and read
+            files = {ck: _share_file(share, case.key, cfg, {}, float(case.timeout_s)) for case, cfg, ck in single}
+            with _share_locked(list(files.values()), cancel):
+                left = []
+                for case, cfg, ck in single:
+                    made = _share_load(files[ck])
+                    if made is not None:
+                        _CACHE[ck] = made
+                        if stream and made.log:
+                            print(made.log)
+                    else:
+                        left.append((case, cfg, ck))
+                if left:
+                    _run_batch(left, stream, cancel)
+                    for _, _, ck in left:
+                        _share_store(files[ck], _CACHE[ck])
+
+        jobs.append(batch)
     for case, cfg, _ in todo:
         if case.nproc > 1:
             jobs.append(lambda key=case.key, cfg=cfg: _run_case(key, _changes(key, cfg), stream=stream, cancel=cancel))

@@ -223,7 +223,7 @@ def _grade_flash(answer: Any) -> tuple[bool, str] | None:
     return _verdict(cases, [
         (lambda c: c["fp32, 32 keys (one key block)"].ok and not c["fp32, 80 keys (three key blocks)"].ok,
          "Right with one key block, wrong with several: when a new block raises the running max, what you summed "
-         "so far (l_i and acc) was computed against the old max. Multiply both by alpha = exp(m_old - m_new)."),
+         "so far (l_i and acc) still counts against the old max, and the new block's terms against the new one."),
         (lambda c: c["fp32, 80 keys (three key blocks)"].ok and not c["bf16, 80 keys"].ok, _BF16),
     ], "Matches F.scaled_dot_product_attention with one and several key blocks, causal, and bf16 inputs.")
 

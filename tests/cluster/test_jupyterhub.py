@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import csv
 import ipaddress
 import json
 import os
@@ -279,16 +280,66 @@ def run_cell(page, index: int, timeout_s: float = 120) -> dict:
         page.evaluate(js, index)), timeout_s, interval=0.25)
 
 
+def run_code(page, code: str) -> str:
+    """Run ``code`` in the kernel of the open notebook, as a learner's new cell would; return what it printed (an
+    error as "ERROR name: value")."""
+    return page.evaluate("""async (code) => {
+        const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+        const future = kernel.requestExecute({code: code, stop_on_error: true});
+        let out = "";
+        future.onIOPub = (msg) => {
+            if (msg.header.msg_type === "stream") { out += msg.content.text; }
+            if (msg.header.msg_type === "error") { out += "ERROR " + msg.content.ename + ": " + msg.content.evalue; }
+        };
+        await future.done;
+        return out; }""", code)
+
+
+# What each student does in their own kernel: solve some exercises, then export the record for the class (from the
+# home folder: the pulled checkout's notebooks/ are the reference notebooks, where checks record nothing).
+STUDENT_WORK = {
+    "ada": 'check("01.fp16-max", 65536.0)\ncheck("01.fp16-max", 65504.0)',
+    "bo": 'check("02.first-int", 2048)\nsolution("01.bf16-eps")\ncheck("01.bf16-eps", 2.0**-7)',
+}
+
+
+def solve_and_export(page, who: str) -> str:
+    out = run_code(page, "import os, subprocess, sys\nos.chdir(os.path.expanduser('~'))\n"
+                         "from labkit.check import check, solution\n" + STUDENT_WORK[who] + "\n"
+                         "r = subprocess.run([sys.executable, '-m', 'labkit', 'progress', '--export'], "
+                         "capture_output=True, text=True)\nprint(r.stdout, r.stderr)")
+    assert "ERROR" not in out and "labkit-results.json" in out, out
+    return out
+
+
 def text_of(outputs: list[dict]) -> str:
     return "".join("".join(o.get("text", "")) for o in outputs if o.get("output_type") == "stream")
 
 
-def test_hub_spawns_slurm_jobs_isolates_users_and_cancels_them(hub: Hub, cluster: NsCluster, record_property):
+def test_hub_spawns_slurm_jobs_isolates_users_and_cancels_them(hub: Hub, cluster: NsCluster, class_env: ClassEnv,
+                                                               workbook: Path, record_property):
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
     # In the full suite the browser tests' session-scoped Playwright keeps an asyncio loop running in this thread,
     # and sync_playwright refuses to start inside one: the scenario runs in a thread of its own.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pool.submit(_hub_scenario, hub, cluster, record_property).result()
+    # ---- the instructor gathers the class's exported records from the homes: both students, each under the login
+    # that owns the file --------------------------------------------------------------------------------------------
+    ada, bo = hub.users["ada"], hub.users["bo"]
+    for u in (ada, bo):
+        assert (u.home / "labkit-results.json").stat().st_uid == u.uid
+    out = cluster.base / "class-report"
+    rep = subprocess.run([str(class_env.python), "-m", "labkit", "class-report",
+                          str(ada.home.parent / "*" / "labkit-results.json"), "--out", str(out)],
+                         env={**os.environ, "PYTHONPATH": str(workbook)}, capture_output=True, text=True, timeout=120)
+    a, b = ada.name, bo.name
+    assert rep.returncode == 0 and f"2 learners ({a}, {b})" in rep.stdout, (rep.stdout, rep.stderr)
+    rows = {(r["learner"], r["exercise"]): r for r in csv.DictReader((out / "class-results.csv").open())}
+    assert set(rows) == {(a, "01.fp16-max"), (b, "02.first-int"), (b, "01.bf16-eps")}, rows
+    assert rows[a, "01.fp16-max"]["status"] == "correct" and rows[a, "01.fp16-max"]["attempts"] == "2"
+    assert rows[b, "02.first-int"]["status"] == "wrong"
+    assert rows[b, "01.bf16-eps"]["solved_after_solution"] == "True"
+    assert f"{a}, {b}" in (out / "class-results.html").read_text()
 
 
 def _hub_scenario(hub: Hub, cluster: NsCluster, record_property) -> None:
@@ -350,6 +401,7 @@ def _hub_scenario(hub: Hub, cluster: NsCluster, record_property) -> None:
             errors = [o for o in first["outputs"] if o.get("output_type") == "error"]
             assert not errors, errors
             assert text_of(first["outputs"]) == "".join("".join(o.get("text", "")) for o in stored[code[1]]["outputs"])
+            solve_and_export(page, "ada")  # a student at work: checks, then `python -m labkit progress --export`
 
             # ---- bo asks through the REST API: bad options are refused, then the gpu partition with 1 GPU ------
             assert hub.api("POST", f"/users/{bo.name}")[0] in (201, 409)
@@ -397,6 +449,23 @@ def _hub_scenario(hub: Hub, cluster: NsCluster, record_property) -> None:
                 with contextlib.suppress(OSError):
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
                     assert tok_a.encode() not in cmdline and tok_b.encode() not in cmdline, pid
+
+            # ---- bo opens his JupyterLab in a browser of his own, solves other exercises and exports -------------------
+            context_b = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context_b.set_default_timeout(90_000)
+            try:
+                page_b = context_b.new_page()
+                page_b.goto(f"{hub.url}/hub/login")
+                page_b.fill("#username_input", bo.name)
+                page_b.fill("#password_input", hub.password)
+                page_b.click("#login_submit")
+                page_b.goto(f"{hub.url}/user/{bo.name}/")  # his server's default URL: nbgitpuller, then notebook 01
+                reached_lab(page_b, hub, bo, re.compile(rf"/user/{bo.name}/lab/tree/labkit/{re.escape(nb)}"), 240)
+                page_b.locator("#jp-main-statusbar").get_by_text(KERNEL_IDLE, exact=False).first.wait_for(
+                    state="visible", timeout=180_000)
+                solve_and_export(page_b, "bo")
+            finally:
+                context_b.close()  # his JupyterLab closed: no more activity, for the culler below
 
             hub.touch(bo)  # bo stays idle from here on; the culler must not take him before the restart below
 
