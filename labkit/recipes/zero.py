@@ -48,12 +48,12 @@ import hashlib
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from labkit._validate import safe_repr
 
-__all__ = ["build_parser", "get_accelerator_name", "main", "parse_runs", "shm_buffers"]
+__all__ = ["build_parser", "get_accelerator_name", "main", "parse_runs", "shm_buffers", "train_loop"]
 
 
 def parse_runs(text: str) -> list[tuple[int, str, str]]:
@@ -232,6 +232,37 @@ def _collectives(events: list[tuple[str, int]]) -> dict[str, dict[str, int]]:
     return out
 
 
+def train_loop(engine: Any, batches: Any, steps: int, grad_accum: int, rank: int, world: int,
+               watch: Callable[[int, int], Any] = lambda step, micro: contextlib.nullcontext(),
+               between: Callable[[int, int], None] = lambda step, micro: None) -> Iterator[tuple[int, float]]:
+    """The DeepSpeed training loop: yield ``(step, loss)`` after each optimizer step (this rank's mean loss).
+
+    ``engine`` is what ``deepspeed.initialize`` returned; ``batches(i, rank=, world_size=)`` gives micro-batch ``i``
+    of this rank. DeepSpeed does what DDP's loop does by hand: ``engine.backward`` scales the loss (fp16) and reduces
+    the gradients (stages 0 and 1: one all-reduce at the accumulation boundary; stage 2: into this rank's shard, every
+    micro-batch), and ``engine.step`` steps the optimizer only at the boundary, every ``grad_accum``-th call, then
+    zeroes the gradients. ``watch`` and
+    ``between`` are the recipe's instrumentation (collectives recorded; model-state bytes counted).
+    Introduced in notebook 10.
+    """
+    import torch
+
+    from labkit import models
+
+    for step in range(steps):
+        total = torch.zeros((), dtype=torch.float64)
+        for micro in range(grad_accum):
+            x, y = batches(step * grad_accum + micro, rank=rank, world_size=world)
+            with watch(step, micro):
+                logits = engine(x.to(engine.device))
+                loss = models.lm_loss(logits.float(), y.to(engine.device))
+                engine.backward(loss)  # the loss scaled (fp16), backward, the gradients reduced (when: the stage's)
+                between(step, micro)
+                engine.step()  # an optimizer step at the accumulation boundary only (and the gradients zeroed)
+            total += loss.detach().double().cpu()  # .cpu() waits for the device: the step's time is the GPU's
+        yield step, float(total) / grad_accum
+
+
 def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, world: int, rank: int,
              task: Any) -> dict[str, Any]:
     import deepspeed
@@ -263,35 +294,37 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
     losses, scales, overflows, step_s = [], [], [], []
     snapshot: dict[str, Any] | None = None
     per_micro: list[dict[str, Any]] = []
-    ga = args.grad_accum
-    t_train = time.perf_counter()
+    last = args.steps - 1
+
+    @contextlib.contextmanager
+    def watch(step: int, micro: int) -> Iterator[None]:
+        """The last step's collectives, micro-batch by micro-batch (recorded only then)."""
+        if step != last:
+            yield
+            return
+        with handpar.recorded_collectives() as ev:
+            yield
+        per_micro.append(_collectives(ev))
+
+    def between(step: int, micro: int, engine: Any = engine) -> None:
+        """After backward, before step: the model-state bytes while gradients are accumulated (the last step)."""
+        nonlocal snapshot
+        if step == last and (micro == 0 if args.grad_accum > 1 else True):
+            snapshot = zero.count_model_states(engine)
+
+    t_train = ts = time.perf_counter()
     stopped_at = None
-    for step in range(args.steps):
-        ts = time.perf_counter()
-        acc = torch.zeros((), dtype=torch.float64, device="cpu")  # .cpu() below syncs: step_s is GPU time
-        last = step == args.steps - 1
-        for m in range(ga):
-            x, y = batches(step * ga + m, rank=rank, world_size=world)
-            # the last step's collectives, micro-batch by micro-batch (the profiler only runs then)
-            with handpar.recorded_collectives() if last else contextlib.nullcontext([]) as events:
-                logits = engine(x.to(engine.device))
-                loss = models.lm_loss(logits.float(), y.to(engine.device))
-                engine.backward(loss)
-                if last and (m == 0 if ga > 1 else True):
-                    snapshot = zero.count_model_states(engine)
-                engine.step()
-            if last:
-                per_micro.append(_collectives(events))
-            acc += loss.detach().double().cpu()
+    for step, loss in train_loop(engine, batches, args.steps, args.grad_accum, rank, world, watch, between):
         step_s.append(time.perf_counter() - ts)
-        acc = acc.to(engine.device)  # NCCL reduces device tensors only
+        acc = torch.tensor(loss, dtype=torch.float64, device=engine.device)  # NCCL reduces device tensors only
         dist.all_reduce(acc)
-        losses.append(float(acc) / (ga * world))
+        losses.append(float(acc) / world)
         scales.append(_loss_scale(engine) if dtype == "fp16" else None)
         overflows.append(bool(getattr(engine.optimizer, "overflow", False)) if dtype == "fp16" else False)
         if step + 1 < args.steps and ldist.stop_requested(engine.device):  # every rank agrees
             stopped_at = step + 1
             break
+        ts = time.perf_counter()
     train_s = time.perf_counter() - t_train
     digest, total = _checksum(engine, stage)
     gathered: list[Any] = [None] * world
@@ -315,7 +348,7 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
         "timings": {"init_s": init_s, "train_s": train_s,
                     "step_s_median": statistics.median(step_s[1:] or step_s)},
     }
-    del engine, model
+    del engine, model, between, watch  # the closures hold the engine too
     gc.collect()
     return result
 

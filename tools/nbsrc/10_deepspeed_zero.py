@@ -19,6 +19,7 @@
 
 # %%
 # %matplotlib inline
+import inspect
 import json
 import os
 
@@ -29,6 +30,7 @@ from labkit import device, memory, models, plots, scaling, zero
 from labkit.check import check, predict, reveal
 from labkit.dist import launch
 from labkit.exercises.nb10 import CONFIG_SETUP
+from labkit.recipes import zero as zero_recipe
 
 # %% [markdown]
 # ## 1. ZeRO in one table
@@ -130,6 +132,18 @@ res = launch("labkit.recipes.zero", nproc=2, timeout=300, stream=False,
 runs = {(r["stage"], r["offload"], r["dtype"]): r for r in res["runs"]}
 print(f"DeepSpeed {res['deepspeed']} on {res['accelerator']}, backend {res['backend']}, "
       f"world size {res['world_size']}: {res['timings']['total_s']:.1f} s in the ranks")
+
+# %% [markdown]
+# Each run built its engine with one call, and then trained with the loop below: the recipe's
+# `labkit.recipes.zero.train_loop`, printed from the code that ran. Compare it with notebook 09's DDP loop: there is no
+# `no_sync()`, no `GradScaler` and no `zero_grad()`. `engine.backward` scales the loss (in fp16) and reduces the
+# gradients (at which micro-batch depends on the stage: measured below), `engine.step` counts the micro-batches and steps the optimizer only at the accumulation boundary. The
+# recipe's instrumentation (`watch`, `between`) records the collectives and counts the bytes; it changes nothing.
+
+# %%
+print(*(line.strip() for line in inspect.getsource(zero_recipe._one_run).splitlines()
+        if "deepspeed.initialize(" in line), sep="\n")
+print(inspect.getsource(zero_recipe.train_loop))
 
 # %% [markdown]
 # The ranks agree bit for bit at every stage. Even at stage 3, where no rank ever holds the whole model between
