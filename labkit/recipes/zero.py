@@ -238,10 +238,13 @@ def train_loop(engine: Any, batches: Any, steps: int, grad_accum: int, rank: int
     """The DeepSpeed training loop: yield ``(step, loss)`` after each optimizer step (this rank's mean loss).
 
     ``engine`` is what ``deepspeed.initialize`` returned; ``batches(i, rank=, world_size=)`` gives micro-batch ``i``
-    of this rank. DeepSpeed does what DDP's loop does by hand: ``engine.backward`` scales the loss (fp16) and reduces
-    the gradients (stages 0 and 1: one all-reduce at the accumulation boundary; stage 2: into this rank's shard, every
-    micro-batch), and ``engine.step`` steps the optimizer only at the boundary, every ``grad_accum``-th call, then
-    zeroes the gradients. ``watch`` and
+    of this rank. DeepSpeed does what DDP's loop does by hand. ``engine.backward`` divides the loss by ``grad_accum``
+    (and returns it divided: the loop averages the undivided loss itself), scales it in fp16 (ZeRO stages 1-3), runs
+    backward and reduces the gradients: at stages 0 and 1 during the backward of the boundary micro-batch only (stage
+    1 bucket by bucket), at stages 2 and 3 bucket by bucket in every micro-batch's backward, each rank keeping its
+    slice (stage 3 also gathers the weights for every micro-batch). ``engine.step`` only counts the micro-batch, except
+    at the boundary (every ``grad_accum``-th call): there it clips, unscales (fp16: skips the step on an overflow and
+    updates the scale), steps the optimizer, all-gathers the new weights (stages 1 and 2) and clears the gradients. ``watch`` and
     ``between`` are the recipe's instrumentation (collectives recorded; model-state bytes counted).
     Introduced in notebook 10.
     """
@@ -256,9 +259,9 @@ def train_loop(engine: Any, batches: Any, steps: int, grad_accum: int, rank: int
             with watch(step, micro):
                 logits = engine(x.to(engine.device))
                 loss = models.lm_loss(logits.float(), y.to(engine.device))
-                engine.backward(loss)  # the loss scaled (fp16), backward, the gradients reduced (when: the stage's)
+                engine.backward(loss)  # loss / grad_accum, scaled (fp16), backward, gradients reduced (when: by stage)
                 between(step, micro)
-                engine.step()  # an optimizer step at the accumulation boundary only (and the gradients zeroed)
+                engine.step()  # counts the micro-batch; at the boundary: clip, unscale, step, gather, clear the grads
             total += loss.detach().double().cpu()  # .cpu() waits for the device: the step's time is the GPU's
         yield step, float(total) / grad_accum
 
@@ -348,7 +351,7 @@ def _one_run(stage: int, dtype: str, offload: str, args: argparse.Namespace, wor
         "timings": {"init_s": init_s, "train_s": train_s,
                     "step_s_median": statistics.median(step_s[1:] or step_s)},
     }
-    del engine, model, between, watch  # the closures hold the engine too
+    del engine, model, between, watch  # between's default argument holds the engine too
     gc.collect()
     return result
 

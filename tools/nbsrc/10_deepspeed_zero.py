@@ -136,9 +136,12 @@ print(f"DeepSpeed {res['deepspeed']} on {res['accelerator']}, backend {res['back
 # %% [markdown]
 # Each run built its engine with one call, and then trained with the loop below: the recipe's
 # `labkit.recipes.zero.train_loop`, printed from the code that ran. Compare it with notebook 09's DDP loop: there is no
-# `no_sync()`, no `GradScaler` and no `zero_grad()`. `engine.backward` scales the loss (in fp16) and reduces the
-# gradients (at which micro-batch depends on the stage: measured below), `engine.step` counts the micro-batches and steps the optimizer only at the accumulation boundary. The
-# recipe's instrumentation (`watch`, `between`) records the collectives and counts the bytes; it changes nothing.
+# `/ accum`, no `no_sync()`, no `GradScaler`, no `clip_grad_norm_` and no `zero_grad()`. `engine.backward` divides
+# the loss by the accumulation steps, scales it (fp16), and reduces the gradients (in which micro-batch depends on
+# the stage: measured below). `engine.step` only counts the micro-batch, except at the accumulation boundary, where
+# it clips, unscales, steps the optimizer, gathers the new weights (stages 1 and 2) and clears the gradients. The
+# recipe's instrumentation (`watch`, `between`) records the collectives and counts the bytes; it changes no number
+# (the profiler slows the last step).
 
 # %%
 print(*(line.strip() for line in inspect.getsource(zero_recipe._one_run).splitlines()
