@@ -253,7 +253,7 @@ def train_loop(engine: Any, batches: Any, steps: int, grad_accum: int, rank: int
     from labkit import models
 
     for step in range(steps):
-        total = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64, device="cpu")
         for micro in range(grad_accum):
             x, y = batches(step * grad_accum + micro, rank=rank, world_size=world)
             with watch(step, micro):
