@@ -549,9 +549,6 @@ def export_results(path: str | Path = ".", name: str | None = None) -> Path:
     Introduced in notebook 00.
     """
     import getpass
-    import json
-    import os
-    import tempfile
     import time
 
     who = name if name is not None else getpass.getuser()
@@ -574,9 +571,17 @@ def export_results(path: str | Path = ".", name: str | None = None) -> Path:
         if _RANK[status] >= _RANK.get(merged.get(ex_id, "not attempted"), 0):
             merged[ex_id] = status
     doc = {"name": who, "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "results": dict(sorted(merged.items()))}
+    return _write_public_json(target, doc)
+
+
+def _write_public_json(target: Path, doc: object) -> Path:
+    """Write ``doc`` as JSON to ``target`` whole or not at all (a temporary file beside it, then a rename), readable
+    by the class (0644): an interrupted write never leaves half a file where the instructor's report reads it."""
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=1)
             fh.write("\n")
         os.chmod(tmp, 0o644)

@@ -24,11 +24,9 @@ import csv
 import glob
 import html
 import io
-import json
 import os
 import re
 import stat
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -121,17 +119,7 @@ def export_record(to: str | Path | None = None, record: str | Path | None = None
             raise ValueError(f"{target} exists and is not a labkit results file; not overwriting it")
     doc = {"kind": KIND, "format": _FORMAT, "login": login, "labkit": __version__,
            "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "exercises": _entries(data)}
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=1)
-            fh.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return check._write_public_json(target, doc)
 
 
 @dataclass(frozen=True)
