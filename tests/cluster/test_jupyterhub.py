@@ -145,7 +145,30 @@ class Hub:
         raise AssertionError(f"no jupyterhub-singleuser process of {user.name} on the nodes")
 
     def tail(self, n: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        """The hub log's last lines, without the servers' activity reports and the culler's polls (every few s)."""
+        lines = [line for line in self.log.read_text(errors="replace").splitlines()
+                 if "/activity (" not in line and "(idle-culler@" not in line]
+        return "\n".join(lines[-n:])
+
+
+def gitpuller_error(page) -> str | None:
+    """The error nbgitpuller's page shows in its progress bar ("Error: ..."), or None while it has none."""
+    with contextlib.suppress(Exception):
+        bar = page.locator("#status-panel-title")
+        if bar.count() and "progress-bar-danger" in (bar.get_attribute("class", timeout=2_000) or ""):
+            return bar.inner_text(timeout=2_000).strip()
+    return None
+
+
+def server_log(user: ClusterUser, job: str | None, n: int = 40) -> str:
+    """The last lines of the user's JupyterLab server log (the batch script's output in the home)."""
+    if not job:
+        return f"({user.name} has no job)"
+    log = user.home / f".labkit-hub-{job}.log"
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    except OSError as exc:
+        return f"({log}: {exc})"
 
 
 def listening_sockets(pid: int) -> set[tuple[str, int]]:
@@ -252,9 +275,16 @@ def reached_lab(page, hub: Hub, user: ClusterUser, url: re.Pattern, timeout_s: f
     On a loaded machine the spawn-pending page can miss its redirect: its progress stream reports "ready" a moment
     before the proxy has the user's route, the page's next request gets a 503, and it stays on "Your server is
     starting up". A person reloads; so does this, once the hub says the server is ready and the page has not moved.
+
+    nbgitpuller's page can stop in the same way: its event stream to the server dropped (the page says
+    "Error: undefined") and the browser's reconnect found the first pull still holding the server's git lock
+    ("Another git operation is currently running, try again in a few minutes"). Its own message says to try again;
+    a person reloads, and so does this, once. Any other error of nbgitpuller (the clone failed, a merge conflict)
+    fails the test with nbgitpuller's words.
     """
     deadline = time.monotonic() + timeout_s
     stuck_since = None
+    pull_retried = False
     while time.monotonic() < deadline:
         if url.search(page.url):
             return
@@ -264,6 +294,16 @@ def reached_lab(page, hub: Hub, user: ClusterUser, url: re.Pattern, timeout_s: f
                 print(f"\nthe spawn-pending page missed its redirect; reloading ({page.url})")
                 page.reload()
                 stuck_since = None
+        if "/git-pull" in page.url:
+            said = gitpuller_error(page)
+            if said is not None:
+                transient = said in ("Error: undefined", "Error: null") or "try again" in said
+                if pull_retried or not transient:
+                    raise AssertionError(f"nbgitpuller stopped at {page.url}: {said!r}"
+                                         + (" (after one reload)" if pull_retried else ""))
+                print(f"\nnbgitpuller's page stopped ({said!r}); reloading once, as its message asks")
+                pull_retried = True
+                page.reload()
         page.wait_for_timeout(500)  # not time.sleep: Playwright's sync API updates page.url only inside its calls
     raise AssertionError(f"the browser did not reach {url.pattern} in {timeout_s} s; it is at {page.url}")
 
@@ -453,8 +493,10 @@ def _hub_scenario(hub: Hub, cluster: NsCluster, record_property) -> None:
             # ---- bo opens his JupyterLab in a browser of his own, solves other exercises and exports -------------------
             context_b = browser.new_context(viewport={"width": 1400, "height": 1000})
             context_b.set_default_timeout(90_000)
+            console_b: list[str] = []
+            page_b = context_b.new_page()
+            page_b.on("console", lambda m: console_b.append(f"[{m.type}] {m.text}"))
             try:
-                page_b = context_b.new_page()
                 page_b.goto(f"{hub.url}/hub/login")
                 page_b.fill("#username_input", bo.name)
                 page_b.fill("#password_input", hub.password)
@@ -464,6 +506,14 @@ def _hub_scenario(hub: Hub, cluster: NsCluster, record_property) -> None:
                 page_b.locator("#jp-main-statusbar").get_by_text(KERNEL_IDLE, exact=False).first.wait_for(
                     state="visible", timeout=180_000)
                 solve_and_export(page_b, "bo")
+            except BaseException:
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(Exception):
+                    page_b.screenshot(path=str(ARTIFACTS / "jupyterhub-failure-bo.png"), full_page=True)
+                (ARTIFACTS / "jupyterhub-console-bo.txt").write_text("\n".join(console_b))
+                print(f"\n--- bo's page at {page_b.url}; its console:\n" + "\n".join(console_b[-30:])
+                      + f"\n--- bo's server log\n{server_log(bo, job_b)}")
+                raise
             finally:
                 context_b.close()  # his JupyterLab closed: no more activity, for the culler below
 
@@ -488,6 +538,8 @@ def _hub_scenario(hub: Hub, cluster: NsCluster, record_property) -> None:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "jupyterhub-failure.png"), full_page=True)
             (ARTIFACTS / "jupyterhub-console.txt").write_text("\n".join(console))
+            with contextlib.suppress(Exception):
+                print(f"\n--- ada's server log\n{server_log(ada, hub.job(ada))}")
             print(f"\n--- hub log\n{hub.tail(80)}\n--- screenshot and console in {ARTIFACTS}\n--- timings {timings}")
             raise
         finally:
