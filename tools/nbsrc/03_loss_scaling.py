@@ -119,8 +119,6 @@ print(f"safe powers: 2^{lo} ... 2^{hi}; chosen k = {k}")
 for kk in (0, k, hi + 1):
     print(f"  S = 2^{kk:<3}: flush to zero {scaling.underflow_fraction(g, 'fp16', 2.0**kk):.1%}, "
           f"overflow {scaling.overflow_fraction(g, 'fp16', 2.0**kk):.3%}")
-
-# %%
 assert scaling.underflow_fraction(g, "fp16", 2.0**k) == 0 and scaling.overflow_fraction(g, "fp16", 2.0**k) == 0
 assert scaling.overflow_fraction(g, "fp16", 2.0 ** (hi + 1)) > 0   # one power more and the largest overflows
 ax = plots.grad_histogram(g, ("fp16",), scale=2.0**k)
@@ -182,8 +180,6 @@ for bad in pattern:  # a loss that is inf on the "bad" steps
     sgd.zero_grad()
     gs_scaler.scale((w * (math.inf if bad else 1.0)).sum()).backward()
     gs_scaler.step(sgd), gs_scaler.update(), theirs.append(gs_scaler.get_scale())
-
-# %%
 print([int(s) for s in mine])
 assert mine == theirs
 
@@ -450,8 +446,6 @@ show = {"GradScaler": scaling.simulate_scales(pat, init_scale=16.0, growth_inter
 print("overflow:".rjust(25), "".join(" X" if b else " ." for b in pat))
 for name, seq in show.items():
     print(f"{name:>24}:", " ".join(f"{int(math.log2(s))}" for s in seq[1:]), " (log2 of the scale after each step)")
-
-# %%
 assert show["GradScaler"][4] == 32.0 and show["DeepSpeed, hysteresis 1"][4] == 16.0   # window vs window + 1
 assert show["DeepSpeed, hysteresis 1"][5] == 32.0
 assert show["DeepSpeed, hysteresis 2"][6] == show["DeepSpeed, hysteresis 2"][5]       # first overflow tolerated
