@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -57,21 +58,69 @@ def _start_order(nodeid: str) -> int:
     return len(_FIRST) + (0 if group.startswith("browser:") else 1 if group.endswith(".ipynb") else 2)
 
 
+#: The controller's folder of launches shared between the notebooks' kernels (labkit.dist.SHARE_ENV), and the
+#: environment of nbval's kernels, handed to the xdist workers. Read only by the tests (tests/browser/conftest.py).
+LAUNCH_SHARE_VAR = "LABKIT_TEST_LAUNCH_SHARE"
+NBVAL_KERNEL_ENV_VAR = "LABKIT_TEST_NBVAL_KERNEL_ENV"
+
+
 def pytest_configure(config):
-    """One folder per test run through which every process shares its clinic runs (labkit.clinic.runner.SHARE_ENV):
-    the clinic's unit tests, notebook 13 under nbval and the tests' kernels then run each case once. Made by the
-    controlling process, before the xdist workers start, so that they inherit it; removed at the end."""
-    if hasattr(config, "workerinput") or os.environ.get("LABKIT_CLINIC_SHARE"):
+    """Folders for one test run, made by the controlling process before the xdist workers start, so that they
+    inherit them; removed at the end. Each is 0700: only this user.
+
+    - the clinic's runs, shared by every process (labkit.clinic.runner.SHARE_ENV): the clinic's unit tests, notebook
+      13 under nbval and in the browser run each case once;
+    - the notebooks' launches (labkit.dist.SHARE_ENV), for the kernels only: nbval's reference copies and the
+      browser's learner copies make each torchrun launch once (the unit tests always launch);
+    - nbval's kernels import only what `make lab` installs (tests/lab_env.py), as the browser's do: the reference
+      notebooks are checked in the learner's environment, and the two passes' launches are the same launches.
+    """
+    if not hasattr(config, "workerinput") and not os.environ.get("LABKIT_CLINIC_SHARE"):
+        config._labkit_clinic_share = tempfile.mkdtemp(prefix="labkit-clinic-share-")
+        os.environ["LABKIT_CLINIC_SHARE"] = config._labkit_clinic_share
+    if not hasattr(config, "workerinput") and not os.environ.get(LAUNCH_SHARE_VAR):
+        from lab_env import blocker_env
+
+        config._labkit_launch_share = tempfile.mkdtemp(prefix="labkit-launch-share-")
+        os.environ[LAUNCH_SHARE_VAR] = config._labkit_launch_share
+        kernel_env = blocker_env(Path(config._labkit_launch_share) / "lab_env",
+                                 {k: v for k, v in os.environ.items() if k == "PYTHONPATH"})
+        kernel_env["LABKIT_LAUNCH_SHARE"] = config._labkit_launch_share
+        os.environ[NBVAL_KERNEL_ENV_VAR] = json.dumps(kernel_env)
+    if os.environ.get(NBVAL_KERNEL_ENV_VAR):
+        _nbval_kernels_get(json.loads(os.environ[NBVAL_KERNEL_ENV_VAR]))
+
+
+def _nbval_kernels_get(env: dict[str, str]) -> None:
+    """nbval's own kernel spec (``--nbval-current-env``: this Python), with ``env`` added to the kernel's environment."""
+    try:
+        from nbval import kernel as nbval_kernel
+    except ImportError:  # nbval is not installed: no notebooks are collected either
         return
-    config._labkit_clinic_share = tempfile.mkdtemp(prefix="labkit-clinic-share-")  # 0700: only this user
-    os.environ["LABKIT_CLINIC_SHARE"] = config._labkit_clinic_share
+    manager = nbval_kernel.NbvalKernelspecManager
+    if getattr(manager, "_labkit_env", None) is not None:
+        manager._labkit_env = env
+        return
+    plain = manager.get_kernel_spec
+
+    def get_kernel_spec(self, kernel_name):
+        spec = plain(self, kernel_name)
+        if kernel_name == nbval_kernel.CURRENT_ENV_KERNEL_NAME:
+            spec.env = {**(spec.env or {}), **manager._labkit_env}
+        return spec
+
+    manager._labkit_env = env
+    manager.get_kernel_spec = get_kernel_spec
 
 
 def pytest_unconfigure(config):
-    folder = getattr(config, "_labkit_clinic_share", None)
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.environ.pop("LABKIT_CLINIC_SHARE", None)
+    for attr, var in (("_labkit_clinic_share", "LABKIT_CLINIC_SHARE"), ("_labkit_launch_share", LAUNCH_SHARE_VAR)):
+        folder = getattr(config, attr, None)
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+            os.environ.pop(var, None)
+    if getattr(config, "_labkit_launch_share", None):
+        os.environ.pop(NBVAL_KERNEL_ENV_VAR, None)
 
 
 def pytest_collection_modifyitems(session, config, items):

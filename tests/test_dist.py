@@ -545,9 +545,10 @@ def _read_until(proc: subprocess.Popen, done, timeout: float) -> list[str]:
     return lines
 
 
-def start_parent_and_kill_it(code: str, argv: list[str], ready, sig: int, tmp_path, wait: float = 10.0):
-    """Run ``code`` in a parent Python process, kill it with ``sig`` once ``ready(lines)``; return what still
-    runs of its descendants ``wait`` seconds later (cleaned up afterwards), the descendants and the lines."""
+def start_parent_and_kill_it(code: str, argv: list[str], ready, sig: int, tmp_path, wait: float = 45.0):
+    """Run ``code`` in a parent Python process, kill it with ``sig`` once ``ready(lines)``; follow its descendants
+    for up to ``wait`` seconds (cleaned up afterwards). Returns ``(gone, family, lines)``: for each descendant's pid,
+    the seconds after the parent's death at which it was seen gone (None: still running at the end)."""
     parent_py = tmp_path / "parent.py"
     parent_py.write_text(textwrap.dedent(code))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])))
@@ -560,10 +561,17 @@ def start_parent_and_kill_it(code: str, argv: list[str], ready, sig: int, tmp_pa
         family = psutil.Process(parent.pid).children(recursive=True)
         parent.send_signal(sig)
         parent.wait(timeout=30)
-        deadline = time.monotonic() + wait
-        while _running(family) and time.monotonic() < deadline:
+        died = time.monotonic()
+        gone: dict[int, float | None] = {p.pid: None for p in family}
+        while time.monotonic() < died + wait:
+            running = _running(family)
+            for p in family:
+                if gone[p.pid] is None and p not in running:
+                    gone[p.pid] = time.monotonic() - died
+            if not running:
+                break
             time.sleep(0.1)
-        return [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in _running(family)], family, lines
+        return gone, family, lines
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -577,17 +585,22 @@ def start_parent_and_kill_it(code: str, argv: list[str], ready, sig: int, tmp_pa
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_dead_notebook_takes_torchrun_and_its_ranks_with_it(tmp_path, sig):
-    """The kernel killed (SIGKILL, or SIGTERM without a handler) mid-launch: torchrun and the ranks die too, at
-    once, not at the process-group timeout (which a learner may set to 1e9)."""
+    """The kernel killed (SIGKILL, or SIGTERM without a handler) mid-launch: the ranks die at once, not at the
+    process-group timeout (which a learner may set to 1e9), and torchrun within its own shutdown limit (it stops
+    its ranks, waiting up to 30 s for them; on a loaded machine its exit can take longer than theirs)."""
     script = _write(tmp_path, "sleep.py", SLEEP_FOREVER_SCRIPT)
 
     def ranks_run(lines: list[str]) -> bool:
         return all(any(f"rank {r} pid" in ln for ln in lines) for r in (0, 1))
 
-    left, family, lines = start_parent_and_kill_it(LAUNCHING_PARENT, [script], ranks_run, sig, tmp_path)
+    gone, family, lines = start_parent_and_kill_it(LAUNCHING_PARENT, [script], ranks_run, sig, tmp_path)
     rank_pids = {int(m) for m in re.findall(r"rank \d pid (\d+)", "\n".join(lines))}
     assert rank_pids <= {p.pid for p in family} and len(family) >= 3, (family, lines)  # torchrun and 2 ranks
-    assert left == [], f"still running 10 s after the parent died: {left}"
+    print("seconds from the parent's death to each descendant's:", gone)
+    late_ranks = {pid: gone[pid] for pid in rank_pids if gone[pid] is None or gone[pid] > 10}
+    assert not late_ranks, f"ranks still running more than 10 s after the parent died: {late_ranks}"
+    left = {pid: t for pid, t in gone.items() if t is None}
+    assert not left, f"still running 45 s after the parent died: {left}"
 
 
 # ------------------------------------------------------------------ the same for slurm/deepspeed.sbatch (plain torchrun)
@@ -645,3 +658,43 @@ def test_deepspeed_sbatch_removes_its_own_shm_buffers_and_nothing_else(tmp_path)
     assert [p for p in mine + [fresh] if p.exists()] == []
     assert "removed" in res.stdout and str(mine[0]) in res.stdout
     assert all(p.exists() for p in others + [stale]) and link.is_symlink() and target.read_bytes() == b"keep"
+
+
+# ------------------------------------------------------------------ launches shared between the tests' kernels
+
+SHARED_RANK_MODULE = """
+import os
+from labkit.dist import emit_result
+print("rank", os.environ["RANK"], "pid", os.getpid(), flush=True)
+if os.environ["RANK"] == "0":
+    emit_result({"pid": os.getpid()})
+"""
+
+
+def test_a_launch_is_shared_only_through_a_private_folder_and_never_one_that_names_files(tmp_path, monkeypatch):
+    """With $LABKIT_LAUNCH_SHARE (the tests give it to nbval's and the browser's kernels), the second identical
+    launch of a module replays the first one's lines and result without starting anything: the same rank pid comes
+    back. Arguments that name files, or a folder that others can write, make every launch run."""
+    pkg = tmp_path / "mods"
+    pkg.mkdir()
+    (pkg / "lk_shared_rank.py").write_text(SHARED_RANK_MODULE)
+    monkeypatch.syspath_prepend(str(pkg))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pkg), os.environ.get("PYTHONPATH")])))
+    share = tmp_path / "share"
+    share.mkdir(mode=0o700)
+    monkeypatch.setenv(dist.SHARE_ENV, str(share))
+
+    first: list[str] = []
+    second: list[str] = []
+    a = launch("lk_shared_rank", nproc=1, stream=first.append, timeout=120)
+    b = launch("lk_shared_rank", nproc=1, stream=second.append, timeout=120)
+    assert a == b and second == first and any(f"pid {a['pid']}" in line for line in first), (a, b, first)
+    assert len(list(share.glob("*.json"))) == 1
+    c = launch("lk_shared_rank", nproc=1, stream=False, timeout=120, args=["--out-dir", "runs"])
+    assert c["pid"] != a["pid"], "a launch whose arguments name a folder must run"
+    share.chmod(0o777)
+    d = launch("lk_shared_rank", nproc=1, stream=False, timeout=120)
+    assert d["pid"] != a["pid"], "a folder that others can write must not be read"
+    share.chmod(0o700)
+    monkeypatch.delenv(dist.SHARE_ENV)
+    assert dist._shared_launch_file("lk_shared_rank", 1, [], 120, None, None, 1, None) is None

@@ -31,7 +31,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import hashlib
 import importlib
 import inspect
 import json
@@ -41,7 +40,6 @@ import re
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -52,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from labkit import _share
 from labkit._validate import safe_repr
 from labkit.clinic import _batch
 from labkit.clinic._script import merge_config
@@ -72,8 +71,10 @@ __all__ = ["SHARE_ENV", "CaseRun", "causes", "clear_cache", "grade_cause", "grad
 #: The environment variable naming a folder through which processes share their runs (the test suite's; unset, the
 #: runs are remembered in this process only).
 SHARE_ENV = "LABKIT_CLINIC_SHARE"
-#: What else, in the environment, changes a run: the CPU caps, and tests/lab_env.py's blocked packages.
-_SHARE_CONTEXT = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "LABKIT_LAB_ENV_BLOCKED", "PYTHONPATH")
+#: What else, in the environment, changes a run: the CPU caps. (Not
+#: tests/lab_env.py's blocked packages: a case runs labkit's recipes, which the notebooks' own launches already run
+#: with only what `make lab` installs; the clinic's runs are then made once for nbval, the browser and the tests.)
+_SHARE_CONTEXT = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _GRACE_S = 2.0
@@ -149,71 +150,32 @@ _SHARE_OFF: list[bool] = []  # clear_cache() was called: this process makes its 
 
 def _share_dir() -> str | None:
     """The sharing folder, if ``$LABKIT_CLINIC_SHARE`` names a folder owned by this user that nobody else can write."""
-    folder = os.environ.get(SHARE_ENV, "").strip()
-    if not folder or _SHARE_OFF:
-        return None
-    try:
-        st = os.stat(folder)
-    except OSError:
-        return None
-    ok = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
-    return folder if ok else None
+    return None if _SHARE_OFF else _share.folder(SHARE_ENV)
 
 
 def _share_file(folder: str, key: str, cfg: dict[str, Any], extra: dict[str, str], limit: float) -> str:
-    context = [key, json.dumps(cfg, sort_keys=True), sorted(extra.items()), float(limit), sys.executable,
-               [os.environ.get(k) for k in _SHARE_CONTEXT]]
-    return os.path.join(folder, hashlib.sha256(json.dumps(context).encode()).hexdigest()[:40] + ".json")
+    return _share.path_for(folder, [key, json.dumps(cfg, sort_keys=True), sorted(extra.items()), float(limit),
+                                    sys.executable, [os.environ.get(k) for k in _SHARE_CONTEXT]])
 
 
-@contextlib.contextmanager
-def _share_locked(paths: list[str], cancel: threading.Event | None = None) -> Iterator[None]:
-    """Hold ``<path>.lock`` of every path (in one order, so that no two processes wait on each other), waiting while
-    another process makes those runs; stop waiting, as interrupted, once ``cancel`` is set."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - no POSIX locks: each process makes its own runs
-        yield
-        return
-    fds: list[int] = []
-    try:
-        for path in sorted(set(paths)):
-            fds.append(os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600))
-            while True:
-                try:
-                    fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    _cancelled(cancel)
-                    time.sleep(0.05)
-        yield
-    finally:
-        for fd in fds:
-            os.close(fd)
+def _share_locked(paths: list[str], cancel: threading.Event | None = None):
+    """Hold the lock of every path's run, waiting while another process makes those runs; stop waiting, as
+    interrupted, once ``cancel`` is set."""
+    return _share.locked(paths, lambda: _cancelled(cancel))
 
 
 def _share_load(path: str) -> CaseRun | None:
     """A run another process made (None if there is none, or it cannot be read as one)."""
+    doc = _share.load(path)
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None
-        with open(path, encoding="utf-8") as fh:
-            return CaseRun(**json.load(fh))
-    except (OSError, ValueError, TypeError):
+        return CaseRun(**doc) if isinstance(doc, dict) else None
+    except TypeError:
         return None
 
 
 def _share_store(path: str, run: CaseRun) -> None:
     """Write a run for the other processes (atomically, 0600); a failure only costs them a run."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(dataclasses.asdict(run), fh)
-        os.replace(tmp, path)
-    except (OSError, TypeError, ValueError):
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    _share.store(path, dataclasses.asdict(run))
 
 
 def _case(key: Any) -> Case:

@@ -65,6 +65,8 @@ def lab_server(tmp_path_factory: pytest.TempPathFactory, lab_home: Path) -> Iter
                           cwd=checkout, capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
     blocker = blocker_env(base / "lab_env", {})
+    if os.environ.get("LABKIT_TEST_LAUNCH_SHARE"):  # tests/conftest.py: launches made once for nbval and the browser
+        blocker["LABKIT_LAUNCH_SHARE"] = os.environ["LABKIT_TEST_LAUNCH_SHARE"]
     server = LabServer.start(root=checkout / "work", home=lab_home, log_path=base / "jupyter-server.log",
                              extra_env=blocker)
     try:
