@@ -506,11 +506,47 @@ def _cpu_ghz() -> tuple[float, str]:
     raise ValueError("cannot read the CPU frequency (no cpufreq and no /proc/cpuinfo); pass it in")
 
 
+def _cpu_vendor_family() -> tuple[str, int | None]:
+    """(vendor_id, cpu family) from /proc/cpuinfo; ("", None) where it cannot be read."""
+    vendor, family = "", None
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key.strip() == "cpu family" and family is None:
+                    family = int(value.strip())
+                if vendor and family is not None:
+                    break
+    except (OSError, ValueError):
+        pass
+    return vendor, family
+
+
+def _default_fma_units(wide: bool) -> tuple[int, str]:
+    """How many FMA units of the instruction's width (512-bit when ``wide``, else 256-bit) a core has, and why."""
+    vendor, family = _cpu_vendor_family()
+    if vendor == "AuthenticAMD" and family is not None and family <= 25:
+        if wide:
+            return 1, ("1 512-bit FMA unit per core: AMD Zen 4 runs each 512-bit instruction on its two 256-bit "
+                       "FMA units, so AVX-512 doubles no FLOPs over AVX2 there")
+        return 2, "2 256-bit FMA units per core (AMD Zen 2 to Zen 4)"
+    if vendor == "AuthenticAMD":
+        return 2, "2 FMA units per core (AMD Zen 5 servers have full 512-bit units; some client parts split them)"
+    if vendor == "GenuineIntel":
+        return 2, "2 FMA units per core (Xeon Gold/Platinum; some SKUs have 1)"
+    return 2, "2 FMA units per core: an assumption, not read from this CPU (check its documentation)"
+
+
 def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | str | None = None,
-                     fma_units: int = 2) -> TheoreticalPeak:
+                     fma_units: int | None = None) -> TheoreticalPeak:
     """Return the theoretical peak FLOP/s from units x frequency x FLOPs per cycle, with the assumptions.
 
-    CPU: physical cores in use x clock x FLOPs/cycle/core from the ISA (:func:`cpu_flops_per_cycle`).
+    CPU: physical cores in use x clock x FLOPs/cycle/core from the ISA (:func:`cpu_flops_per_cycle`), with
+    ``fma_units`` vector FMA units per core of the instruction's width: by default read from the CPU's vendor and
+    family (2 on Intel Xeon Gold/Platinum and AMD Zen 5; on AMD Zen 4, 1 for 512-bit instructions, which it runs
+    on its two 256-bit units, and 2 for AVX2).
     CUDA: SM count x max SM clock x dense FLOPs/clock/SM for the architecture
     (:data:`CUDA_FLOPS_PER_CLOCK_PER_SM`). Raises ``ValueError`` for an architecture or dtype the table
     lacks. Introduced in notebook 07.
@@ -538,10 +574,16 @@ def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | s
         raise ValueError(f"theoretical peaks are known for CPU and CUDA devices, not {dev.type}")
     cores, core_note = _cpu_cores_in_use()
     ghz, ghz_note = _cpu_ghz()
-    per, unit = cpu_flops_per_cycle(name, dev_gate.cpu_isa_in_use(), fma_units)
+    isa = dev_gate.cpu_isa_in_use()
+    units_note = ""
+    if fma_units is None:
+        _, probe = cpu_flops_per_cycle(name, isa, 1)
+        fma_units, units_note = _default_fma_units(wide=not probe.startswith(("AVX2", "SSE")))
+    per, unit = cpu_flops_per_cycle(name, isa, fma_units)  # validates a given fma_units
+    units_note = units_note or f"{fma_units} FMA units per core (as given)"
     notes = [core_note, f"{ghz:.2f} GHz: {ghz_note}; AVX-512/AMX code may run at a lower clock", unit]
     if "units" in unit:
-        notes.append(f"{fma_units} FMA units per core (Xeon Gold/Platinum; some SKUs have 1)")
+        notes.append(units_note)
     return TheoreticalPeak(name, cores * ghz * 1e9 * per, f"{cores} cores x {ghz:.2f} GHz x {per} FLOP/cycle",
                            tuple(notes))
 
@@ -577,6 +619,9 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
             lines.append(f"  theoretical {theo.flops_per_s / 1e9:,.1f} GFLOP/s = {theo.formula}"
                          f"  -> measured is {meas.flops_per_s / theo.flops_per_s:.0%} of it")
             lines += [f"    assumes: {a}" for a in theo.assumptions]
+            if meas.flops_per_s > theo.flops_per_s:
+                lines.append(f"    above the theoretical peak: the core ran faster than the {theo.formula.split(' x ')[1]} "
+                             "assumed (turbo, or a VM that reports its nominal clock), or it has more units than assumed")
     bw = memory_bandwidth(bandwidth_bytes, dev)
     lines += ["", f"memory: {bw.bytes_per_s / 1e9:,.1f} GB/s (copy of {bw.nbytes / 2**20:.0f} MiB, read + write counted)"]
     return "\n".join(lines)

@@ -93,7 +93,8 @@ def test_theoretical_peak_on_cpu_is_the_product_of_its_parts():
         one = bench.theoretical_peak("fp32", "cpu")
     finally:
         torch.set_num_threads(before)
-    per, _ = bench.cpu_flops_per_cycle("fp32", dev_gate.cpu_isa_flags())
+    isa = dev_gate.cpu_isa_in_use()
+    per, _ = bench.cpu_flops_per_cycle("fp32", isa, bench._default_fma_units(wide="avx512f" in isa)[0])
     cores, ghz = one.formula.split(" cores x ")[0], float(one.formula.split(" x ")[1].split()[0])
     assert cores == "1" and one.flops_per_s == pytest.approx(ghz * 1e9 * per, rel=0.01)
     assert f"{per} FLOP/cycle" in one.formula
@@ -169,3 +170,26 @@ def test_python_m_labkit_bench_peak_prints_measured_and_theoretical():
     text = out.stdout
     assert "fp32: measured" in text and "theoretical" in text and "assumes:" in text and "GB/s" in text
     assert ("bf16: measured" in text) == dev_gate.computes(torch.bfloat16, "cpu")
+
+
+@pytest.mark.parametrize(("vendor", "family", "wide", "units", "said"), [
+    ("AuthenticAMD", 25, True, 1, "Zen 4 runs each 512-bit instruction on its two 256-bit"),
+    ("AuthenticAMD", 25, False, 2, "256-bit FMA units"),
+    ("AuthenticAMD", 26, True, 2, "Zen 5"),
+    ("GenuineIntel", 6, True, 2, "Xeon Gold/Platinum"),
+    ("", None, True, 2, "an assumption"),
+])
+def test_fma_units_follow_the_cpu_vendor_and_family(monkeypatch, vendor, family, wide, units, said):
+    monkeypatch.setattr(bench, "_cpu_vendor_family", lambda: (vendor, family))
+    got, why = bench._default_fma_units(wide)
+    assert got == units and said in why
+
+
+def test_theoretical_peak_on_zen4_counts_one_512_bit_unit(monkeypatch):
+    """AMD Zen 4 double-pumps AVX-512: its fp32 peak per cycle is AVX2's, 32 FLOP, not 64."""
+    monkeypatch.setattr(bench, "_cpu_vendor_family", lambda: ("AuthenticAMD", 25))
+    monkeypatch.setattr(bench.dev_gate, "cpu_isa_in_use", lambda: ("avx2", "fma", "avx512f", "avx512_bf16"))
+    peak = bench.theoretical_peak("fp32", "cpu")
+    assert "x 32 FLOP/cycle" in peak.formula and any("Zen 4" in a for a in peak.assumptions)
+    assert "x 64 FLOP/cycle" in bench.theoretical_peak("bf16", "cpu").formula
+    assert "x 64 FLOP/cycle" in bench.theoretical_peak("fp32", "cpu", fma_units=2).formula
