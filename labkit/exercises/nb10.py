@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from labkit.exercises._core import Exercise, FormatSlip
@@ -116,14 +117,18 @@ COMM_MICRO_BATCHES = 4
 def _grade_comm(answer: Any) -> tuple[bool, str]:
     if not isinstance(answer, (tuple, list)) or len(answer) != 3:
         return False, FormatSlip("Give a triple (ZeRO-1, ZeRO-2, ZeRO-3 volume per optimizer step), in units of Ψ.")
-    if any(isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) for a in answer):
-        return False, FormatSlip("All three volumes are numbers.")
+    if any(isinstance(a, bool) or not isinstance(a, numbers.Real) or type(a).__name__ == "bool_"
+           or not math.isfinite(float(a)) for a in answer):
+        return False, FormatSlip("All three volumes are numbers (multiples of Ψ).")
     s1, s2, s3 = (float(a) for a in answer)
     k = COMM_MICRO_BATCHES
     if (s1, s2, s3) == (2.0, k + 1.0, 3.0 * k):
         return True, ""
-    if (s1, s2, s3) == (2.0, 2.0, 3.0) or (s1 == 2.0 and s2 == 2.0):
+    if (s1, s2, s3) == (2.0, 2.0, 3.0):
         return False, _COMM_WHY
+    if s1 == 3.0 or s2 == 2.0 * k + 1.0:
+        return False, ("You counted an all-reduce (2Ψ) for the gradients, as DeepSpeed's bucket all-reduce moves; the "
+                       "ZeRO paper's count, which the question asks for, uses a reduce-scatter (Ψ).")
     if s1 != 2.0:
         if s1 in (2.0 * k, k + 1.0, float(k)):
             return False, ("Stage 1 holds the whole gradient on every rank, so it adds the micro-batches up locally, "
@@ -131,21 +136,29 @@ def _grade_comm(answer: Any) -> tuple[bool, str]:
         if s1 == 1.0:
             return False, ("Stage 1 also has to hand the updated weights back: a reduce-scatter of the gradients (Ψ) "
                            "and an all-gather of the weights (Ψ).")
-        return False, "Stage 1 communicates once per step: a reduce-scatter and an all-gather."
+        return False, "Stage 1: which collectives does a rank that holds the whole gradient need, and how often?"
+    if s2 == 2.0:
+        return False, ("Stage 2 counts one micro-batch per step: a ZeRO-2 rank keeps only its slice of the gradients, "
+                       "so it cannot hold on to the other ranks' parts until the last micro-batch.")
     if s2 == 2.0 * k:
         return False, ("The updated weights are all-gathered once, after the optimizer step, not after every "
                        "micro-batch.")
     if s2 == float(k):
         return False, "Count the all-gather of the updated weights after the step too."
     if s2 != k + 1.0:
-        return False, "Stage 2 reduce-scatters on every micro-batch and all-gathers once per step."
+        return False, "Stage 2: which collective happens on every micro-batch, and which once per step?"
     if s3 == 2.0 * k:
         return False, ("In the paper's analysis stage 3 gathers the weights twice per micro-batch, before its forward "
                        "and again before its backward (DeepSpeed keeps them gathered in between only for small "
-                       "models), plus a reduce-scatter of its gradients: 3Ψ per micro-batch.")
+                       "models), and it reduce-scatters its gradients too.")
+    if s3 == 3.0 * k + 1.0:
+        return False, ("Stage 3 does no all-gather after the step: each rank keeps its updated shard, and the next "
+                       "forward gathers it.")
+    if s3 == 4.0 * k:
+        return False, "Stage 3 reduce-scatters its gradients (Ψ), it does not all-reduce them (2Ψ)."
     if s3 == 3.0:
         return False, "Stage 3 gathers and reduces for every micro-batch, not once per step."
-    return False, "Stage 3: per micro-batch, an all-gather before forward, one before backward and a reduce-scatter."
+    return False, "Stage 3: which collectives does each micro-batch need, in forward and in backward?"
 
 
 # ---- 10.stage2-grads: predict, then run ------------------------------------------------------------
@@ -266,7 +279,8 @@ EXERCISES = [
         id="10.comm-volume",
         prompt="A step accumulates 4 micro-batches. Per optimizer step, how much data does each rank move at ZeRO-1, "
                "ZeRO-2 and ZeRO-3, in units of the parameter count Ψ (the ZeRO paper's analysis: a reduce-scatter "
-               "or an all-gather of Ψ elements counts Ψ)? Give a triple.",
+               "or an all-gather of Ψ elements counts Ψ; stage 3 gathers the weights before each forward and again "
+               "before each backward)? Give a triple.",
         grade=_grade_comm,
         hint="Ask, for each stage, which collectives happen on every micro-batch and which once per step.",
         method="A rank that holds the whole gradient can accumulate locally and reduce once. A rank that holds only "

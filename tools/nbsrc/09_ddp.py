@@ -41,7 +41,7 @@ from labkit.recipes import ddp as ddp_recipe
 #
 # 1. every rank takes *its own* slice of the global batch (a `DistributedSampler` hands out disjoint indices);
 # 2. forward and backward run locally, giving different local gradients;
-# 3. an **all-reduce** averages the gradients across ranks (DDP starts it bucket by bucket while backward is
+# 3. an **all-reduce** combines the ranks' gradients into their mean (DDP starts it bucket by bucket while backward is
 #    still running);
 # 4. every rank applies the same averaged gradient with the same optimizer, so the replicas stay identical.
 #
@@ -544,6 +544,10 @@ check("09.average-grads", average_gradients)
 #
 # - Data parallelism = replicas + disjoint data shards + an all-reduce of gradients. The global batch is
 #   micro-batch × ranks × accumulation; 2 ranks × b trains like 1 rank × 2b, up to rounding.
+# - An all-reduce sums; the mean needs a division by the number of ranks. DDP does it first: each gradient is
+#   scaled by 1/world size, then the all-reduce sums the scaled gradients (notebook 11's DDP by hand does the same).
+#   Dividing after the sum, as 8.5's reference solution does, gives the same mean up to rounding; dividing first
+#   also keeps an fp16 sum from overflowing.
 # - Launch ranks from a notebook as a `torchrun` subprocess with a timeout (`labkit.dist.launch`), never `!cmd`
 #   or `mp.spawn`; a failed rank must become an exception with its traceback, and no process may survive.
 # - With AMP: one GradScaler per rank, created before or after the DDP wrap alike (its initial state is a constant);

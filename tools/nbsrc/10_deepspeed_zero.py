@@ -222,16 +222,16 @@ assert summed[3] >= n / world and round(world * first_mb[3]["all_gather"]["eleme
 # default) let it keep gathered weights from forward until backward reuses them. A model larger than those limits
 # releases them after forward and gathers them again in backward.
 #
-# Per optimizer step, with k micro-batches, in the ring units of the table above (Ψ per reduce-scatter or
-# all-gather, 2Ψ per all-reduce), counting the reduce-scatters the ZeRO paper assumes (DeepSpeed's bucket all-reduces
-# add Ψ per reduction at stages 1 and 2):
+# Per micro-batch of a step of k, in the ring units of the table above (Ψ per reduce-scatter or all-gather, 2Ψ per
+# all-reduce), counting the reduce-scatters the ZeRO paper assumes (DeepSpeed's bucket all-reduces add Ψ per
+# reduction at stages 1 and 2). Adding them up per optimizer step is exercise 10.comm-volume (section 8).
 #
-# | | per micro-batch | per step of k micro-batches |
+# | | each of the first k − 1 micro-batches | the last micro-batch of the step |
 # |---|---|---|
-# | DDP with `no_sync()`, ZeRO-0, ZeRO-1 | nothing, then 2Ψ at the last one | **2Ψ** |
-# | ZeRO-2 | reduce-scatter Ψ (+ all-gather Ψ at the last one) | **(k + 1)Ψ** |
-# | ZeRO-3 | all-gather Ψ forward + Ψ backward, reduce-scatter Ψ | **3kΨ** (2kΨ if weights stay gathered) |
-# | FSDP2 with `set_requires_gradient_sync(False)` until the last | all-gathers 2Ψ (+ reduce-scatter Ψ at the last one) | **(2k + 1)Ψ** |
+# | DDP with `no_sync()`, ZeRO-0, ZeRO-1 | nothing (gradients add up locally) | reduce-scatter Ψ + all-gather Ψ (DDP: all-reduce 2Ψ) |
+# | ZeRO-2 | reduce-scatter Ψ | reduce-scatter Ψ + all-gather Ψ |
+# | ZeRO-3 | all-gather Ψ forward + Ψ backward, reduce-scatter Ψ | the same (the updated shard stays where it is) |
+# | FSDP2 with `set_requires_gradient_sync(False)` until the last | all-gathers 2Ψ | all-gathers 2Ψ + reduce-scatter Ψ |
 #
 # The saving has a price. FSDP2 without gradient sync keeps each micro-batch's *unsharded* gradients until the last
 # one, which is the memory sharding was meant to save (notebook 11 measures it). ZeRO-2 keeps its memory and pays
