@@ -710,3 +710,19 @@ def test_the_progress_command_reports_a_damaged_record_in_one_line(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr, cli.stderr
     assert "nests deeper" in cli.stderr
+
+
+@pytest.mark.parametrize(("ex_id", "answer", "said"), [
+    ("13.lr-cause", "zz", "Answer with the letter of one cause"),
+    ("13.lr-cause", 3, "Answer with the letter of one cause"),
+    ("13.lr-fix", 0.2, "Give the fix as a dict"),
+    ("13.lr-fix", {"lr": 0.2, "batch_per_rank": 16}, "Change exactly one setting"),
+    ("13.lr-fix", {"lrr": 0.2}, "unknown setting 'lrr'"),
+    ("13.lr-fix", {"lr": "0.2"}, "takes a float"),
+])
+def test_the_clinics_slips_of_form_run_nothing_and_do_not_climb(capsys, tmp_path, ex_id, answer, said):
+    """An answer to a clinic exercise in the wrong form is told so, is not a wrong try, and no case runs for it."""
+    v = C.evaluate(ex_id, answer)
+    assert v.status == "wrong" and said in v.message and "Not counted" in v.message, v.message
+    assert "Hint" not in v.message
+    assert C.results().get(ex_id, "not attempted") == "not attempted"

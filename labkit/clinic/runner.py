@@ -64,6 +64,7 @@ from labkit.dist import (
     _LineReader,
     parse_result,
 )
+from labkit.exercises._core import FormatSlip
 
 __all__ = ["SHARE_ENV", "CaseRun", "causes", "clear_cache", "grade_cause", "grade_fix", "run_case", "run_cases",
            "settings", "shutdown", "source"]
@@ -727,7 +728,8 @@ def _letter(answer: Any) -> str | None:
 
 
 def grade_cause(key: str, answer: Any) -> tuple[bool, str]:
-    """Grade a cause given as the letter of one of :func:`causes` ("c"); the message explains the choice.
+    """Grade a cause given as the letter of one of :func:`causes` ("c"); the message explains the choice. An
+    answer that is not one of the letters gets a :class:`~labkit.exercises._core.FormatSlip` (not a wrong try).
 
     Introduced in notebook 13.
     """
@@ -735,7 +737,8 @@ def grade_cause(key: str, answer: Any) -> tuple[bool, str]:
     letter = _letter(answer)
     n = len(case.causes)
     if letter is None or ord(letter) - ord("a") >= n:
-        return False, f"Answer with the letter of one cause, one of {', '.join(repr(c) for c in 'abcdefgh'[:n])}."
+        return False, FormatSlip(f"Answer with the letter of one cause, one of "
+                                 f"{', '.join(repr(c) for c in 'abcdefgh'[:n])}.")
     i = ord(letter) - ord("a")
     if i == case.answer:
         return True, case.causes[i].why
@@ -745,19 +748,21 @@ def grade_cause(key: str, answer: Any) -> tuple[bool, str]:
 def grade_fix(key: str, fix: Any) -> tuple[bool, str]:
     """Run case ``key`` with the learner's one-setting ``fix`` and grade it: is the symptom gone?
 
-    The fix is a dict of exactly one setting of the script's ``CONFIG`` with a new value. Introduced in notebook 13.
+    The fix is a dict of exactly one setting of the script's ``CONFIG`` with a new value; anything else (not a dict,
+    several settings, a setting the script lacks, a value of the wrong type) gets a
+    :class:`~labkit.exercises._core.FormatSlip` and runs nothing. Introduced in notebook 13.
     """
     case = _case(key)
     if not isinstance(fix, dict):
-        return False, "Give the fix as a dict of one setting of the script's CONFIG, e.g. {'lr': 0.1}."
+        return False, FormatSlip("Give the fix as a dict of one setting of the script's CONFIG, e.g. {'lr': 0.1}.")
     if len(fix) != 1:
-        return False, "Change exactly one setting: the clinic's fixes are one line, or one value."
+        return False, FormatSlip("Change exactly one setting: the clinic's fixes are one line, or one value.")
     defaults = settings(key)
     (name, value), = fix.items()
     try:
         merge_config(defaults, fix)
-    except (TypeError, ValueError) as exc:
-        return False, str(exc)
+    except (TypeError, ValueError) as exc:  # a setting the script does not have, or a value of the wrong type
+        return False, FormatSlip(str(exc))
     if value == defaults[name] and type(value) is type(defaults[name]):
         return False, f"{name} = {value!r} is what the broken run already had."
     run = run_case(key, fix)

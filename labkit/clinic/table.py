@@ -626,8 +626,8 @@ _ROWS = (
         fix_hint="The three numbers must multiply out with the world size.",
         fix_method="Change one of the three batch settings so that train = micro x accumulation x 2.",
         wrong_fix={"gradient_accumulation_steps": 8},
-        wrong_fix_why="8 x 8 x 2 = 128, still not 32: doubling a factor makes the product larger. Halve the "
-                      "accumulation (2), or set train_batch_size to 64.",
+        wrong_fix_why="8 x 8 x 2 = 128, still not 32: doubling a factor makes the product larger, and DeepSpeed "
+                      "checks the product against train_batch_size.",
         detect=_ds_batch,
         seed="000 §4.4 and §6 (DeepSpeed config: train_batch_size, gradient_accumulation_steps), 004 §6.1 (global "
              "batch)",
@@ -660,8 +660,8 @@ _ROWS = (
         fix_hint="Notebook 09's rule, applied to this recipe.",
         fix_method="Multiply the tuned learning rate by global batch now / global batch tuned.",
         wrong_fix={"lr": 0.05},
-        wrong_fix_why="Dividing by the number of ranks goes the wrong way: every step now averages over 64 examples "
-                      "and can take a step twice as large, not half.",
+        wrong_fix_why="Dividing by the number of ranks goes the wrong way: every step now averages over 64 examples, "
+                      "a less noisy gradient, and half as many steps must cover the same ground.",
         detect=_lr,
         seed="004 §6.1 (global batch size and convergence with more devices), notebook 09's linear scaling rule",
     ),
