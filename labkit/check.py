@@ -488,12 +488,20 @@ def predict(exercise_id: str, prediction: Any) -> None:
 def reveal(exercise_id: str, result: Any) -> Verdict:
     """Compare the prediction recorded by :func:`predict` with the measured ``result``; print and return the verdict.
 
-    The exercise's grader receives the pair ``(prediction, result)`` and explains the difference. With no
+    The exercise's grader receives the pair ``(prediction, result)`` and explains the difference. Where the exercise
+    measures the result itself (``Exercise.measure``), that measurement is graded, not the value handed in: a value
+    that differs from it is named in one line. With no
     prediction recorded the verdict is "not attempted". Once a verdict has shown the result, a prediction recorded
     after it is not counted: one line says so, and the first verdict stays in :func:`results` and the progress
     record (and is returned). Introduced in notebook 01.
     """
     ex = _predict_exercise(exercise_id)
+    if ex.measure is not None and ex.id in _PREDICTIONS:  # nothing to grade without a prediction: no experiment
+        measured = ex.measure()
+        if not _same_measurement(result, measured):
+            _say(f"… {ex.id}: the cell handed reveal() {_short(result)}, but the experiment gives {_short(measured)}; "
+                 "the verdict uses the measurement.")
+        result = measured
     if ex.id in _PREDICTIONS and ex.id in _LATE:
         first = _REVEALED[ex.id]
         _say(f"… {ex.id}: recorded after the result was shown: not counted. The verdict on your first prediction "
@@ -513,6 +521,25 @@ def reveal(exercise_id: str, result: Any) -> Verdict:
         _REVEALED.setdefault(ex.id, verdict.status)
         _record(ex.id, verdict.status, solution_seen=shown)
     return verdict
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _same_measurement(given: Any, measured: Any) -> bool:
+    """Whether the value a cell handed :func:`reveal` is the one the exercise's own measurement gives (numbers to
+    1e-9 relative, NaN equal to NaN; anything else by ``==``)."""
+    if isinstance(given, bool) or isinstance(measured, bool):
+        return given is measured
+    if isinstance(given, numbers.Real) and isinstance(measured, numbers.Real):
+        a, b = float(given), float(measured)
+        return (math.isnan(a) and math.isnan(b)) or a == b or math.isclose(a, b, rel_tol=1e-9)
+    try:
+        return bool(given == measured)
+    except Exception:  # an object whose == raises or is ambiguous (an array)
+        return False
 
 
 def results() -> dict[str, str]:

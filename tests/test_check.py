@@ -726,3 +726,44 @@ def test_the_clinics_slips_of_form_run_nothing_and_do_not_climb(capsys, tmp_path
     assert v.status == "wrong" and said in v.message and "Not counted" in v.message, v.message
     assert "Hint" not in v.message
     assert C.results().get(ex_id, "not attempted") == "not attempted"
+
+
+def _fresh(value):
+    """An equal value that is a new object (a learner's, not labkit's reference object)."""
+    if isinstance(value, float):
+        return float(repr(value))
+    if isinstance(value, str):
+        return "".join(list(value))
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return type(value)(_fresh(v) for v in value)
+    return value
+
+
+MEASURED = {"01.e4m3-overflow": 3.0, "02.fp16-weight": 3.0, "03.collapse": 3.0, "12.late-sbatch": (60, 2),
+            "14.solve-precision": {"fp64", "fp32", "bf16"}, "13.lr-predict": "the same"}
+
+
+def test_the_exercises_that_measure_themselves_are_the_ones_listed_here():
+    from labkit.exercises import all_exercises
+
+    have = {i for i, ex in all_exercises().items() if ex.measure is not None}
+    assert have == set(MEASURED), have ^ set(MEASURED)
+    assert all(all_exercises()[i].kind == "predict" for i in have)
+
+
+@pytest.mark.parametrize("ex_id", sorted(MEASURED))
+def test_reveal_grades_its_own_measurement_not_the_value_handed_to_it(capsys, tmp_path, ex_id):
+    """predict(…, right); reveal(…, something else): the verdict is on labkit's measurement (so a prediction cannot
+    be made right by handing reveal the predicted value), and one line names the value that was handed in."""
+    ex = get_exercise(ex_id)
+    right_prediction, measured = ex.reference
+    C.predict(ex_id, _fresh(right_prediction))  # the learner's own object, equal to labkit's
+    v = C.reveal(ex_id, MEASURED[ex_id])
+    out = capsys.readouterr().out
+    assert v.status == "correct", out
+    assert f"the cell handed reveal() {MEASURED[ex_id]!r}" in out, out
+    C.reset_results()
+    wrong_prediction = _fresh(ex.wrong[0])
+    C.predict(ex_id, wrong_prediction)
+    v = C.reveal(ex_id, wrong_prediction)  # handing reveal the prediction does not make it right
+    assert v.status == "wrong", capsys.readouterr().out

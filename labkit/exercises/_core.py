@@ -69,6 +69,9 @@ class Exercise:
     kind: str = ""
     #: Feedback for the typical mistake ``wrong``: names the mistake and says why it is wrong.
     wrong_why: str = ""
+    #: For a predict exercise: labkit's own measurement of the result (no arguments), which
+    #: :func:`labkit.check.reveal` grades against instead of trusting the value the cell hands it.
+    measure: Callable[[], Any] | None = None
 
 
 def whole(name: str, value: Any, low: int) -> int:

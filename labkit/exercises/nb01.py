@@ -78,6 +78,12 @@ def _grade_e4m3_overflow(answer: object) -> tuple[bool, str]:
                    "saturates them to the largest finite E4M3FN value.")
 
 
+def _measure_e4m3_overflow() -> float:
+    """What torch's cast gives for 500.0 through float8_e4m3fn and back (the experiment of 01.e4m3-overflow)."""
+    import torch
+
+    return torch.tensor(500.0).to(torch.float8_e4m3fn).float().item()
+
 EXERCISES = [
     Exercise("01.fp16-max", "The largest finite FP16 value.",
              number(65504.0, "the value", {65536.0: _MAX_WHY}),
@@ -125,5 +131,6 @@ EXERCISES = [
                     "choose (section 6 of this notebook tells after the measurement)?",
              solution="prediction = 448.0: torch saturates E4M3FN overflows (even inf) to ±448; ml_dtypes gives NaN.",
              kind="predict", wrong_why=_SAT_INF_WHY,
-             reference=(448.0, 448.0), wrong=(math.inf, 448.0)),
+             reference=(448.0, 448.0), wrong=(math.inf, 448.0),
+             measure=_measure_e4m3_overflow),
 ]

@@ -123,6 +123,13 @@ def _grade_rms(fn: Any) -> tuple[bool, str] | None:
     return True, "Squared and averaged in fp32, returned in the input's dtype: finite for any FP16 input."
 
 
+def _measure_fp16_weight() -> float:
+    """An fp16 weight of 1.0 after 1000 updates of 1e-5 (the experiment of 02.fp16-weight)."""
+    w16 = torch.tensor(1.0, dtype=torch.float16)
+    for _ in range(1000):
+        w16 = w16 + 1e-5
+    return w16.item()
+
 EXERCISES = [
     Exercise("02.underflows",
              "For each value in UNDERFLOW_VALUES, say whether it becomes exactly 0 when cast to FP16 (True/False).",
@@ -168,7 +175,8 @@ EXERCISES = [
                     "rounds back to 1.0. Does 1.0 + 1e-5 get past the midpoint?",
              solution="prediction = 1.0: 1e-5 < 2^-11, so every one of the 1000 sums rounds back to 1.0 (FP32 keeps "
                       "them: 1.0100136).",
-             kind="predict", wrong_why=_WEIGHT_WHY, reference=(1.0, 1.0), wrong=(1.01, 1.0)),
+             kind="predict", wrong_why=_WEIGHT_WHY, reference=(1.0, 1.0), wrong=(1.01, 1.0),
+             measure=_measure_fp16_weight),
     Exercise("02.rms-overflow",
              "Debug: rms(x) returns inf for FP16 activations of size ~300. Write a fixed rms(x) that is finite for "
              "any FP16 (or BF16) tensor and returns the input's dtype.",

@@ -252,6 +252,20 @@ def _grade_step(fn: Any) -> tuple[bool, str] | None:
     return True, "Clean steps update and grow the scale; an overflowing step is skipped and halves it."
 
 
+def _measure_collapse() -> float:
+    """The scale of a default GradScaler after 170 steps whose loss is inf (the experiment of 03.collapse), run
+    through the same training step as the notebook (``scaling.train_with_scaler``) on a small model."""
+    import torch.nn.functional as F
+
+    from labkit import models
+
+    net = models.MLP(4, 8, 1, depth=1, seed=0)
+    x, y = torch.ones(8, 4), torch.zeros(8, 1)
+    y[0] = math.inf  # one broken label per batch
+    run = scaling.train_with_scaler(net, F.mse_loss, lambda step: (x, y), torch.optim.SGD(net.parameters(), lr=0.1),
+                                    torch.amp.GradScaler("cpu"), 170, emulate=True)
+    return run["scale"][-1]
+
 EXERCISES = [
     Exercise("03.static-scale",
              "Choose a static loss scale S so that no gradient of exercise_gradients() flushes to zero or "
@@ -304,7 +318,8 @@ EXERCISES = [
                     "far down can FP32 go, and what happens below its smallest subnormal (2^-149)?",
              solution="prediction = 0.0: 170 halvings from 2^16 would be 2^-154, below FP32's smallest subnormal, so "
                       "the scale rounds to exactly 0 (and unscaling by 1/0 then poisons the weights).",
-             kind="predict", wrong_why=_COLLAPSE_WHY, reference=(0.0, 0.0), wrong=(1.0, 0.0)),
+             kind="predict", wrong_why=_COLLAPSE_WHY, reference=(0.0, 0.0), wrong=(1.0, 0.0),
+             measure=_measure_collapse),
     Exercise("03.scaler-step",
              "Debug: train_step lets an overflowing batch write NaN into the weights. Write a fixed "
              "train_step(model, opt, scaler, xb, yb).",

@@ -324,6 +324,11 @@ _REFERENCE_HEADER = """#!/bin/bash
 # A typical mistake: --gpus=4 asks for 4 GPUs for the whole job, not 4 on each node.
 _WRONG_HEADER = _REFERENCE_HEADER.replace("--gpus-per-node=4", "--gpus=4")
 
+def _measure_late_sbatch() -> tuple[int | None, int | None]:
+    """(minutes of --time, GPUs per node) that sbatch's rules give LATE_SCRIPT (the experiment of 12.late-sbatch)."""
+    late = parse_sbatch_header(LATE_SCRIPT)
+    return time_minutes(late["time"]), gpus_per_node(late)
+
 EXERCISES = [
     Exercise("12.sbatch-header",
              "Write the #SBATCH header for the job described in JOB.",
@@ -379,7 +384,8 @@ EXERCISES = [
              solution="prediction = (30, None): the header ends at `module load cuda`; the 4 hours and the GPUs are "
                       "comments.",
              kind="predict", wrong_why=_LATE_WHY,
-             reference=((30, None), (30.0, None)), wrong=((240, 4), (30.0, None))),
+             reference=((30, None), (30.0, None)), wrong=((240, 4), (30.0, None)),
+             measure=_measure_late_sbatch),
     Exercise("12.srun-header",
              "Debug: srun_header(nodes, gpus_per_node, hours) leaves half the GPUs idle on 2 nodes. Write a fixed "
              "srun_header for `srun python -m labkit.recipes.ddp` (one task = one rank per GPU).",

@@ -81,6 +81,14 @@ def _fix_exercise(case: Case) -> Exercise:
     )
 
 
+def _measure_lr_outcome() -> str:
+    """Where the "lr" case's run ends against the 1-GPU run (the experiment of 13.lr-predict; the clinic remembers
+    the run the notebook made, so this runs nothing twice)."""
+    from labkit.clinic import run_case
+
+    return lr_outcome(run_case("lr"))
+
+
 EXERCISES = [ex for case in CASES.values() for ex in (_cause_exercise(case), _fix_exercise(case))] + [
     Exercise(
         "13.lr-predict",
@@ -95,5 +103,6 @@ EXERCISES = [ex for case in CASES.values() for ex in (_cause_exercise(case), _fi
         kind="predict",
         wrong_why="'the same' would need each step of the 2-rank run to go twice as far; averaging over 64 examples "
                   "makes the gradient less noisy, not larger.",
+        measure=_measure_lr_outcome,
     ),
 ]

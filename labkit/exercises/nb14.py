@@ -118,6 +118,21 @@ def _grade_p99(fn: Any) -> tuple[bool, str] | None:
     return True, "Nearest rank: sorted(x)[ceil(0.99 n) - 1], an observed latency, never an interpolation."
 
 
+def _measure_solve_precision() -> set[str]:
+    """The formats whose solve of Hilbert(8) x = b (x all ones) comes within 1e-3 relative error (the experiment of
+    14.solve-precision; bf16 data, solved in fp32, as torch has no bf16 solver)."""
+    import torch
+
+    n = 8
+    i = torch.arange(n, dtype=torch.float64)
+    h = 1.0 / (i[:, None] + i[None, :] + 1)
+    x_true = torch.ones(n, dtype=torch.float64)
+    b = h @ x_true
+    solves = {"fp64": (h, b), "fp32": (h.float(), b.float()), "bf16": (h.bfloat16().float(), b.bfloat16().float())}
+    err = {name: ((torch.linalg.solve(a, rhs).double() - x_true).norm() / x_true.norm()).item()
+           for name, (a, rhs) in solves.items()}
+    return {k for k, v in err.items() if v < 1e-3}
+
 EXERCISES = [
     Exercise("14.solve-precision",
              "Predict, then run: which of fp64, fp32 and bf16 solve the 8x8 Hilbert system to a relative error "
@@ -129,7 +144,8 @@ EXERCISES = [
              solution="prediction = {'fp64'}: cond(Hilbert(8)) ≈ 1.5e10, so fp64 keeps ~6 digits, fp32 and bf16 "
                       "none (their residuals can still look small).",
              kind="predict", wrong_why=_SOLVE_WHY,
-             reference=({"fp64"}, {"fp64"}), wrong=({"fp64", "fp32"}, {"fp64"})),
+             reference=({"fp64"}, {"fp64"}), wrong=({"fp64", "fp32"}, {"fp64"}),
+             measure=_measure_solve_precision),
     Exercise("14.amdahl",
              "The whole step's speed-up when the matmuls (60 % of the step) get 4 times faster.",
              number(amdahl(AMDAHL["matmul_share"], AMDAHL["matmul_speedup"]), "the speed-up",
