@@ -51,7 +51,7 @@ from typing import Any
 
 from labkit._validate import safe_repr
 from labkit.exercises import NOT_GIVEN, Exercise, all_exercises, get_exercise, number_grader
-from labkit.exercises._core import FormatSlip
+from labkit.exercises._core import NOT_MEASURED, FormatSlip
 
 __all__ = [
     "NOT_GIVEN",
@@ -498,7 +498,9 @@ def reveal(exercise_id: str, result: Any) -> Verdict:
     ex = _predict_exercise(exercise_id)
     if ex.measure is not None and ex.id in _PREDICTIONS:  # nothing to grade without a prediction: no experiment
         measured = ex.measure()
-        if not _same_measurement(result, measured):
+        if measured is NOT_MEASURED:  # the experiment (a launch it reads) has not run in this kernel
+            measured = result
+        elif not _same_measurement(result, measured):
             _say(f"… {ex.id}: the cell handed reveal() {_short(result)}, but the experiment gives {_short(measured)}; "
                  "the verdict uses the measurement.")
         result = measured

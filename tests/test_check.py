@@ -736,11 +736,33 @@ def _fresh(value):
         return "".join(list(value))
     if isinstance(value, (tuple, list, set, frozenset)):
         return type(value)(_fresh(v) for v in value)
+    if isinstance(value, dict):
+        return {_fresh(k): _fresh(v) for k, v in value.items()}
     return value
 
 
 MEASURED = {"01.e4m3-overflow": 3.0, "02.fp16-weight": 3.0, "03.collapse": 3.0, "12.late-sbatch": (60, 2),
-            "14.solve-precision": {"fp64", "fp32", "bf16"}, "13.lr-predict": "the same"}
+            "14.solve-precision": {"fp64", "fp32", "bf16"}, "13.lr-predict": "the same",
+            "09.allreduce-count": 48, "10.stage2-grads": "equal",
+            "11.allreduce-count": {"naive": 1, "overlap": 1, "bucketed": 1, "ddp": 1}}
+_CALLS = {"naive": 8, "overlap": 8, "bucketed": 3, "ddp": 1}
+#: What rank 0 of each notebook's launch reports, as labkit.dist.launch records it (the launch-based measurements
+#: read it; the stored notebooks, under nbval, check them against the real launches).
+RECORDED = [
+    ("labkit.recipes.ddp", ("--accum", "4", "--precision", "fp16"), {"allreduce_calls": [12, 12]}),
+    ("labkit.recipes.zero", ("--runs", "2:bf16"), {"runs": [{"stage": 2, "offload": "none", "dtype": "bf16",
+                                                            "n_params": 11,
+                                                            "bytes_per_rank": [{"bytes": {"grads": 14}}] * 2}]}),
+    ("labkit.recipes.handpar", ("--device", "cpu"),
+     {"ddp": {"collectives": {k: {"all_reduce": {"calls": v}} for k, v in _CALLS.items()}}}),
+]
+
+
+@pytest.fixture()
+def recorded_launches(monkeypatch):
+    from labkit import dist
+
+    monkeypatch.setattr(dist, "_RECENT", list(RECORDED))
 
 
 def test_the_exercises_that_measure_themselves_are_the_ones_listed_here():
@@ -752,7 +774,7 @@ def test_the_exercises_that_measure_themselves_are_the_ones_listed_here():
 
 
 @pytest.mark.parametrize("ex_id", sorted(MEASURED))
-def test_reveal_grades_its_own_measurement_not_the_value_handed_to_it(capsys, tmp_path, ex_id):
+def test_reveal_grades_its_own_measurement_not_the_value_handed_to_it(capsys, tmp_path, recorded_launches, ex_id):
     """predict(…, right); reveal(…, something else): the verdict is on labkit's measurement (so a prediction cannot
     be made right by handing reveal the predicted value), and one line names the value that was handed in."""
     ex = get_exercise(ex_id)
@@ -767,3 +789,25 @@ def test_reveal_grades_its_own_measurement_not_the_value_handed_to_it(capsys, tm
     C.predict(ex_id, wrong_prediction)
     v = C.reveal(ex_id, wrong_prediction)  # handing reveal the prediction does not make it right
     assert v.status == "wrong", capsys.readouterr().out
+
+
+def test_before_its_launch_has_run_a_launch_based_reveal_grades_the_value_handed_in(capsys, tmp_path, monkeypatch):
+    from labkit import dist
+
+    monkeypatch.setattr(dist, "_RECENT", [])
+    C.predict("09.allreduce-count", 12.0)
+    v = C.reveal("09.allreduce-count", 12)
+    assert v.status == "correct" and "handed reveal()" not in capsys.readouterr().out
+
+
+def test_launch_records_what_rank_0_reported(tmp_path, monkeypatch):
+    """labkit.dist.launch keeps the newest results, by module and arguments, for the measurements above."""
+    from labkit import dist
+
+    monkeypatch.setattr(dist, "_RECENT", [])
+    monkeypatch.setattr(dist, "_launch_or_replay", lambda *a, **k: {"n": len(dist._RECENT)})
+    dist.launch("labkit.recipes.ddp", args=["--accum", "4"])
+    dist.launch("labkit.recipes.ddp", args=["--steps", "2"])
+    assert dist._last_result("labkit.recipes.ddp") == {"n": 1}
+    assert dist._last_result("labkit.recipes.ddp", ("--accum",)) == {"n": 0}
+    assert dist._last_result("labkit.recipes.zero") is None

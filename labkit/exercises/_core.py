@@ -26,6 +26,11 @@ class _NotGiven:
 NOT_GIVEN: Any = _NotGiven()
 
 
+#: What an exercise's ``measure`` returns when the experiment has not run in this kernel yet (a launch it reads):
+#: :func:`labkit.check.reveal` then grades the value the cell hands it.
+NOT_MEASURED: Any = type("NotMeasured", (), {"__repr__": lambda self: "NOT_MEASURED"})()
+
+
 class FormatSlip(str):
     """A grader's message for an answer in the wrong form (text where a number is asked, a value where a function
     is asked, a prediction handed to ``check``): ``return False, FormatSlip("Give the value as a number.")``.

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from labkit.exercises._core import Exercise, FormatSlip
+from labkit.exercises._core import NOT_MEASURED, Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 from labkit.recipes import allreduce as _ar
 
@@ -391,6 +391,15 @@ def _grade_average(fn: Any) -> tuple[bool, str] | None:
     return True, "Sum with all_reduce, divide by the world size: every rank steps with the mean gradient."
 
 
+def _measure_allreduce_count() -> Any:
+    """Rank 0's all-reduce calls in the last fp16 accumulation run that rank 0 reported to labkit.dist.launch (the
+    experiment of 09.allreduce-count); NOT_MEASURED before that launch has run in this kernel."""
+    from labkit.dist import _last_result
+
+    run = _last_result("labkit.recipes.ddp", ("--accum", "--precision", "fp16"))
+    return NOT_MEASURED if run is None else run["allreduce_calls"][0]
+
+
 EXERCISES = [
     Exercise("09.global-batch",
              f"{NODES} nodes × {GPUS_PER_NODE} GPUs, micro-batch {MICRO_BATCH} per GPU, {ACCUM} accumulation "
@@ -445,7 +454,8 @@ EXERCISES = [
                     "of the last micro-batch of each optimizer step.",
              solution="prediction = 12: one gradient all-reduce per bucket per optimizer step, and this model's gradients "
                       "fit in one bucket (48 without no_sync()).",
-             kind="predict", wrong_why=_COUNT_WHY, reference=(12, 12), wrong=(48, 12)),
+             kind="predict", wrong_why=_COUNT_WHY, reference=(12, 12), wrong=(48, 12),
+             measure=_measure_allreduce_count),
     Exercise("09.average-grads",
              "Debug: average_gradients(params, world_size, all_reduce) is meant to leave every rank with the mean "
              "gradient. Write a fixed version.",

@@ -6,7 +6,7 @@ import math
 import numbers
 from typing import Any
 
-from labkit.exercises._core import Exercise, FormatSlip
+from labkit.exercises._core import NOT_MEASURED, Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, pair
 
 __all__ = ["CONFIG_SETUP", "EXERCISES", "STAGE2_OUTCOMES"]
@@ -257,6 +257,23 @@ def _grade_triple(fn: Any) -> tuple[bool, str] | None:
     return True, "Every triple multiplies out, and a global batch that cannot be split is refused."
 
 
+def _measure_stage2_grads() -> Any:
+    """How each rank's gradient bytes at ZeRO-2 (bf16) compare with an even split, 2 x ceil(Ψ/2), in the last
+    DeepSpeed run rank 0 reported to labkit.dist.launch (the experiment of 10.stage2-grads); NOT_MEASURED before
+    that launch has run in this kernel."""
+    from labkit.dist import _last_result
+
+    res = _last_result("labkit.recipes.zero")
+    runs = {} if res is None else {(r["stage"], r["offload"], r["dtype"]): r for r in res["runs"]}
+    run = runs.get((2, "none", "bf16"))
+    if run is None:
+        return NOT_MEASURED
+    half = 2 * -(-run["n_params"] // 2)
+    grads = [b["bytes"]["grads"] for b in run["bytes_per_rank"]]
+    return ("more" if min(grads) > half else "equal" if grads == [half, half] else
+            "less" if max(grads) < half else "mixed")
+
+
 EXERCISES = [
     Exercise(
         id="10.config",
@@ -306,6 +323,7 @@ EXERCISES = [
                  "(labkit.zero.partition_layout predicts the bytes exactly).",
         kind="predict", wrong_why=_STAGE2_WHY,
         reference=("more", "more"), wrong=("equal", "more"),
+        measure=_measure_stage2_grads,
     ),
     Exercise(
         id="10.batch-triple",

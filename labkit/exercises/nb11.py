@@ -26,7 +26,7 @@ from typing import Any
 from labkit import handpar as _hp
 from labkit._validate import safe_repr
 from labkit.exercises import _nb11_mistakes as _mistake
-from labkit.exercises._core import Exercise, FormatSlip
+from labkit.exercises._core import NOT_MEASURED, Exercise, FormatSlip
 
 __all__ = ["EXERCISES", "PREDICT_SETUP", "prefetch", "rank_module"]
 
@@ -366,6 +366,17 @@ def _grade_predict(answer: Any) -> tuple[bool, str]:
     return ok, " | ".join(lines)
 
 
+def _measure_allreduce_calls() -> Any:
+    """All-reduce calls per step of each DDP version in the last by-hand run rank 0 reported to labkit.dist.launch
+    (the experiment of 11.allreduce-count); NOT_MEASURED before that launch has run in this kernel."""
+    from labkit.dist import _last_result
+
+    res = _last_result("labkit.recipes.handpar")
+    if res is None or "ddp" not in res:
+        return NOT_MEASURED
+    return {k: res["ddp"]["collectives"][k]["all_reduce"]["calls"] for k in ("naive", "overlap", "bucketed", "ddp")}
+
+
 EXERCISES = [
     Exercise(
         "11.ddp-overlap",
@@ -470,5 +481,6 @@ EXERCISES = [
         kind="predict",
         wrong_why="torch DDP does not all-reduce tensor by tensor: it copies gradients into buckets (the first up to "
                   "1 MiB, then 25 MiB) and sends each bucket once; a small model is a single call.",
+        measure=_measure_allreduce_calls,
     ),
 ]
