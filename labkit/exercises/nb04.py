@@ -328,6 +328,18 @@ def _grade_resume(answer: Any) -> tuple[bool, str] | None:
     return True, "Model, optimizer and scaler come back: a resumed run continues exactly where it stopped."
 
 
+def _measure_autocast_dtypes() -> dict[str, str]:
+    """Which of PREDICT_OPS autocast runs in low precision on the notebook's device, in its AMP dtype (fp16 where
+    it computes, else bf16): the experiment of 04.autocast-dtypes, through ``train.autocast_op_dtypes``."""
+    from labkit import device as dev_gate
+    from labkit import train
+
+    dev = dev_gate.pick_device()
+    amp = torch.float16 if dev_gate.computes(torch.float16, dev) else torch.bfloat16
+    got = train.autocast_op_dtypes(dev, amp)
+    return {op: "fp32" if got[op][1] == torch.float32 else "low" for op in PREDICT_OPS}
+
+
 EXERCISES = [
     Exercise(
         id="04.amp-step",
@@ -385,6 +397,7 @@ EXERCISES = [
         kind="predict", wrong_why=_AUTOCAST_WHY,
         reference=(dict(_CPU_TABLE), dict(_CPU_TABLE)),
         wrong=(dict(_CUDA_TABLE), dict(_CPU_TABLE)),
+        measure=_measure_autocast_dtypes,
     ),
     Exercise(
         id="04.resume-scaler",

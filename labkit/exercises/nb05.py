@@ -221,6 +221,16 @@ def _grade_roundtrip(fn: object) -> tuple[bool, str] | None:
     return True, "Scale up into E4M3's range, cast, scale back: ~2.6 % error at every magnitude."
 
 
+def _measure_bf16_vs_tf32() -> float:
+    """The relative error of a matmul with bf16-rounded inputs over that with tf32-rounded inputs, on the
+    notebook's two seeded 256x256 matrices (the experiment of 05.bf16-vs-tf32)."""
+    from labkit import tf32
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
+    return tf32.input_rounding_error(a, b, "bf16") / tf32.input_rounding_error(a, b, "tf32")
+
+
 EXERCISES = [
     Exercise("05.choose-format",
              "For each entry of WORKLOADS, choose one of FORMAT_CHOICES.", _grade_choose,
@@ -258,7 +268,8 @@ EXERCISES = [
              method="Rounding to m mantissa bits makes a relative error of up to 2^-(m+1), so each bit fewer doubles "
                     "it. TF32 keeps 10 bits, bf16 7.",
              solution="prediction = 8: 2^(10 - 7); measured 7.9.",
-             kind="predict", wrong_why=_RATIO_WHY, reference=(8.0, 7.94), wrong=(1.0, 7.94)),
+             kind="predict", wrong_why=_RATIO_WHY, reference=(8.0, 7.94), wrong=(1.0, 7.94),
+             measure=_measure_bf16_vs_tf32),
     Exercise("05.fp8-roundtrip",
              "Debug: fp8_roundtrip(x), a per-tensor-scaled E4M3 round trip, loses nearly all of a gradient. Write "
              "a fixed fp8_roundtrip(x) that returns x after scale, cast to E4M3 and back.",
