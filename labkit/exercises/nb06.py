@@ -165,6 +165,25 @@ def _grade_kept(fn: Any) -> tuple[bool, str] | None:
     return True, "Numbers in the log, no graph behind them: validation memory stays flat however many batches."
 
 
+def _measure_amp_saved() -> float:
+    """The bytes a bf16-autocast forward of the notebook's tiny GPT keeps for backward (activations and weight
+    copies) over the fp32 forward's, on the notebook's batch of 32 (the experiment of 06.amp-saved)."""
+    from labkit import data, models
+
+    task = data.make_token_task("reverse", n=512, n_digits=6, vocab_size=12, seed=0)
+    small = models.TinyGPT(models.GPTConfig(vocab_size=task.vocab_size, seq_len=task.seq_len), seed=0)
+    x = task.inputs[:32].clone()
+    kept = {}
+    for enabled in (False, True):
+        def fwd(enabled: bool = enabled) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+                return small(x)
+        out, saved = M.measure_saved_tensors(fwd, small.parameters())
+        kept[enabled] = saved.activations + saved.weight_copies
+        del out
+    return kept[True] / kept[False]
+
+
 EXERCISES = [
     Exercise("06.bytes-per-param",
              "Bytes per parameter of model state: bf16 weights and bf16 grads, fp32 master weights, "
@@ -205,7 +224,8 @@ EXERCISES = [
              method="Matmul inputs are saved in bf16 (half the bytes); LayerNorm inputs, the fp32 softmax island and "
                     "the residual stream stay fp32; the bf16 copies of the weights are added.",
              solution="prediction = 0.7 (measured 0.68): less than fp32, far from half.",
-             kind="predict", wrong_why=_SAVED_WHY, reference=(0.7, 0.68), wrong=(0.5, 0.68)),
+             kind="predict", wrong_why=_SAVED_WHY, reference=(0.7, 0.68), wrong=(0.5, 0.68),
+             measure=_measure_amp_saved),
     Exercise("06.kept-loss",
              "Debug: validation_losses(model, batches) makes memory grow with every batch. Write a fixed "
              "validation_losses that returns the same per-batch losses and keeps no memory alive.",
