@@ -490,25 +490,34 @@ def reveal(exercise_id: str, result: Any) -> Verdict:
 
     The exercise's grader receives the pair ``(prediction, result)`` and explains the difference. Where the exercise
     measures the result itself (``Exercise.measure``), that measurement is graded, not the value handed in: a value
-    that differs from it is named in one line. With no
+    that differs from it is named in one line; where the measurement cannot be made (its launch has not run in this
+    kernel, or it failed) nothing is graded and the prediction is kept. With no
     prediction recorded the verdict is "not attempted". Once a verdict has shown the result, a prediction recorded
     after it is not counted: one line says so, and the first verdict stays in :func:`results` and the progress
     record (and is returned). Introduced in notebook 01.
     """
     ex = _predict_exercise(exercise_id)
-    if ex.measure is not None and ex.id in _PREDICTIONS:  # nothing to grade without a prediction: no experiment
-        measured = ex.measure()
-        if measured is NOT_MEASURED:  # the experiment (a launch it reads) has not run in this kernel
-            measured = result
-        elif not _same_measurement(result, measured):
-            _say(f"… {ex.id}: the cell handed reveal() {_short(result)}, but the experiment gives {_short(measured)}; "
-                 "the verdict uses the measurement.")
-        result = measured
     if ex.id in _PREDICTIONS and ex.id in _LATE:
         first = _REVEALED[ex.id]
         _say(f"… {ex.id}: recorded after the result was shown: not counted. The verdict on your first prediction "
              f"stands: {first}.")
         return Verdict(first, f"{ex.id}: recorded after the result was shown: not counted.")
+    if ex.measure is not None and ex.id in _PREDICTIONS:  # nothing to grade without a prediction: no experiment
+        try:
+            measured = ex.measure()
+        except Exception as exc:  # the experiment failed: grade nothing rather than the value handed in
+            measured = exc
+        if measured is NOT_MEASURED or isinstance(measured, Exception):
+            why = ("the experiment it grades has not run in this kernel yet: run the cell above that makes it "
+                   "(the launch), then this one again" if measured is NOT_MEASURED else
+                   f"labkit could not repeat the experiment ({safe_repr(measured)})")
+            _RESULTS.setdefault(ex.id, "not attempted")
+            _say(f"… {ex.id}: {why}. Nothing graded; your prediction is kept.")
+            return Verdict("not attempted", f"{ex.id}: {why}.")
+        if not _same_measurement(result, measured):
+            _say(f"⚠ {ex.id}: the cell handed reveal() {_short(result)}, but the experiment gives {_short(measured)}; "
+                 "the verdict uses the measurement.")
+        result = measured
     shown, counts = False, False
     if ex.id not in _PREDICTIONS:
         verdict = Verdict("not attempted", f"{ex.id}: not attempted yet. Record a prediction in the cell above "
@@ -526,7 +535,7 @@ def reveal(exercise_id: str, result: Any) -> Verdict:
 
 
 def _short(value: Any) -> str:
-    shown = repr(value)
+    shown = safe_repr(value)
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 

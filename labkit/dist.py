@@ -594,24 +594,33 @@ def launch(module_or_script: str | os.PathLike, nproc: int = 2, args: Sequence[s
     """
     result = _launch_or_replay(module_or_script, nproc, args, timeout, stream, env, cwd, threads_per_rank, log_dir)
     if isinstance(module_or_script, str) and result is not None:
-        _RECENT.append((module_or_script, tuple(str(a) for a in args), result))
+        import copy
+
+        # a copy: editing the dict the cell got back changes nothing the measurements read
+        _RECENT.append((module_or_script, nproc, tuple(str(a) for a in args), copy.deepcopy(result)))
         del _RECENT[:-_RECENT_KEPT]
     return result
 
 
-#: The last results rank 0 reported, (module, args, result), newest last: what a predict exercise's measurement
-#: reads (labkit.exercises.nb09-nb11), so that reveal grades what the ranks reported, not a value handed to it.
-_RECENT: list[tuple[str, tuple[str, ...], Any]] = []
+#: The last results rank 0 reported, (module, nproc, args, result), newest last: what a predict exercise's
+#: measurement reads (labkit.exercises.nb09-nb11), so that reveal grades what the ranks reported, not a value handed
+#: to it.
+_RECENT: list[tuple[str, int, tuple[str, ...], Any]] = []
 _RECENT_KEPT = 16
 
 
-def _last_result(module: str, having: Sequence[str] = ()) -> Any:
-    """The newest result of a launch of ``module`` in this process whose arguments include every one of ``having``
-    (None if there is none). For the predict exercises' measurements."""
-    for mod, argv, result in reversed(_RECENT):
-        if mod == module and all(h in argv for h in having):
+def _last_result(module: str, match: Callable[[int, tuple[str, ...], Any], bool] | None = None) -> Any:
+    """The newest result of a launch of ``module`` in this process for which ``match(nproc, args, result)`` holds
+    (any, without ``match``); None if there is none. For the predict exercises' measurements."""
+    for mod, nproc, argv, result in reversed(_RECENT):
+        if mod == module and (match is None or match(nproc, argv, result)):
             return result
     return None
+
+
+def _has_option(argv: Sequence[str], option: str, value: str) -> bool:
+    """Whether ``argv`` holds ``option value`` (two consecutive items) or ``option=value``."""
+    return f"{option}={value}" in argv or any(a == option and b == value for a, b in zip(argv, argv[1:]))
 
 
 def _launch_or_replay(module_or_script: Any, nproc: Any, args: Any, timeout: Any, stream: Any, env: Any, cwd: Any,

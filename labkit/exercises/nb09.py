@@ -394,9 +394,10 @@ def _grade_average(fn: Any) -> tuple[bool, str] | None:
 def _measure_allreduce_count() -> Any:
     """Rank 0's all-reduce calls in the last fp16 accumulation run that rank 0 reported to labkit.dist.launch (the
     experiment of 09.allreduce-count); NOT_MEASURED before that launch has run in this kernel."""
-    from labkit.dist import _last_result
+    from labkit.dist import _has_option, _last_result
 
-    run = _last_result("labkit.recipes.ddp", ("--accum", "--precision", "fp16"))
+    run = _last_result("labkit.recipes.ddp", lambda nproc, argv, res: nproc == 2 and _has_option(argv, "--accum", "4")
+                       and _has_option(argv, "--precision", "fp16") and "allreduce_calls" in res)
     return NOT_MEASURED if run is None else run["allreduce_calls"][0]
 
 

@@ -263,11 +263,14 @@ def _measure_stage2_grads() -> Any:
     that launch has run in this kernel."""
     from labkit.dist import _last_result
 
-    res = _last_result("labkit.recipes.zero")
-    runs = {} if res is None else {(r["stage"], r["offload"], r["dtype"]): r for r in res["runs"]}
-    run = runs.get((2, "none", "bf16"))
-    if run is None:
+    def stage2_bf16(res: Any) -> Any:
+        return next((r for r in res.get("runs", []) if (r["stage"], r["offload"], r["dtype"]) == (2, "none", "bf16")),
+                    None)
+
+    res = _last_result("labkit.recipes.zero", lambda nproc, argv, res: nproc == 2 and stage2_bf16(res) is not None)
+    if res is None:
         return NOT_MEASURED
+    run = stage2_bf16(res)
     half = 2 * -(-run["n_params"] // 2)
     grads = [b["bytes"]["grads"] for b in run["bytes_per_rank"]]
     return ("more" if min(grads) > half else "equal" if grads == [half, half] else

@@ -371,8 +371,8 @@ def _measure_allreduce_calls() -> Any:
     (the experiment of 11.allreduce-count); NOT_MEASURED before that launch has run in this kernel."""
     from labkit.dist import _last_result
 
-    res = _last_result("labkit.recipes.handpar")
-    if res is None or "ddp" not in res:
+    res = _last_result("labkit.recipes.handpar", lambda nproc, argv, res: nproc == 2 and "ddp" in res)
+    if res is None:
         return NOT_MEASURED
     return {k: res["ddp"]["collectives"][k]["all_reduce"]["calls"] for k in ("naive", "overlap", "bucketed", "ddp")}
 
