@@ -17,7 +17,7 @@ from labkit.inference import percentile
 from labkit.lifecycle import young_interval
 from labkit.toolchain import amdahl, ib_timeout_seconds
 
-__all__ = ["AMDAHL", "EXERCISES", "FORMATS", "YOUNG"]
+__all__ = ["AMDAHL", "EXERCISES", "FORMATS", "YOUNG", "hilbert_system"]
 
 # ---- 14.solve-precision: predict, then run ----------------------------------------------------------
 #: The formats the notebook solves the Hilbert system in.
@@ -118,20 +118,37 @@ def _grade_p99(fn: Any) -> tuple[bool, str] | None:
     return True, "Nearest rank: sorted(x)[ceil(0.99 n) - 1], an observed latency, never an interpolation."
 
 
-def _measure_solve_precision() -> set[str]:
-    """The formats whose solve of Hilbert(8) x = b (x all ones) comes within 1e-3 relative error (the experiment of
-    14.solve-precision; bf16 data, solved in fp32, as torch has no bf16 solver)."""
+def hilbert_system(n: int = 8) -> tuple[Any, Any, dict[str, tuple[Any, Any]]]:
+    """The system Hilbert(n) x = b whose solution is all ones: ``(H, x_true, solves)``, ``solves`` holding the data
+    (matrix, right-hand side) in fp64, in fp32, and rounded to bf16 then held in fp32 (torch has no bf16 solver).
+
+    For the data helpers of notebook 14 (14.solve-precision). Raises ``TypeError``/``ValueError`` for an ``n``
+    that is not an int >= 1. Introduced in notebook 14.
+    """
     import torch
 
-    n = 8
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if not 1 <= n <= 64:
+        raise ValueError(f"n must be between 1 and 64 (a Hilbert matrix is singular in fp64 beyond ~13), got {n}")
     i = torch.arange(n, dtype=torch.float64)
     h = 1.0 / (i[:, None] + i[None, :] + 1)
     x_true = torch.ones(n, dtype=torch.float64)
     b = h @ x_true
     solves = {"fp64": (h, b), "fp32": (h.float(), b.float()), "bf16": (h.bfloat16().float(), b.bfloat16().float())}
+    return h, x_true, solves
+
+
+def _measure_solve_precision() -> set[str]:
+    """The formats whose solve of Hilbert(8) x = b comes within 1e-3 relative error (the experiment of
+    14.solve-precision)."""
+    import torch
+
+    _, x_true, solves = hilbert_system(8)
     err = {name: ((torch.linalg.solve(a, rhs).double() - x_true).norm() / x_true.norm()).item()
            for name, (a, rhs) in solves.items()}
     return {k for k, v in err.items() if v < 1e-3}
+
 
 EXERCISES = [
     Exercise("14.solve-precision",

@@ -40,7 +40,7 @@ from labkit import inference as I
 from labkit import lifecycle as L
 from labkit import toolchain as T
 from labkit.check import check, predict, reveal
-from labkit.exercises.nb14 import AMDAHL, YOUNG
+from labkit.exercises.nb14 import AMDAHL, YOUNG, hilbert_system
 
 torch.set_num_threads(1)  # steadier timings on a shared machine (raise it on your own node)
 WORK = Path(tempfile.mkdtemp(prefix="labkit14-"))  # builds and checkpoints go here; removed at the end
@@ -86,11 +86,7 @@ predict("14.solve-precision", prediction)
 # %%
 # NBVAL_IGNORE_OUTPUT
 n = 8
-i = torch.arange(n, dtype=torch.float64)
-H = 1.0 / (i[:, None] + i[None, :] + 1)
-x_true = torch.ones(n, dtype=torch.float64)
-b = H @ x_true
-solves = {"fp64": (H, b), "fp32": (H.float(), b.float()), "bf16": (H.bfloat16().float(), b.bfloat16().float())}
+H, x_true, solves = hilbert_system(n)  # H[i, j] = 1/(i + j + 1); b = H @ ones, as data in fp64, fp32 and bf16
 err, resid = {}, {}
 for name, (A, rhs) in solves.items():  # torch has no bf16 solver: bf16 *data*, solved in fp32
     x = torch.linalg.solve(A, rhs)
