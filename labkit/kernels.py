@@ -41,6 +41,7 @@ __all__ = [
     "adamw_torch",
     "adamw_unfused",
     "as_kernel",
+    "attention_tolerance",
     "bias_gelu",
     "bias_gelu_unfused",
     "cast",
@@ -345,11 +346,37 @@ def tolerance(dtype: Any) -> tuple[float, float]:
     return rtol, atol
 
 
-def close(got: torch.Tensor, want: torch.Tensor, dtype: Any = None) -> tuple[bool, float]:
+def attention_tolerance(v: torch.Tensor, compiled: bool | None = None) -> tuple[float, float]:
+    """Return ``(rtol, atol)`` for comparing :func:`flash_attention` on ``v``'s dtype with torch's float64 result.
+
+    The tiles are fp32 (in the interpreter, and for fp32 inputs): :func:`tolerance`. Compiled for a GPU with
+    bf16/fp16 inputs, the kernel rounds each probability tile P to the 16-bit format before ``P @ V`` (the tensor
+    cores' input), while the row sum ``l`` keeps the fp32 values. Each weight is then off by up to half an ulp,
+    ``u = 2**-9`` of itself for bf16 (``2**-12`` for fp16), so the output ``sum(p v) / l`` is off by up to
+    ``u * max|v|`` in absolute terms, however small the output itself: ``atol = 2 u max|v|`` (a factor 2 of margin)
+    on top of :func:`tolerance`. ``compiled`` defaults to the mode :func:`setup` chose. Introduced in notebook 08.
+    """
+    check_dense("v", v)
+    if not v.is_floating_point():
+        raise TypeError(f"v must be a floating-point tensor, got {v.dtype}")
+    if compiled is None:
+        compiled = not mode().interpreted
+    elif not isinstance(compiled, bool):
+        raise TypeError(f"compiled must be True, False or None, got {type(compiled).__name__}")
+    rtol, atol = tolerance(v.dtype)
+    half_ulp = {torch.bfloat16: 2.0**-9, torch.float16: 2.0**-12}.get(v.dtype)
+    if compiled and half_ulp is not None and v.numel():
+        atol += 2 * half_ulp * float(v.detach().abs().max())
+    return rtol, atol
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: Any = None,
+          tol: tuple[float, float] | None = None) -> tuple[bool, float]:
     """Compare ``got`` with ``want`` (torch's fp32 result) within :func:`tolerance`; return ``(ok, worst)``.
 
     ``worst`` is the largest ``|got - want| / (atol + rtol * |want|)``: at most 1 passes. NaN or inf in ``got``
-    fails. ``dtype`` (whose tolerance applies) defaults to ``got``'s. Introduced in notebook 08.
+    fails. ``dtype`` (whose tolerance applies) defaults to ``got``'s; ``tol=(rtol, atol)`` replaces it (e.g.
+    :func:`attention_tolerance`). Introduced in notebook 08.
     """
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
         raise TypeError("got and want must be tensors")
@@ -359,7 +386,13 @@ def close(got: torch.Tensor, want: torch.Tensor, dtype: Any = None) -> tuple[boo
         raise ValueError(f"shapes differ: {tuple(got.shape)} vs {tuple(want.shape)}")
     if not (got.is_floating_point() and want.is_floating_point()):
         raise TypeError("got and want must be floating-point tensors")
-    rtol, atol = tolerance(got.dtype if dtype is None else dtype)
+    if tol is None:
+        rtol, atol = tolerance(got.dtype if dtype is None else dtype)
+    elif (not isinstance(tol, tuple) or len(tol) != 2 or not all(isinstance(t, (int, float)) for t in tol)
+          or not all(math.isfinite(t) and t >= 0 for t in tol)):
+        raise TypeError(f"tol must be a pair (rtol, atol) of finite numbers >= 0, got {safe_repr(tol)}")
+    else:
+        rtol, atol = (float(t) for t in tol)
     g, w = got.detach().double().cpu(), want.detach().double().cpu()
     if g.numel() == 0:
         return True, 0.0

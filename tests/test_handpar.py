@@ -832,3 +832,34 @@ def test_allreduce_count_prediction_names_each_wrong_count(prediction, named, mo
     measured = {"naive": 8, "overlap": 8, "bucketed": 3, "ddp": 1}
     verdict = evaluate("11.allreduce-count", (prediction, measured))
     assert verdict.status == "wrong" and named in verdict.message
+
+
+def test_fsdp_unsharded_grad_bytes_reads_both_torch_layouts():
+    """FSDP2's state holds a list of param groups (torch >= 2.12: ``_fsdp_param_groups``) or one group
+    (``_fsdp_param_group``, torch 2.11 on the GPU check's image, where notebook 11 printed None and failed). Both
+    count the same held gradients; a layout with neither gives None."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import FSDPModule
+
+    from labkit.recipes import handpar as recipe
+
+    held = [torch.zeros(10), torch.zeros(6)]
+    fps = [SimpleNamespace(unsharded_accumulated_grad=held[0], _unsharded_param=None),
+           SimpleNamespace(unsharded_accumulated_grad=None, _unsharded_param=SimpleNamespace(grad=held[1]))]
+    group = SimpleNamespace(fsdp_params=fps)
+
+    class Fake(FSDPModule, torch.nn.Module):
+        def _get_fsdp_state(self):
+            return self.fake_state
+
+    def Fake(state, _cls=Fake):
+        m = torch.nn.Module()  # FSDPModule.__new__ builds the original class: give the instance ours after
+        m.__class__ = _cls
+        m.fake_state = state
+        return m
+
+    for state in (SimpleNamespace(_fsdp_param_groups=[group]), SimpleNamespace(_fsdp_param_group=group)):
+        assert recipe._fsdp_unsharded_grad_bytes(Fake(state)) == 64
+    assert recipe._fsdp_unsharded_grad_bytes(Fake(SimpleNamespace(_fsdp_param_group=None))) == 0
+    assert recipe._fsdp_unsharded_grad_bytes(Fake(SimpleNamespace())) is None

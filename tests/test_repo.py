@@ -246,6 +246,42 @@ def test_gpu_check_reports_one_gpu_nccl_as_not_measurable(load_tool):
     assert "| nccl_allreduce | not measurable |" in md and "| nccl_allreduce | True |" not in md
 
 
+def test_gpu_check_reports_every_failing_cell_and_respects_its_budget(load_tool, tmp_path, monkeypatch):
+    """A GPU lease is short: one run must show every failing cell (its line and error, colours stripped), write the
+    report after each step (the CUDA checks first), and report a notebook that would not fit the budget as not run.
+    The GPU parts are stubbed: what is tested is the runner and the report."""
+    import nbformat
+
+    gc = load_tool("gpu_check")
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    cells = ["x = 1", "assert x == 2, 'planted'", "print('still runs')", "raise ValueError('second')"]
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]),
+                   nbdir / "03_a.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("y = 2")]), nbdir / "04_b.ipynb")
+    r = gc.run_notebook(nbdir / "03_a.ipynb", 60, keep=tmp_path / "kept")
+    assert r["error"].startswith("code cell 2:") and "----> 1 assert x == 2, 'planted'" in r["error"]
+    assert r["error"].endswith("AssertionError: planted") and "\x1b" not in r["error"]
+    assert len(r["later_errors"]) == 1 and r["later_errors"][0].endswith("ValueError: second")
+    kept = nbformat.read(tmp_path / "kept" / "03_a.ipynb", as_version=4)
+    assert kept.cells[2].outputs[0]["text"] == "still runs\n"  # the cells after a failure ran
+    md = gc.markdown({"device_name": "GPU", "notebooks": [r], "cuda": {}, "passed": False, "seconds": 1})
+    assert "| 03_a.ipynb |" in md and "| AssertionError: planted |" in md and "ValueError: second" in md
+
+    import torch
+
+    monkeypatch.setattr(gc, "ROOT", tmp_path)
+    monkeypatch.setattr(gc, "no_gpu_line", lambda: None)
+    monkeypatch.setattr(gc, "cuda_results", lambda: {"device": {}, "peak_memory": {"ok": True}})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "stub GPU")
+    out = tmp_path / "out"
+    assert gc.main(["--out", str(out), "--notebooks", "04", "--timeout-per-notebook", "60"]) == 0
+    assert "**PASS**" in (out / "gpu-report.md").read_text()
+    assert gc.main(["--out", str(out), "--notebooks", "03,04", "--budget", "1"]) == 1
+    rep = json.loads((out / "gpu-report.json").read_text())
+    assert [n["error"].startswith("not run:") for n in rep["notebooks"]] == [True, True] and not rep["passed"]
+
+
 def test_nbval_kernels_import_only_what_make_lab_installs():
     """tests/conftest.py gives nbval's kernels (``--nbval-current-env``) the environment of tests/lab_env.py, as the
     browser's kernels have: a reference notebook that imported a test tool would fail nbval as it fails a learner."""

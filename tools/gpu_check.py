@@ -1,6 +1,6 @@
 """The GPU acceptance run: notebooks 03-11 on a CUDA GPU, plus every CUDA-only result, in one report.
 
-    python tools/gpu_check.py [--out DIR] [--notebooks 03,04,...] [--timeout-per-notebook 300]
+    python tools/gpu_check.py [--out DIR] [--notebooks 03,04,...] [--timeout-per-notebook 300] [--budget S]
     make gpu-check
 
 On a machine without a CUDA GPU it says so in one line and exits 0 without running anything. On a GPU it:
@@ -18,8 +18,9 @@ On a machine without a CUDA GPU it says so in one line and exits 0 without runni
    - notebook 08's Triton kernels compiled: each checked against torch (fp32 and bf16), the bf16 cast rounding to
      nearest even, and each timed against torch eager and ``torch.compile`` (``kernelbench.race``), as ratios;
      FlashAttention on bf16 tiles (tensor cores) checked and timed against ``scaled_dot_product_attention``;
-3. writes ``gpu-report.json`` and ``gpu-report.md`` to ``--out`` (default: the current folder) and exits non-zero
-   if any notebook or any check failed.
+3. writes ``gpu-report.json`` and ``gpu-report.md`` to ``--out`` (default: the current folder) after every step
+   (the CUDA checks run first, so a lease cut short still reports them) and exits non-zero if any notebook or any
+   check failed. ``--budget SECONDS`` bounds the whole run: a notebook that would not fit is reported as not run.
 
 Budget: about 8 minutes on one modern GPU (most of it the notebooks, 09 and 10 the longest).
 """
@@ -50,23 +51,46 @@ def no_gpu_line() -> str | None:
     return None
 
 
-def run_notebook(path: Path, timeout: int) -> dict[str, Any]:
-    """Execute one notebook in a scratch copy; return its wall time and the first error, if any."""
+def failure_summary(text: str, keep: int = 14) -> str:
+    """A failed cell, readable in a report: ANSI colours removed, the traceback's frames that point into the
+    cell (``----> N`` lines and the lines just before them) and the exception line, at most ``keep`` lines."""
+    import re
+
+    lines = [ln.rstrip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if ln.strip()]
+    if not lines:
+        return "(no message)"
+    marks = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("---->")]
+    picked: list[str] = []
+    for i in marks[-3:]:
+        picked += lines[max(0, i - 2):i + 1]
+    tail = lines[-1]
+    return "\n".join([*picked[-(keep - 1):], tail])[:1500]
+
+
+def run_notebook(path: Path, timeout: int, keep: Path | None = None) -> dict[str, Any]:
+    """Execute one notebook in a scratch copy, every cell even after a failure (a lease is short: one run shows
+    every failing cell); return its wall time, the first error and the later ones (each a failure_summary)."""
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
     t0 = time.perf_counter()
+    errors: list[str] = []
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                        resources={"metadata": {"path": str(path.parent)}}).execute()
-        error = None
-    except CellExecutionError as exc:
-        error = str(exc).strip().splitlines()[-1][:500]
     except Exception as exc:  # a kernel death or timeout is a result to report, not a crash
-        error = f"{type(exc).__name__}: {exc}"[:500]
-    return {"notebook": path.name, "seconds": round(time.perf_counter() - t0, 1), "error": error}
+        errors.append(f"{type(exc).__name__}: {exc}"[:500])
+    if keep is not None:  # the executed copy, outputs and all, for reading a failure at leisure
+        keep.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, keep / path.name)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    failed = [(i, o) for i, c in enumerate(code, 1) for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    cell_errors = [f"code cell {i}: " + failure_summary("\n".join(o.get("traceback", [])) or
+                                                       f"{o.get('ename')}: {o.get('evalue')}") for i, o in failed]
+    errors = cell_errors + errors
+    return {"notebook": path.name, "seconds": round(time.perf_counter() - t0, 1),
+            "error": errors[0] if errors else None, "later_errors": errors[1:]}
 
 
 def cuda_results() -> dict[str, Any]:
@@ -186,7 +210,9 @@ def overall(notebooks: list[dict[str, Any]], cuda: dict[str, Any]) -> bool:
 def markdown(report: dict[str, Any]) -> str:
     """A short human summary of the report."""
     lines = [f"# GPU check: {report['device_name']}", "", "| notebook | seconds | result |", "|---|---|---|"]
-    lines += [f"| {r['notebook']} | {r['seconds']} | {r['error'] or 'ok'} |" for r in report["notebooks"]]
+    lines += [f"| {r['notebook']} | {r['seconds']} | "
+              f"{'ok' if r['error'] is None else r['error'].splitlines()[-1][:200].replace('|', '/')} |"
+              for r in report["notebooks"]]
     lines += ["", "| check | ok | details |", "|---|---|---|"]
     for k, v in report["cuda"].items():
         if k == "device":
@@ -199,8 +225,18 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "| Triton kernel (4096 x 4096, fp32) | Triton µs | other / Triton |", "|---|---|---|"]
         lines += [f"| {n} | {t['triton_us']} | " + ", ".join(f"{k} {r}" for k, r in t.items() if k != "triton_us")
                   + " |" for n, t in triton.items()]
+    failed = [r for r in report["notebooks"] if r["error"] is not None]
+    for r in failed:  # each failing cell in full: where it failed and what it said
+        lines += ["", f"## {r['notebook']}", "", "```", r["error"], *r.get("later_errors", []), "```"]
     lines += ["", f"**{'PASS' if report['passed'] else 'FAIL'}** in {report['seconds']} s"]
     return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    """Write gpu-report.json and gpu-report.md; called after every step, so a run cut short still leaves one."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu-report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "gpu-report.md").write_text(markdown(report))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path.cwd(), help="folder for gpu-report.json/.md (default: .)")
     ap.add_argument("--notebooks", default=",".join(NOTEBOOKS), help="number prefixes (default: 03-11)")
     ap.add_argument("--timeout-per-notebook", type=int, default=300)
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for the whole run: a notebook is not started once the remainder is below its "
+                         "timeout (it is reported as not run, and the run does not pass)")
+    ap.add_argument("--keep", type=Path, default=None, help="folder for the executed copies of the notebooks")
     args = ap.parse_args(argv)
     why = no_gpu_line()
     if why is not None:
@@ -218,20 +258,28 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     wanted = [w.strip() for w in args.notebooks.split(",") if w.strip()]
     paths = [p for w in wanted for p in sorted((ROOT / "notebooks").glob(f"{w}_*.ipynb"))]
-    nbs = []
+    report: dict[str, Any] = {"device_name": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                              "notebooks": [], "cuda": {}, "passed": False, "seconds": 0.0}
+    # the CUDA-only checks first (a minute or two): they are what only a GPU can show
+    report["cuda"] = cuda_results()
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    write_report(args.out, report)
     for p in paths:
-        nbs.append(run_notebook(p, args.timeout_per_notebook))
-        print(f"{p.name}: {nbs[-1]['seconds']} s {'ok' if nbs[-1]['error'] is None else 'FAILED: ' + nbs[-1]['error']}",
-              flush=True)
-    cuda = cuda_results()
-    passed = overall(nbs, cuda)
-    report = {"device_name": torch.cuda.get_device_name(0), "torch": torch.__version__, "notebooks": nbs,
-              "cuda": cuda, "passed": passed, "seconds": round(time.perf_counter() - t0, 1)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu-report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    (args.out / "gpu-report.md").write_text(markdown(report))
+        left = None if args.budget is None else args.budget - (time.perf_counter() - t0)
+        if left is not None and left < min(args.timeout_per_notebook, 60):
+            r = {"notebook": p.name, "seconds": 0.0, "error": f"not run: {left:.0f} s of the budget left"}
+        else:
+            timeout = args.timeout_per_notebook if left is None else int(min(args.timeout_per_notebook, left))
+            r = run_notebook(p, timeout, args.keep)
+        report["notebooks"].append(r)
+        report["seconds"] = round(time.perf_counter() - t0, 1)
+        write_report(args.out, report)
+        print(f"{p.name}: {r['seconds']} s {'ok' if r['error'] is None else 'FAILED: ' + r['error']}", flush=True)
+    report["passed"] = overall(report["notebooks"], report["cuda"])
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    write_report(args.out, report)
     print(markdown(report))
-    return 0 if passed else 1
+    return 0 if report["passed"] else 1
 
 
 if __name__ == "__main__":

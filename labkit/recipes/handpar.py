@@ -1052,7 +1052,11 @@ def _fsdp_unsharded_grad_bytes(model: Any) -> int | None:
         held = []
         for module in model.modules():
             if isinstance(module, FSDPModule):
-                for group in module._get_fsdp_state()._fsdp_param_groups:
+                state = module._get_fsdp_state()
+                groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.12: a list
+                if groups is None:  # earlier torch: one group or None
+                    groups = [g for g in (state._fsdp_param_group,) if g is not None]
+                for group in groups:
                     for fp in group.fsdp_params:
                         g = fp.unsharded_accumulated_grad
                         held.append(g if g is not None else fp._unsharded_param.grad)

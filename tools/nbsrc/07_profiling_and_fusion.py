@@ -91,7 +91,8 @@ notes.append(("profile tiny GPT step", f"{n80} of {len(ops)} ops = 80 % of self 
 # %%
 trace = P.write_chrome_trace(prof, "_out/07_gpt_step_trace.json")
 events = P.read_chrome_trace(trace)["traceEvents"]
-steps_seen = sum(1 for e in events if e.get("name") == "train_step" and e.get("ph") == "X")
+# the CPU's spans ("user_annotation"); a GPU trace repeats each on the GPU's timeline ("gpu_user_annotation")
+steps_seen = sum(1 for e in events if e.get("name") == "train_step" and e.get("cat") == "user_annotation")
 print(f"trace written to notebooks/{trace.as_posix()}: {steps_seen} train_step spans, open it in ui.perfetto.dev")
 assert trace.exists() and steps_seen == 3
 
