@@ -458,7 +458,8 @@ def predict(exercise_id: str, prediction: Any) -> None:
     """Record the learner's prediction for a *predict, then run* exercise, before the cell that shows the result.
 
     A prediction that is still ``...`` is reported as "not attempted yet"; labkit's own (the exercise's reference
-    prediction itself) is refused, as :func:`check` refuses it. :func:`reveal`, called by the next cell with the
+    prediction itself) is refused, as :func:`check` refuses it. One in the wrong form (text where a number is
+    asked, say) is answered here, before any result is shown, and not recorded. :func:`reveal`, called by the next cell with the
     measured result, compares the two. A prediction recorded after :func:`reveal` has shown the result (in this
     kernel) is compared but not counted: the line says so. Raises ``ValueError`` for an id that is not a predict
     exercise. Introduced in notebook 01.
@@ -475,6 +476,11 @@ def predict(exercise_id: str, prediction: Any) -> None:
         _say(f"… {_borrowed_message(ex)}")
         _record(ex.id, None, solution_seen=True)
         return
+    slip = _prediction_slip(ex, prediction)
+    if slip is not None:  # said now, before any result is shown; a corrected prediction is then still on time
+        _RESULTS.setdefault(ex.id, "not attempted")
+        _say(f"… {ex.id}: {slip} Nothing recorded: correct your prediction and run this cell again.")
+        return
     _PREDICTIONS[ex.id] = prediction
     shown = repr(prediction)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
@@ -483,6 +489,25 @@ def predict(exercise_id: str, prediction: Any) -> None:
         _say(f"✎ {ex.id}: prediction recorded ({shown}), after the result was shown: it will not be counted.")
         return
     _say(f"✎ {ex.id}: prediction recorded ({shown}). Now run the next cell.")
+
+
+def _prediction_slip(ex: Exercise, prediction: Any) -> str | None:
+    """What is wrong with the *form* of a prediction (text where a number is asked, a key missing), or None.
+
+    The grader judges the prediction against the exercise's reference result as a stand-in for the measurement:
+    only its :class:`FormatSlip`, or the type of what it raised, is kept, so nothing of the result is told."""
+    ref = ex.reference
+    if not (isinstance(ref, tuple) and len(ref) == 2):
+        return None
+    status, detail, _ = _judge(ex, (prediction, ref[1]))
+    if status != "wrong":
+        return None
+    if isinstance(detail, FormatSlip):
+        return str(detail)
+    if detail.startswith(_RAISED):
+        kind = detail[len(_RAISED):].split(":", 1)[0].strip()
+        return f"this prediction cannot be compared with a measurement (the comparison raised {kind})."
+    return None
 
 
 def reveal(exercise_id: str, result: Any) -> Verdict:

@@ -403,6 +403,29 @@ def test_a_prediction_made_after_the_result_was_shown_is_not_counted(capsys):
     assert "Now run the next cell" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("ex_id, slip, then", [
+    ("05.bf16-vs-tf32", "8x", 8.0),                     # text where a number is asked
+    ("01.e4m3-overflow", True, 448.0),                  # a bool
+    ("11.allreduce-count", {"naive": 8}, {"naive": 8, "bucketed": 3, "ddp": 1}),  # keys missing
+    ("10.stage2-grads", 3, "more"),                     # a number where a word is asked
+])
+def test_a_prediction_in_the_wrong_form_is_answered_before_any_result_is_shown(ex_id, slip, then, capsys):
+    """A format slip in predict() was recorded, then reveal() answered it with a format message while the cell
+    showed the measurement, and the corrected prediction still counted: a peek at the result for free. Now the
+    slip is answered at predict(), nothing is recorded, and the corrected prediction is on time."""
+    C.reset_results()
+    ref_result = C.get_exercise(ex_id).reference[1]
+    C.predict(ex_id, slip)
+    out = capsys.readouterr().out
+    assert out.startswith(f"… {ex_id}: ") and "Nothing recorded" in out, out
+    if ex_id == "05.bf16-vs-tf32":  # (01's message lists the choices, 448.0 among them, as its prompt does)
+        assert "7.9" not in out  # nothing of the result is told
+    assert ex_id not in C._PREDICTIONS and C.results()[ex_id] == "not attempted"
+    assert C.reveal(ex_id, ref_result).status == "not attempted"  # nothing predicted: nothing graded
+    C.predict(ex_id, then)
+    assert "Now run the next cell" in capsys.readouterr().out  # not "after the result was shown"
+
+
 NOT_GIVEN_ = C.NOT_GIVEN
 
 
