@@ -392,7 +392,10 @@ def launch_overhead(n_ops: int = 2000, size: int = 64, repeats: int = 5,
 
     Both do the same arithmetic on the same number of elements; the difference is per-op overhead
     (Python, the dispatcher, and on a GPU the kernel launch). Returns ``many_s``, ``one_s``, ``ratio``
-    (many / one) and ``overhead_us`` (the extra time per tiny op). Introduced in notebook 07.
+    (many / one) and ``overhead_us`` (the extra time per tiny op). On a CPU both run on one thread (the tiny adds
+    do anyway: 64 elements are far below PyTorch's parallel grain): with a thread team, one busy core on a shared
+    node stalled the big add for milliseconds at its barrier, and the race measured the node's load instead of the
+    overhead. The thread count is restored after. Introduced in notebook 07.
     """
     for name, v in (("n_ops", n_ops), ("size", size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -409,7 +412,14 @@ def launch_overhead(n_ops: int = 2000, size: int = 64, repeats: int = 5,
     def one() -> None:
         torch.add(big, 1.0, out=out)
 
-    t = interleaved_times({"many": many, "one": one}, repeats=repeats, device=dev)
+    threads = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        t = interleaved_times({"many": many, "one": one}, repeats=repeats, device=dev)
+    finally:
+        if dev.type == "cpu":
+            torch.set_num_threads(threads)
     return {"many_s": t["many"], "one_s": t["one"], "ratio": t["many"] / t["one"],
             "overhead_us": max(t["many"] - t["one"], 0.0) / n_ops * 1e6}
 

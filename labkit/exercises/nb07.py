@@ -165,6 +165,16 @@ def _grade_race(answer: object) -> tuple[bool, str]:
                    "have been running) before you trust it.")
 
 
+def _measure_race() -> str:
+    """The race of 07.launch-overhead, run again on the notebook's device: 2000 adds of 64 elements against one of
+    128 000 (``profiling.launch_overhead``); more than 2x either way names the winner (the notebook's rule)."""
+    from labkit import device as dev_gate
+    from labkit import profiling as P
+
+    ratio = P.launch_overhead(n_ops=2000, size=64, device=dev_gate.pick_device())["ratio"]
+    return "one big add" if ratio > 2 else "2000 tiny adds" if ratio < 0.5 else "about the same"
+
+
 EXERCISES = [
     Exercise("07.axpy-intensity",
              "The arithmetic intensity (FLOP/byte) of y = a * x + y on fp32 vectors (a is a scalar).",
@@ -222,5 +232,6 @@ EXERCISES = [
              solution="prediction = 'one big add': the overhead is paid 2000 times by the tiny adds, once by the big "
                       "one (here tens to hundreds of times slower).",
              kind="predict", wrong_why=_RACE_WHY,
-             reference=("one big add", "one big add"), wrong=("about the same", "one big add")),
+             reference=("one big add", "one big add"), wrong=("about the same", "one big add"),
+             measure=_measure_race),
 ]

@@ -249,6 +249,19 @@ def _grade_bytes(answer: Any) -> tuple[bool, str]:
     return False, f"You predicted {prediction:g}x, the count says {result:.2f}x. {why}"
 
 
+def _measure_softmax_bytes() -> float:
+    """The count of 08.softmax-bytes, made again on the notebook's 64 x 1000 fp32 matrix: the bytes of the 5-op
+    torch softmax (``traffic.torch_traffic``) over the fused kernel's, counted in the interpreter
+    (``traffic.triton_traffic``) or, compiled on a GPU, from the model ``traffic.fused_traffic``."""
+    from labkit import traffic
+
+    x = kernelbench.make_inputs("softmax", 64, 1000)["x"]
+    unfused = traffic.torch_traffic(kernels.softmax_unfused, x)
+    fused = (traffic.triton_traffic(kernels.softmax, x) if kernels.mode().interpreted
+             else traffic.fused_traffic("softmax", 64, 1000))
+    return unfused.total / fused.total
+
+
 EXERCISES = [
     Exercise("08.bias-gelu", "Write the body of a kernel that computes gelu(x + b), one program per BLOCK elements.",
              _grade_bias_gelu,
@@ -308,7 +321,7 @@ EXERCISES = [
                     "write a whole matrix, or write only one value per row (next to nothing)? Count the fused "
                     "kernel the same way, then divide.",
              solution="(5 reads + 3 writes) / (1 read + 1 write) = 8 / 2 = 4x (plus a few columns).",
-             kind="predict", reference=(4, 4.01), wrong=(5, 4.01),
+             kind="predict", reference=(4, 4.01), wrong=(5, 4.01), measure=_measure_softmax_bytes,
              wrong_why="One pass per op counts 5 ops against 1 kernel, but every elementwise op both reads and writes "
                        "the matrix, the two reductions read it and write one value per row, and the fused kernel "
                        "also reads and writes: 8 passes against 2."),
