@@ -168,6 +168,34 @@ def _estimated_minutes(path: Path) -> int:
     return int(re.search(r"\*\*Estimated time:\*\* (\d+) min", md).group(1))
 
 
+def test_stated_times_follow_the_pacing_model_and_stretch_is_marked(load_tool):
+    """Every notebook's header states the minutes of tools/pacing.py's model (within 5), with a core/stretch split
+    exactly where it has stretch sections; the three overloaded notebooks have one."""
+    pacing = load_tool("pacing")
+    estimates = [pacing.estimate(p) for p in NOTEBOOKS]
+    assert [msg for e in estimates for msg in pacing.problems(e)] == []
+    assert {e.notebook[:2] for e in estimates if e.stretch} == {"08", "11", "14"}
+    assert all(e.core <= 75 for e in estimates if e.stretch), "a core part of a split notebook is still long"
+
+
+def test_a_markdown_only_build_keeps_outputs_and_refuses_code_changes(load_tool, tmp_path, monkeypatch):
+    nbbuild = load_tool("nbbuild")
+    monkeypatch.setattr(nbbuild, "OUT", tmp_path)
+    src = tmp_path / "99_x.py"
+    src.write_text("# %% [markdown]\n# # Old title\n\n# %%\nprint(1)\n")
+    nbbuild.build(src, execute=True)
+    src.write_text("# %% [markdown]\n# # New title\n\n# %%\nprint(1)\n")
+    nbbuild.update_markdown(src)
+    nb = json.loads((tmp_path / "99_x.ipynb").read_text())
+    assert "".join(nb["cells"][0]["source"]) == "# New title"
+    assert "".join(nb["cells"][1]["outputs"][0]["text"]) == "1\n"
+    before = (tmp_path / "99_x.ipynb").read_text()
+    src.write_text("# %% [markdown]\n# # New title\n\n# %%\nprint(2)\n")
+    with pytest.raises(ValueError, match="cell 1 is not markdown-only"):
+        nbbuild.update_markdown(src)
+    assert (tmp_path / "99_x.ipynb").read_text() == before
+
+
 def test_estimated_minutes_parse():
     for path in NOTEBOOKS:
         assert _estimated_minutes(path) > 0

@@ -3,6 +3,7 @@
     python tools/nbbuild.py                 # every tools/nbsrc/*.py
     python tools/nbbuild.py 01 03           # by number prefix
     python tools/nbbuild.py --no-execute 01 # write cells only (tests/test_repo.py will complain)
+    python tools/nbbuild.py --markdown-only 11  # only markdown changed: replace it, keep the stored outputs
 
 The sources are jupytext's "percent" format, read with jupytext itself:
 
@@ -80,10 +81,35 @@ def build(src: Path, execute: bool = True, timeout: int = 600) -> Path:
     return dest
 
 
+def update_markdown(src: Path) -> Path:
+    """Replace the stored notebook's markdown cells with the source's, keeping every code cell and its outputs.
+
+    For edits of prose only: the code cells (source, tags, order) must be exactly the stored ones, else
+    ``ValueError`` says which differs and nothing is written (run a full build instead)."""
+    dest = OUT / (src.stem + ".ipynb")
+    new = parse(src.read_text())
+    old = nbformat.read(dest, as_version=4)
+    if len(new) != len(old.cells):
+        raise ValueError(f"{dest.name}: {len(new)} cells in the source, {len(old.cells)} stored: build it in full")
+    for i, (a, b) in enumerate(zip(new, old.cells)):
+        if a.cell_type != b.cell_type or (a.cell_type == "code" and (
+                a.source != b.source or a.metadata.get("tags") != b.metadata.get("tags"))):
+            raise ValueError(f"{dest.name}: cell {i} is not markdown-only changed: build it in full")
+    for a, b in zip(new, old.cells):
+        if a.cell_type == "markdown":
+            b.source = a.source
+    nbformat.validate(old)
+    dest.write_text(nbformat.writes(old) + "\n")
+    print(f"{dest.name}: markdown updated, outputs kept")
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("which", nargs="*", help="number prefixes such as 01; default: all")
     ap.add_argument("--no-execute", action="store_true")
+    ap.add_argument("--markdown-only", action="store_true",
+                    help="replace the stored markdown cells, keep code cells and outputs (code must be unchanged)")
     args = ap.parse_args(argv)
     srcs = sorted(SRC.glob("[0-9][0-9]_*.py"))
     if args.which:
@@ -91,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     if not srcs:
         print("no matching sources in tools/nbsrc", file=sys.stderr)
         return 2
+    if args.markdown_only:
+        for s in srcs:
+            update_markdown(s)
+        return 0
     for s in srcs:  # new notebooks exist (unexecuted) before any runs: 00 checks the map's files
         if not (OUT / (s.stem + ".ipynb")).exists():
             build(s, execute=False)

@@ -9,7 +9,7 @@
 #
 # **Prerequisites:** Python and a little PyTorch. Nothing else.
 #
-# **Estimated time:** 10 min
+# **Estimated time:** 20 min
 
 # %%
 # %matplotlib inline

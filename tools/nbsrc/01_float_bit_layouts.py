@@ -9,7 +9,7 @@
 #
 # **Prerequisites:** notebook 00; binary numbers.
 #
-# **Estimated time:** 25 min
+# **Estimated time:** 35 min
 
 # %%
 # %matplotlib inline

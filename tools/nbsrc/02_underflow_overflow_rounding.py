@@ -11,7 +11,7 @@
 #
 # **Prerequisites:** notebook 01 (sign, exponent, mantissa; what an ulp is).
 #
-# **Estimated time:** 30 min
+# **Estimated time:** 45 min
 
 # %%
 # %matplotlib inline

@@ -14,7 +14,7 @@
 #
 # **Prerequisites:** notebook 02 (subnormals, flush to zero, overflow).
 #
-# **Estimated time:** 50 min
+# **Estimated time:** 70 min
 
 # %%
 # %matplotlib inline

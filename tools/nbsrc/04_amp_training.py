@@ -10,7 +10,7 @@
 #
 # **Prerequisites:** notebook 03 (loss scaling, `GradScaler`).
 #
-# **Estimated time:** 45 min
+# **Estimated time:** 70 min
 
 # %%
 # %matplotlib inline

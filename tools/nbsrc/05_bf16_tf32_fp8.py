@@ -14,7 +14,7 @@
 #
 # **Prerequisites:** notebook 01 (bit layouts), notebook 03 (loss scaling), notebook 04 (autocast, `labkit.train`).
 #
-# **Estimated time:** 45 min
+# **Estimated time:** 65 min
 
 # %%
 # %matplotlib inline

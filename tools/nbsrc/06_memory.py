@@ -16,7 +16,7 @@
 #
 # **Prerequisites:** notebook 02 (why fp32 master weights), notebook 04 (autocast, the tiny GPT).
 #
-# **Estimated time:** 50 min
+# **Estimated time:** 60 min
 
 # %%
 # %matplotlib inline

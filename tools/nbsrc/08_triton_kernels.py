@@ -20,7 +20,7 @@
 #
 # **Prerequisites:** notebook 07 (fusion, bytes moved, the roofline), notebook 05 (bf16, TF32).
 #
-# **Estimated time:** 60 min
+# **Estimated time:** 75 min (core 60 min, stretch 15 min)
 #
 # **Where it runs.** On a CUDA GPU the kernels are compiled and timed. Everywhere else they run in Triton's
 # *interpreter* (`TRITON_INTERPRET=1`), which executes each program of a kernel as NumPy code on the CPU, one after

@@ -10,7 +10,7 @@
 #
 # **Prerequisites:** notebooks 03 and 04 (loss scaling, AMP, checkpoints).
 #
-# **Estimated time:** 35 min
+# **Estimated time:** 65 min
 #
 # Every run below is real multi-process training: on this machine two CPU processes talking over gloo, on a GPU
 # node the same module with NCCL. Each launch costs a few seconds of process start-up.

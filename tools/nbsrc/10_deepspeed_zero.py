@@ -11,7 +11,7 @@
 #
 # **Prerequisites:** notebooks 03 (loss scaling), 06 (where memory goes) and 09 (DDP, launching ranks).
 #
-# **Estimated time:** 40 min
+# **Estimated time:** 65 min
 #
 # Everything below runs for real: DeepSpeed 0.19 on its CPU accelerator, 2 processes talking over gloo. On a GPU
 # node the same recipe runs on CUDA with NCCL. One exception, labelled where it appears: where DeepSpeed refuses fp16

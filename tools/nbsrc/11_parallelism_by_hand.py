@@ -16,7 +16,11 @@
 #
 # **Prerequisites:** notebooks 06 (the memory model), 09 (DDP, launching ranks) and 10 (ZeRO, DeepSpeed).
 #
-# **Estimated time:** 75 min
+# **Estimated time:** 125 min (core 70 min, stretch 55 min)
+#
+# Sections 4-6 are **stretch**: tensor and pipeline parallelism by hand and FSDP2. A first pass can take sections
+# 1-3 and 7 (data parallelism and ZeRO-1 by hand, then choosing a strategy) and come back for the rest; their
+# cells still run in order, so run them even when you skip their reading.
 #
 # Everything runs for real on 2 ranks: two processes started by `torchrun`, talking over gloo. They are CPU
 # processes wherever this notebook runs (`--device cpu`), because the point is the mechanism. The code follows its
@@ -410,6 +414,7 @@ assert sum(zds["collectives"]["all_reduce"]["sizes"]) == z["n_params"] + 1  # ev
 #
 # ## 4. Tensor parallelism: a Megatron MLP on 2 ranks
 #
+# **Stretch.**
 # A transformer's MLP is Y = GELU(X A) B, with A of d × 4d and B of 4d × d. Megatron splits it so that a
 # whole block needs one all-reduce forward and one backward:
 #
@@ -555,6 +560,7 @@ for rank, r in enumerate(tp["sp"]):
 #
 # ## 5. Pipeline parallelism: GPipe on 2 stages
 #
+# **Stretch.**
 # Split the model's layers into stages, one per rank: here 6 linear layers of width 1024, 3 per stage. Stage 0 sends
 # its output activations to stage 1; stage 1 sends the gradient of those activations back. With the whole batch at
 # once, stage 1 waits through stage 0's forward, then stage 0 waits through stage 1's forward and backward. GPipe
@@ -726,6 +732,7 @@ assert pl["works"] and pl["loss_rel"] < 1e-5 and max(pl["grad_rel"]) < 1e-5
 # %% [markdown]
 # ## 6. FSDP2 beside DeepSpeed ZeRO-3
 #
+# **Stretch.**
 # ZeRO stage 3 and PyTorch's FSDP shard the parameters too: between uses, a rank holds only its slice of every
 # weight. Before a layer runs, its slices are all-gathered into the whole weight, used, and freed again; gradients
 # are reduce-scattered so that each rank keeps its slice of the averaged gradient (FSDP divides by the number of

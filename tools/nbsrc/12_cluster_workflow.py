@@ -11,7 +11,7 @@
 #
 # **Prerequisites:** notebook 09 (DDP: ranks, all-reduce, global batch); notebook 10 helps for the DeepSpeed part.
 #
-# **Estimated time:** 30 min
+# **Estimated time:** 60 min
 #
 # This notebook runs anywhere. Where a Slurm cluster is reachable from this kernel, the cells in section 4
 # run real commands against it; on a laptop they say so and show the command instead. Their stored output

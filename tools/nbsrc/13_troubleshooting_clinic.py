@@ -15,7 +15,7 @@
 # **Prerequisites:** notebooks 03 and 04 (loss scaling, AMP), 06 (memory), 07 (profiling), 09 (DDP) and 10
 # (DeepSpeed).
 #
-# **Estimated time:** 75 min
+# **Estimated time:** 115 min
 #
 # Every case is a small training script in `labkit.clinic.cases` that goes wrong for a real reason, run as its own
 # process (or as 2 gloo ranks under `torchrun`, through `labkit.dist.launch`). Nothing is mocked: the symptoms

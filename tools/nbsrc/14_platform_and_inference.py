@@ -16,7 +16,10 @@
 #
 # **Prerequisites:** notebook 04 (the tiny GPT), 07 (profiling, the roofline), 12 (a cluster's nodes and storage).
 #
-# **Estimated time:** 50 min
+# **Estimated time:** 85 min (core 60 min, stretch 25 min)
+#
+# Sections 4, 7, 8 and 10 are **stretch**: containers, checkpoint I/O, the run's lifecycle and the GPU-side tools.
+# A first pass can take the other sections and their exercises; the cells still run in order.
 #
 # Two labels mark what this notebook can and cannot show on a laptop. **Run here** sections execute on any CPU and
 # assert what they teach; the timings differ from machine to machine, so their cells are not compared by the
@@ -249,6 +252,7 @@ else:
 #
 # ## 4. Containers: Docker and Apptainer with GPUs
 #
+# **Stretch.**
 # **Explained, not run** (a GPU node with a container runtime is needed). A container image freezes the user-space
 # stack: Python, PyTorch, CUDA runtime, cuBLAS, cuDNN, NCCL. The GPU **driver** is not in the image: it belongs to
 # the host's kernel, and the runtime brings its device files and user-space libraries (`libcuda.so`, `nvidia-smi`)
@@ -427,6 +431,7 @@ print(f"INT8 (labkit) ran {r:.1f}x {'faster' if r > 1 else 'slower'} than fp32 o
 #
 # ## 7. Checkpoint and log I/O: what saving costs
 #
+# **Stretch.**
 # **Run here.** A checkpoint stalls training while it is written (unless it is written asynchronously), and a
 # shared file system is shared: a hundred ranks each writing their shard at once, or a job writing thousands of
 # small log files, slow everybody down. First, what a write costs here, to the local temporary folder, with `fsync`
@@ -464,6 +469,7 @@ assert round(every / 60) == 54 and L.checkpoint_overhead(c_s, every) < 0.02
 # %% [markdown]
 # ## 8. The lifecycle beyond checkpoints
 #
+# **Stretch.**
 # A run that finished is not yet a result anyone can use or check. The stages of a reusable run: prepare the data
 # and record its version; fix the environment; request resources; validate small (notebook 12); train with
 # config, seed, logs and checkpoints; **evaluate** on independent data; **deploy** with a chosen batch size,
@@ -529,6 +535,7 @@ print(f"if LayerNorm really were 75 % and fusion made it 3x faster: at most {T.a
 # %% [markdown]
 # ## 10. What needs a GPU or a site's hardware
 #
+# **Stretch.**
 # **Explained, not run** unless a section says otherwise. On a GPU node, these are the tools and settings to reach
 # for.
 #
