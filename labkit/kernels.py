@@ -334,7 +334,8 @@ def tolerance(dtype: Any) -> tuple[float, float]:
     fp32: ``(1e-5, 1e-6)``, a few fp32 roundings apart (a kernel sums in another order than torch, and a GPU's
     ``tl.exp``, division and ``sqrt`` are fast approximations of a few ulp). bf16 / fp16 outputs: one unit in the
     last place of the format (``2**-7`` / ``2**-10`` relative) more, the single rounding when the kernel stores.
-    The same on a CPU and a GPU: labkit's FlashAttention asks ``tl.dot`` for IEEE fp32, not TF32.
+    The same on a CPU and a GPU for fp32 tiles (labkit's FlashAttention asks ``tl.dot`` for IEEE fp32, not TF32);
+    its 16-bit tensor-core path on a GPU rounds more: :func:`attention_tolerance`.
     Introduced in notebook 08.
     """
     dt = _dtype(dtype)
@@ -352,9 +353,10 @@ def attention_tolerance(v: torch.Tensor, compiled: bool | None = None) -> tuple[
     The tiles are fp32 (in the interpreter, and for fp32 inputs): :func:`tolerance`. Compiled for a GPU with
     bf16/fp16 inputs, the kernel rounds each probability tile P to the 16-bit format before ``P @ V`` (the tensor
     cores' input), while the row sum ``l`` keeps the fp32 values. Each weight is then off by up to half an ulp,
-    ``u = 2**-9`` of itself for bf16 (``2**-12`` for fp16), so the output ``sum(p v) / l`` is off by up to
-    ``u * max|v|`` in absolute terms, however small the output itself: ``atol = 2 u max|v|`` (a factor 2 of margin)
-    on top of :func:`tolerance`. ``compiled`` defaults to the mode :func:`setup` chose. Introduced in notebook 08.
+    ``u = eps / 2`` of itself (``2**-8`` for bf16, 8 significant bits; ``2**-11`` for fp16, whose weights below
+    ``2**-14`` are subnormal and err more, which matters only beyond some 10^4 keys), so the output
+    ``sum(p v) / l`` is off by up to ``u * max|v|`` in absolute terms, however small the output itself:
+    ``atol = 2 u max|v|`` (a factor 2 of margin) on top of :func:`tolerance`. ``compiled`` defaults to the mode :func:`setup` chose. Introduced in notebook 08.
     """
     check_dense("v", v)
     if not v.is_floating_point():
@@ -364,7 +366,7 @@ def attention_tolerance(v: torch.Tensor, compiled: bool | None = None) -> tuple[
     elif not isinstance(compiled, bool):
         raise TypeError(f"compiled must be True, False or None, got {type(compiled).__name__}")
     rtol, atol = tolerance(v.dtype)
-    half_ulp = {torch.bfloat16: 2.0**-9, torch.float16: 2.0**-12}.get(v.dtype)
+    half_ulp = torch.finfo(v.dtype).eps / 2 if v.dtype in (torch.bfloat16, torch.float16) else None
     if compiled and half_ulp is not None and v.numel():
         atol += 2 * half_ulp * float(v.detach().abs().max())
     return rtol, atol

@@ -6,6 +6,7 @@ import contextlib
 import io
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -408,6 +409,11 @@ def test_a_prediction_made_after_the_result_was_shown_is_not_counted(capsys):
     ("01.e4m3-overflow", True, 448.0),                  # a bool
     ("11.allreduce-count", {"naive": 8}, {"naive": 8, "bucketed": 3, "ddp": 1}),  # keys missing
     ("10.stage2-grads", 3, "more"),                     # a number where a word is asked
+    ("11.allreduce-count", {"naive": "8", "bucketed": 3, "ddp": 1}, {"naive": 8, "bucketed": 3, "ddp": 1}),  # text
+    ("04.autocast-dtypes", {"linear": "banana", "softmax": "low", "layer_norm": "low", "exp": "low",
+                            "cross_entropy": "low"}, {"linear": "low", "softmax": "fp32", "layer_norm": "fp32",
+                                                      "exp": "fp32", "cross_entropy": "fp32"}),
+    ("08.softmax-bytes", "4x", np.int64(4)),            # a numpy number is a number
 ])
 def test_a_prediction_in_the_wrong_form_is_answered_before_any_result_is_shown(ex_id, slip, then, capsys):
     """A format slip in predict() was recorded, then reveal() answered it with a format message while the cell

@@ -145,7 +145,7 @@ def _attention_16bit_tiles(q, k, v, causal, block_n=32):
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_tolerance_covers_the_gpus_16bit_tiles_and_only_then_widens(causal):
     """make gpu-check found notebook 08's bf16 FlashAttention outside tolerance(bf16) on an H200: rounding P to bf16
-    errs by up to 2**-9 max|v|, not relative to the output. The GPU's arithmetic, modelled in torch, is outside
+    errs by up to 2**-8 max|v| (half a bf16 ulp), not relative to the output. The GPU's arithmetic, modelled in torch, is outside
     tolerance() and inside attention_tolerance(compiled=True); in the interpreter nothing widens."""
     q, k, v = (kernels.randn(2, 2, 100, 16, seed=s, dtype="bf16") for s in (1, 2, 3))
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
@@ -155,7 +155,7 @@ def test_attention_tolerance_covers_the_gpus_16bit_tiles_and_only_then_widens(ca
     assert kernels.attention_tolerance(v, compiled=False) == kernels.tolerance("bf16")
     assert kernels.attention_tolerance(v) == kernels.tolerance("bf16")  # this CPU: the interpreter
     rtol, atol = kernels.attention_tolerance(v, compiled=True)
-    assert rtol == kernels.tolerance("bf16")[0] and atol == pytest.approx(1e-6 + 2**-8 * float(v.abs().max()))
+    assert rtol == kernels.tolerance("bf16")[0] and atol == pytest.approx(1e-6 + 2**-7 * float(v.abs().max()))
     v32 = v.float()
     assert kernels.attention_tolerance(v32, compiled=True) == kernels.tolerance("fp32")  # fp32 tiles stay fp32
     with pytest.raises(TypeError, match="compiled must be"):

@@ -7,8 +7,9 @@ The model, in minutes (the same for every notebook, so the figures can be compar
 
 - reading: markdown words / 130 (technical prose, read closely), code lines shown / 12, output lines / 40;
 - exercises: implement 8, debug 6 (a clinic's cause or fix, a choice among listed options: 3), design 4,
-  compute 3, predict 2, recall 1.5 (the learner's thinking and typing; a wrong try costs more);
-- running: nothing extra (every notebook runs in under a minute on 2 cores).
+  compute 3, predict 2, recall 1.5 (the learner's thinking and typing; a wrong try costs more); the few kernels
+  and parallel steps written from scratch take longer (``HEAVY``);
+- running: nothing extra (each notebook runs in one to two minutes on 2 cores, while its text is read).
 
 A section whose heading has "Stretch", or whose text starts with ``**Stretch.**``, is stretch: optional,
 counted apart. The stated line in each notebook's
@@ -30,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WPM, CODE_LPM, OUT_LPM = 130, 12, 40
 EXERCISE_MIN = {"implement": 8.0, "debug": 6.0, "design": 4.0, "compute": 3.0, "predict": 2.0, "recall": 1.5}
 CHOICE_MIN = 3.0  # a clinic's cause (one of four) or its fix (one setting)
+#: Exercises that write a whole kernel or parallel step: minutes each, instead of their kind's.
+HEAVY = {"08.flash-attention": 25.0, "11.zero1-step": 20.0, "11.gpipe": 25.0, "11.ddp-overlap": 15.0}
 STRETCH_MARK = "**Stretch.**"  # the first words of a stretch section (or "Stretch" in its heading)
 STATED = re.compile(r"\*\*Estimated time:\*\* (\d+) min(?: \(core (\d+) min, stretch (\d+) min\))?")
 
@@ -47,6 +50,8 @@ class Estimate:
 
 
 def _exercise_minutes(ex_id: str, kind: str) -> float:
+    if ex_id in HEAVY:
+        return HEAVY[ex_id]
     if ex_id.startswith("13.") and ex_id.endswith(("-cause", "-fix")):
         return CHOICE_MIN
     return EXERCISE_MIN[kind]

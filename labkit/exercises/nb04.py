@@ -236,7 +236,7 @@ def _grade_autocast(answer: object) -> tuple[bool, str]:
         return False, FormatSlip(f"Predict a dict with exactly the keys {list(PREDICT_OPS)}, each 'low' or 'fp32'.")
     words = {op: _dtype_word(v) for op, v in pred.items()}
     if None in words.values():
-        return False, "Each value is 'low' (fp16/bf16) or 'fp32'."
+        return False, FormatSlip("Each value is 'low' (fp16/bf16) or 'fp32'.")
     if not isinstance(result, dict) or set(result) != set(PREDICT_OPS):
         raise ValueError(f"the measured table must map {PREDICT_OPS} to 'low'/'fp32', got {result!r}")
     if words == result:

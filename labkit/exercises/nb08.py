@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from labkit import kernelbench, kernels
 from labkit.exercises._core import Exercise, FormatSlip
+from labkit.exercises._graders import as_number
 
 __all__ = ["EXERCISES"]
 
@@ -236,9 +237,10 @@ def _grade_bytes(answer: Any) -> tuple[bool, str]:
         return False, FormatSlip("This one is predict, then run: predict(\"08.softmax-bytes\", your factor) "
                                  "records a number, and the next cell's reveal(...) compares it with the count.")
     prediction, result = answer
-    if isinstance(prediction, bool) or not isinstance(prediction, (int, float)) or not math.isfinite(prediction) \
-            or prediction <= 0:
-        return False, FormatSlip(f"Give the factor as a positive number, such as 2 or 10, not {prediction!r}.")
+    given = prediction
+    prediction = as_number(prediction)  # numpy and torch scalars, Fractions: numbers too
+    if prediction is None or not math.isfinite(prediction) or prediction <= 0:
+        return False, FormatSlip(f"Give the factor as a positive number, such as 2 or 10, not {given!r}.")
     if isinstance(result, bool) or not isinstance(result, (int, float)) or not result > 0:
         return False, FormatSlip("The measured result must be a positive number (the cell below computes it).")
     why = ("The five ops read the matrix 5 times (max, subtract, exp, sum, divide) and write it 3 times "

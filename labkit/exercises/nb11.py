@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import inspect
+import math
 import tempfile
 import textwrap
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from labkit import handpar as _hp
 from labkit._validate import safe_repr
 from labkit.exercises import _nb11_mistakes as _mistake
 from labkit.exercises._core import NOT_MEASURED, Exercise, FormatSlip
+from labkit.exercises._graders import as_number
 
 __all__ = ["EXERCISES", "PREDICT_SETUP", "prefetch", "rank_module"]
 
@@ -351,6 +353,10 @@ def _grade_predict(answer: Any) -> tuple[bool, str]:
     if not isinstance(pred, dict) or set(pred) != set(_COUNTS):
         return False, FormatSlip("Predict a dict with the keys 'naive', 'bucketed' and 'ddp': all-reduce "
                                  "calls per step.")
+    counts = {k: as_number(v) for k, v in pred.items()}
+    if any(c is None or not math.isfinite(c) or c < 0 or c != int(c) for c in counts.values()):
+        return False, FormatSlip("Each value is a whole number of all-reduce calls, such as 5 (not text).")
+    pred = {k: int(c) for k, c in counts.items()}
     if not isinstance(result, dict):
         return False, FormatSlip("The measured result should be a dict of calls per step.")
     got = {k: result.get(k) for k in _COUNTS}

@@ -43,7 +43,7 @@ def _grade_solve(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = _as_formats(got[0]), _as_formats(got[1])
     if pred is None:
-        return False, FormatSlip(f"Predict a set of format names from {list(FORMATS)}, e.g. {{'fp64'}}.")
+        return False, FormatSlip(f"Predict a set of format names from {list(FORMATS)}, e.g. {{'fp32', 'bf16'}}.")
     if result is None:
         raise ValueError(f"the measured result must be a set of names from {FORMATS}, got {got[1]!r}")
     if pred == result:

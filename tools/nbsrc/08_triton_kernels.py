@@ -20,7 +20,7 @@
 #
 # **Prerequisites:** notebook 07 (fusion, bytes moved, the roofline), notebook 05 (bf16, TF32).
 #
-# **Estimated time:** 75 min (core 60 min, stretch 15 min)
+# **Estimated time:** 95 min (core 60 min, stretch 35 min)
 #
 # **Where it runs.** On a CUDA GPU the kernels are compiled and timed. Everywhere else they run in Triton's
 # *interpreter* (`TRITON_INTERPRET=1`), which executes each program of a kernel as NumPy code on the CPU, one after
@@ -481,8 +481,8 @@ check("08.flash-attention", my_flash_kernel)
 # `F.scaled_dot_product_attention` in float64, on small shapes: 2 sequences × 2 heads × 100 positions × head dim 16,
 # so 4 query blocks of 32 and 4 key tiles of 32, the last ones partly masked. With fp32 tiles the only bf16
 # error is the final store, one rounding of the output. Compiled on a GPU, the bf16 path also rounds each
-# probability tile P to bf16 before `P @ V` while the row sum keeps fp32: every weight is off by up to 2⁻⁹ of
-# itself, so the output can be off by 2⁻⁹ · max|v| however small it is. `kernels.attention_tolerance(v)` adds that
+# probability tile P to bf16 before `P @ V` while the row sum keeps fp32: every weight is off by up to 2⁻⁸ of
+# itself (half a bf16 ulp), so the output can be off by 2⁻⁸ · max|v| however small it is. `kernels.attention_tolerance(v)` adds that
 # absolute term exactly when the kernel takes that path (on this machine, it prints which):
 
 # %%

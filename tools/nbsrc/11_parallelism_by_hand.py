@@ -16,7 +16,7 @@
 #
 # **Prerequisites:** notebooks 06 (the memory model), 09 (DDP, launching ranks) and 10 (ZeRO, DeepSpeed).
 #
-# **Estimated time:** 125 min (core 70 min, stretch 55 min)
+# **Estimated time:** 160 min (core 90 min, stretch 70 min)
 #
 # Sections 4-6 are **stretch**: tensor and pipeline parallelism by hand and FSDP2. A first pass can take sections
 # 1-3 and 7 (data parallelism and ZeRO-1 by hand, then choosing a strategy) and come back for the rest; their
@@ -892,6 +892,13 @@ assert ck["works"] and ck["equal"] == [True, True] and z2f["works"] and z2f["equ
 # changes the speed, not the results.
 #
 # ## 7. Which strategy, when
+#
+# If you skipped the stretch sections 4-6, what this section needs from them, in three lines: **tensor
+# parallelism** splits every weight matrix of a block over the ranks (Megatron's MLP: one all-reduce forward and
+# one backward per block); **pipeline parallelism** gives each rank a run of layers (a stage) and streams
+# micro-batches through them, leaving each stage idle for a *bubble* of (p−1)/(m+p−1) of the step with p stages and
+# m micro-batches (GPipe; 1F1B reorders the same work so that a stage holds at most p micro-batches' activations
+# instead of m); **FSDP / ZeRO-3** shards the weights too and all-gathers each layer just before it runs.
 #
 # Ψ is the parameter count, n the number of ranks, b·s·d the activations at a layer boundary (tokens × width). The
 # volumes are the collectives' payloads per step; a ring all-reduce moves 2(n−1)/n of its payload through every

@@ -746,7 +746,8 @@ check("14.amdahl", answer)
 
 # %% [markdown]
 # **14.young.** A checkpoint write stalls training for 90 s, and the job fails on average every 12 hours (`YOUNG`).
-# Every how many **minutes** should it checkpoint, by Young's rule?
+# Every how many **minutes** should it checkpoint, by Young's rule (section 7, stretch: the interval that balances
+# the time spent writing against the work lost to a failure, √(2 · write time · mean time between failures))?
 
 # %%
 print(YOUNG)
@@ -758,6 +759,7 @@ check("14.young", answer)
 
 # %% [markdown]
 # **14.ib-timeout.** How many seconds does one InfiniBand attempt wait with the article's `NCCL_IB_TIMEOUT=22`?
+# (Section 10, stretch: the value n sets a wait of 4.096 µs × 2ⁿ.)
 
 # %%
 answer = ...
