@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.autograd import DeviceType
 
 from labkit import bench
 from labkit import device as dev_gate
@@ -176,8 +177,9 @@ def top_ops(prof: torch.profiler.profile, k: int = 5, by: str | None = None,
 
     ``exclude`` drops user annotations (``record_function`` labels), whose self time is Python overhead
     between ops rather than an op; torch's own annotations (``Optimizer.step#AdamW.step``,
-    ``ProfilerStep#3``, ``Optimizer.zero_grad#...``: a ``#`` in the name) are dropped too. Introduced in
-    notebook 07.
+    ``ProfilerStep#3``, ``Optimizer.zero_grad#...``: a ``#`` in the name) are dropped too. By device time (a GPU
+    profile), the kernels' own rows are left out: each kernel's time is already in the self device time of the op
+    that launched it. Introduced in notebook 07.
     """
     _check_prof(prof)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -186,6 +188,10 @@ def top_ops(prof: torch.profiler.profile, k: int = 5, by: str | None = None,
         raise TypeError(f"exclude must be a list or tuple of annotation names, got {safe_repr(exclude)}")
     attr = _sort_key(prof, by)
     events = [e for e in prof.key_averages() if e.key not in exclude and "#" not in e.key]
+    if attr == "self_device_time_total":
+        # A GPU profile lists each kernel twice: as its own row (device type CUDA) and inside the self device time
+        # of the op that launched it. Rank the ops, whose self device times add up to the kernels' once.
+        events = [e for e in events if getattr(e, "device_type", None) == DeviceType.CPU]
     total = sum(getattr(e, attr) for e in events)
     if total <= 0:
         raise ValueError("the profile recorded no self time; profile at least one step that runs ops")
@@ -272,7 +278,10 @@ def busy_fraction(events: Sequence[dict[str, Any]], category: str = "cpu_op", wi
     This is what nvidia-smi's "GPU-Util" reports for a GPU (``category="kernel"``): the share of time at
     least one kernel was running, however few of the SMs it kept busy. On a CPU trace (``"cpu_op"``) it is
     the share of the step spent inside aten ops; the rest is Python and framework overhead between them.
-    Overlapping events count once; events are clipped to the windows. Introduced in notebook 07.
+    Overlapping events count once; events are clipped to the windows. On a GPU trace each step has two spans of
+    that name, the CPU's and the GPU's copy (``gpu_user_annotation``, from its first kernel to its last); their
+    union is the window, from the moment the CPU starts the step to the end of its last kernel, as a wall clock
+    (and nvidia-smi) sees it. Introduced in notebook 07.
     """
     if not isinstance(category, str) or not isinstance(window, str):
         raise TypeError("category and window must be event names (str)")

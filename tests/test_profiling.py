@@ -238,3 +238,22 @@ def test_mfu_formula():
             P.mfu(1.0, bad, 1.0)
     with pytest.raises(TypeError):
         P.mfu("1", 1.0, 1.0)  # type: ignore[arg-type]
+
+
+def test_top_ops_by_device_time_counts_each_kernel_once(mm_profile, monkeypatch):
+    """make gpu-check's expert read: in a GPU profile each kernel is a row of its own (device type CUDA) and also
+    inside the self device time of the op that launched it. Ranked by device time, only the ops count, so the
+    shares are of the kernels' time once. (A stand-in key_averages: no GPU here.)"""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def row(key, dev, us):
+        return SimpleNamespace(key=key, device_type=dev, self_device_time_total=us, self_cpu_time_total=1.0, count=1)
+
+    rows = [row("aten::mm", DeviceType.CPU, 600.0), row("aten::add", DeviceType.CPU, 400.0),
+            row("void gemm_kernel<...>", DeviceType.CUDA, 600.0), row("elementwise_kernel", DeviceType.CUDA, 400.0),
+            row("train_step", DeviceType.CPU, 1000.0)]
+    monkeypatch.setattr(mm_profile, "key_averages", lambda: rows)
+    ops = P.top_ops(mm_profile, k=10, by="device")
+    assert [(o.name, o.share) for o in ops] == [("aten::mm", 0.6), ("aten::add", 0.4)]
