@@ -12,7 +12,10 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     """Run the labkit command line and return its exit status. Introduced in notebook 00."""
-    ap = argparse.ArgumentParser(prog="python -m labkit", description="labkit workbook helpers")
+    from labkit import _cli
+
+    ap = _cli.ArgumentParser(prog="python -m labkit", description="labkit workbook helpers",
+                             checks=[lambda ns: _cli.device_env(ns) if ns.cmd == "doctor" else None])
     sub = ap.add_subparsers(dest="cmd", required=True)
     doc = sub.add_parser("doctor", help="print versions, device capabilities and relevant settings")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -164,6 +164,31 @@ def pg_timeout(text: str) -> float:
     return float_in(0.0, PG_TIMEOUT_MAX_S, low_open=True)(text)
 
 
+def launcher_env(_args: argparse.Namespace | None = None) -> None:
+    """A parser check: raise ValueError (one line, exit status 2) if torchrun's or srun's variables are
+    inconsistent (RANK without WORLD_SIZE, RANK=5 WORLD_SIZE=2, MASTER_PORT=99999), before any work starts.
+    Introduced in notebook 09.
+    """
+    from labkit import dist as ldist
+
+    ldist.rank_env()
+
+
+def device_env(_args: argparse.Namespace | None = None) -> None:
+    """A parser check: raise ValueError (one line, exit status 2) if $LABKIT_DEVICE names no device this machine
+    has ("bogus", "cuda" without a GPU), before any work starts. Introduced in notebook 00.
+    """
+    import os
+
+    if os.environ.get("LABKIT_DEVICE"):
+        from labkit import device as dev_gate
+
+        try:
+            dev_gate.pick_device()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"LABKIT_DEVICE={safe_repr(os.environ['LABKIT_DEVICE'])}: {exc}") from None
+
+
 def launch_world() -> int | None:
     """The world size this process was launched with (torchrun's or srun's variables; 1 alone), or None.
 

@@ -650,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
 
     threads, dtypes = _cli.int_in(1, _MAX_THREADS), _cli.choices_list(list(PEAK_DTYPES))
     size = _cli.int_in(1, _MAX_MATMUL_N)
-    ap = _cli.ArgumentParser(prog="python -m labkit.bench", description="labkit benchmarks")
+    ap = _cli.ArgumentParser(prog="python -m labkit.bench", description="labkit benchmarks",
+                             checks=[_cli.device_env])
     sub = ap.add_subparsers(dest="suite", required=True)
     amp = sub.add_parser("amp", help="bf16 (and fp16) vs fp32: matmul and tiny-GPT train step, one run")
     amp.add_argument("--device", type=_cli.device, default=None,

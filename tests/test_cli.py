@@ -7,8 +7,10 @@ command line shows what a user sees. Also: ``--torch-adam`` of the ZeRO recipe r
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -234,3 +236,51 @@ def test_an_oversized_ddp_flag_is_refused_before_torch_is_imported():
     for argv in (["--hidden", str(10**8)], ["--data-size", str(10**10)]):
         out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
         assert out.stdout.split() == ["2", "False"], (out.stdout, out.stderr)
+
+
+# Every entry point a learner, an instructor or `make` runs: a bad flag, a bad value, a bad environment. Each answers
+# with one line on stderr and exit status 2 (issue 39's acceptance). (argv, extra environment, words in the line)
+_TOOLS = Path(__file__).resolve().parents[1] / "tools"
+EVERY_CLI = [
+    (["-m", "labkit", "--bogus"], {}, "required: cmd"),  # argparse names the missing command first
+    *[(["-m", "labkit", *sub, "--bogus"], {}, "unrecognized arguments: --bogus")
+      for sub in (["doctor"], ["student-build"], ["workspace"], ["progress"])],
+    (["-m", "labkit"], {}, "required: cmd"),
+    (["-m", "labkit", "class-report"], {}, "required: sources"),
+    (["-m", "labkit", "progress", "--to", "x"], {}, "--to goes with --export"),
+    (["-m", "labkit", "doctor"], {"LABKIT_DEVICE": "bogus"}, "LABKIT_DEVICE='bogus'"),
+    (["-m", "labkit.bench", "--bogus"], {}, "required: suite"),
+    (["-m", "labkit.bench", "peak", "--bogus"], {}, "unrecognized arguments: --bogus"),
+    (["-m", "labkit.bench", "amp"], {"LABKIT_DEVICE": "bogus"}, "LABKIT_DEVICE='bogus'"),
+    (["-m", "labkit.bench", "peak"], {"LABKIT_DEVICE": "bogus"}, "LABKIT_DEVICE='bogus'"),
+    *[(["-m", f"labkit.recipes.{r}", "--bogus"], {}, "--bogus")
+      for r in ("ddp", "zero", "allreduce", "handpar")],
+    (["-m", "labkit.recipes.handpar_grade", "--file", "x.py", "--bogus"], {}, "--bogus"),
+    *[(["-m", f"labkit.recipes.{r}"], {"RANK": "5", "WORLD_SIZE": "2"}, "inconsistent rank layout")
+      for r in ("ddp", "zero", "allreduce")],
+    *[(["-m", f"labkit.recipes.{r}"], {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "99999"}, "MASTER_PORT=99999")
+      for r in ("ddp", "zero", "allreduce")],
+    *[([str(_TOOLS / f"{t}.py"), "--bogus"], {}, "unrecognized arguments: --bogus")
+      for t in ("cpu_class", "cuda_install", "gpu_check", "install_torch", "nbbuild", "nblint", "pacing", "readme")],
+]
+
+
+def test_every_command_line_answers_bad_input_in_one_line_with_exit_2(tmp_path):
+    """All of EVERY_CLI, four at a time (each starts a Python): one stderr line naming the problem, status 2, no
+    traceback, nothing on stdout."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT",
+                                                              "SLURM_PROCID", "SLURM_NTASKS", "LABKIT_DEVICE")}
+    base["LABKIT_PROGRESS"] = str(tmp_path / "progress.json")
+
+    def run(case):
+        argv, env, _ = case
+        return subprocess.run([sys.executable, *argv], env={**base, **env}, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=180, check=False)
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(run, EVERY_CLI))
+    bad = [f"{' '.join(a)} {e}: rc={o.returncode} {o.stderr[-300:]!r}" for (a, e, words), o in zip(EVERY_CLI, outs)
+           if o.returncode != 2 or o.stderr.count("\n") != 1 or words not in o.stderr or "Traceback" in o.stderr]
+    assert bad == [], "\n".join(bad)

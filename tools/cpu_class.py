@@ -14,6 +14,7 @@ import argparse
 import os
 import subprocess
 import sys
+from typing import NoReturn
 
 from labkit.device import CPU_CLASSES as ORDER
 
@@ -28,8 +29,13 @@ def native_class() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line on stderr, exit status 2 (labkit._cli's convention)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--above", choices=ORDER, default=None, help="exit 0 only if the native class is above this")
     a = ap.parse_args(argv)
     have = native_class()

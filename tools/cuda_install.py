@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -91,8 +91,13 @@ def resolve(timeout_s: float = 600) -> tuple[int, str, dict[str, Any] | None]:
     return out.returncode, out.stdout + out.stderr, data
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line on stderr, exit status 2 (labkit._cli's convention)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--report", type=Path, default=None, help="also write pip's report here")
     a = ap.parse_args(argv)
     rc, output, report = resolve()

@@ -33,7 +33,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ("03", "04", "05", "06", "07", "08", "09", "10", "11")
@@ -239,8 +239,13 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
     (out / "gpu-report.md").write_text(markdown(report))
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line on stderr, exit status 2 (labkit._cli's convention)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path.cwd(), help="folder for gpu-report.json/.md (default: .)")
     ap.add_argument("--notebooks", default=",".join(NOTEBOOKS), help="number prefixes (default: 03-11)")
     ap.add_argument("--timeout-per-notebook", type=int, default=300)

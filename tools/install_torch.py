@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from typing import NoReturn
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 WHEEL_INDEX = "https://download.pytorch.org/whl/{}"
@@ -52,8 +53,13 @@ def resolve(spec: str) -> str | None:
         return None
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line on stderr, exit status 2 (labkit._cli's convention)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default="torch==2.13.0")
     ap.add_argument("--index", default="auto")
     a = ap.parse_args(argv)

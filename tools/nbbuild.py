@@ -26,6 +26,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import jupytext
 import nbformat
@@ -104,8 +105,13 @@ def update_markdown(src: Path) -> Path:
     return dest
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line on stderr, exit status 2 (labkit._cli's convention)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("which", nargs="*", help="number prefixes such as 01; default: all")
     ap.add_argument("--no-execute", action="store_true")
     ap.add_argument("--markdown-only", action="store_true",

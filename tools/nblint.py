@@ -92,6 +92,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 __all__ = [
     "EXEMPT",
@@ -566,9 +567,14 @@ def lint(path: str | Path) -> list[Finding]:
     return sorted(found, key=lambda f: (f.line, f.kind))
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line on stderr, exit status 2 (labkit._cli's convention)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Lint the given sources (default: every tools/nbsrc/*.py); print the findings; 1 if any, else 0."""
-    parser = argparse.ArgumentParser(description="Lint notebook sources: measured sentences, asserts.")
+    parser = _Parser(description="Lint notebook sources: measured sentences, asserts.")
     parser.add_argument("paths", nargs="*", type=Path, help="sources (default: tools/nbsrc/*.py)")
     args = parser.parse_args(argv)
     paths = args.paths or sorted(SRC.glob("[0-9]*.py"))

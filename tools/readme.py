@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from labkit.catalog import NOTEBOOKS, markdown_table
 
@@ -269,12 +270,17 @@ def update_readme(path: str | Path = README) -> bool:
     return new != text
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line on stderr, exit status 2 (labkit._cli's convention)
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Update (or with ``--check`` only check) the README's generated blocks; return the exit status.
 
     Introduced in notebook 00.
     """
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("readme", nargs="?", default=None,
                     help="the file to update (default: README.md and docs/student/README.md)")
     ap.add_argument("--check", action="store_true",

@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     from labkit import _cli
 
     ap = _cli.ArgumentParser(
-        prog="python -m labkit.recipes.allreduce",
+        prog="python -m labkit.recipes.allreduce", checks=[_cli.launcher_env],
         description="All-reduce benchmark: algbw and busbw per message size (nccl-tests definitions). "
                     "Run under torchrun or srun; rank 0 prints one LABKIT_RESULT {json} line.")
     ap.add_argument("--sizes", type=_sizes, default=",".join(format_size(s) for s in DEFAULT_SIZES),

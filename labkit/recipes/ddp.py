@@ -58,6 +58,7 @@ import itertools
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -535,7 +536,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # On an exception the process group is left alone: torchrun's record() writes this rank's error file
     # first, and only the exit then closes the connections, so the other ranks fail *after* it and the
     # launch names this rank as the root cause (destroying the group first let a peer fail first).
-    result = _run(args)
+    # A checkpoint that --resume cannot use is the user's file, not a bug: one line, exit status 2 (every rank
+    # reads the same file and says the same).
+    from labkit.train import CheckpointError
+
+    try:
+        result = _run(args)
+    except CheckpointError as exc:
+        print(f"python -m labkit.recipes.ddp: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     if result is not None:
         ldist.emit_result(result)
     if dist.is_initialized():

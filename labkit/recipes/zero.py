@@ -171,6 +171,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     from labkit import _cli, models
 
     models.GPTConfig(d_model=args.d_model, n_layers=args.n_layers)
+    _cli.launcher_env(args)  # a bad RANK/WORLD_SIZE/MASTER_PORT says so here, in one line
     world = _cli.launch_world() or 1
     for stage, dtype, offload in parse_runs(args.runs):
         _ds_config(stage, dtype, offload, args, world, accelerator="cpu")
