@@ -26,6 +26,7 @@ from fractions import Fraction
 import torch
 from torch import nn
 
+from labkit import device as dev_gate
 from labkit._validate import check_dense
 
 __all__ = [
@@ -92,7 +93,7 @@ class LatencyStats:
 
 @dataclass(frozen=True)
 class BatchPoint:
-    """One batch size of :func:`batch_sweep`: its latency statistics and its throughput (items per second at P50).
+    """One batch size of :func:`batch_sweep`: its latency statistics and its throughput (items per second).
 
     Every request in a batch waits for the whole batch, so a request's latency is the batch's time.
     Introduced in notebook 14.
@@ -103,8 +104,9 @@ class BatchPoint:
 
     @property
     def throughput(self) -> float:
-        """Items per second at the median latency. Introduced in notebook 14."""
-        return self.batch / self.latency.p50
+        """Items per second, sustained: the batch over the *mean* batch time (n batches take n x mean seconds; the
+        median would ignore the slow ones, which a server pays for too). Introduced in notebook 14."""
+        return self.batch / self.latency.mean
 
 
 def _check_model(model: object) -> nn.Module:
@@ -133,8 +135,9 @@ def batch_sweep(model: nn.Module, inputs: torch.Tensor, batch_sizes: Sequence[in
     """Time ``model`` on the first ``b`` rows of ``inputs`` for each ``b`` in ``batch_sizes``; return the points.
 
     The batch sizes are timed round-robin (``repeats`` rounds, after ``warmup`` untimed ones) under
-    ``torch.inference_mode``, so that a drift of the machine hits every size alike. CPU timing
-    (``time.perf_counter``); on a GPU, synchronise inside the model or use CUDA events. Introduced in notebook 14.
+    ``torch.inference_mode``, so that a drift of the machine hits every size alike. Wall-clock timing
+    (``time.perf_counter``) of the whole call: on a GPU the device is synchronised before the clock starts and
+    before it stops, so the kernels are timed, not their launch. Introduced in notebook 14.
     """
     _check_model(model)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1:
@@ -152,8 +155,10 @@ def batch_sweep(model: nn.Module, inputs: torch.Tensor, batch_sizes: Sequence[in
         for r in range(warmup + repeats):
             order = sizes[r % len(sizes):] + sizes[: r % len(sizes)]
             for b in order:
+                dev_gate.synchronize(inputs.device)
                 t0 = time.perf_counter()
                 model(inputs[:b])
+                dev_gate.synchronize(inputs.device)
                 dt = time.perf_counter() - t0
                 if r >= warmup:
                     times[b].append(dt)
@@ -205,7 +210,8 @@ class Generation:
 
 
 def timed_generate(model: nn.Module, prompt: torch.Tensor, n_new: int) -> Generation:
-    """Greedy-decode ``n_new`` tokens after ``prompt`` and time each one (``perf_counter``, inference mode).
+    """Greedy-decode ``n_new`` tokens after ``prompt`` and time each one (``perf_counter``, inference mode; on a
+    GPU the device is synchronised around each token).
 
     Introduced in notebook 14.
     """
@@ -214,11 +220,13 @@ def timed_generate(model: nn.Module, prompt: torch.Tensor, n_new: int) -> Genera
     seq, out, secs = prompt, [], []
     with torch.inference_mode():
         for _ in range(n):
+            dev_gate.synchronize(prompt.device)
             t0 = time.perf_counter()
             logits = _run(model, seq)
             if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
                 raise ValueError("the model must return logits of shape (batch, t, vocab)")
             nxt = logits[:, -1].argmax(-1, keepdim=True)
+            dev_gate.synchronize(prompt.device)  # on a GPU: the token's kernels, not their launch
             secs.append(time.perf_counter() - t0)
             out.append(nxt)
             seq = torch.cat([seq, nxt], dim=1)

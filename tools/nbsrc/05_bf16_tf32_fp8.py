@@ -532,9 +532,10 @@ for k, t in shapes.timings.items():
 # > per step (batch × sequence length) and its input and output features; for the output layer, the vocabulary. A
 # > batch of 8 does not help a hidden size of 1000 or a vocabulary of 50257.
 # >
-# > **What is true:** make every matmul dimension a multiple of 8 for FP16/BF16 (16 for FP8; 64 is safer); GPT-2's
-# > vocabulary is padded from 50257 to 50304 for this reason. NVIDIA's deep-learning performance guide (its "matrix
-# > multiplication background" chapter) gives the rules per GPU generation.
+# > **What is true:** make every matmul dimension a multiple of 8 for FP16/BF16 (16 for FP8; 64 is safer); nanoGPT
+# > pads GPT-2's vocabulary from 50257 to 50304 for this reason (the released GPT-2 keeps 50257). NVIDIA's
+# > deep-learning performance guide (its "matrix multiplication background" chapter) gives the rules per GPU
+# > generation.
 #
 # ## 5. Exercises
 #
