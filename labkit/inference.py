@@ -130,6 +130,17 @@ def _run(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"the model cannot run inputs of shape {tuple(x.shape)} and dtype {x.dtype}: {exc}") from None
 
 
+def _devices(model: nn.Module, x: torch.Tensor) -> list[torch.device]:
+    """The devices a timed call can queue work on: the model's parameters' and buffers', and the input's."""
+    found = {t.device for t in (*model.parameters(), *model.buffers())} | {x.device}
+    return sorted(found, key=str)
+
+
+def _sync(devices: list[torch.device]) -> None:
+    for d in devices:
+        dev_gate.synchronize(d)
+
+
 def batch_sweep(model: nn.Module, inputs: torch.Tensor, batch_sizes: Sequence[int], *, repeats: int = 30,
                 warmup: int = 3) -> list[BatchPoint]:
     """Time ``model`` on the first ``b`` rows of ``inputs`` for each ``b`` in ``batch_sizes``; return the points.
@@ -149,16 +160,17 @@ def batch_sweep(model: nn.Module, inputs: torch.Tensor, batch_sizes: Sequence[in
     _count("repeats", repeats, 1, 10_000)
     _count("warmup", warmup, 0, 1000)
     times: dict[int, list[float]] = {b: [] for b in sizes}
+    devices = _devices(model, inputs)
     with torch.inference_mode():
         for b in sizes:
             _run(model, inputs[:b])
         for r in range(warmup + repeats):
             order = sizes[r % len(sizes):] + sizes[: r % len(sizes)]
             for b in order:
-                dev_gate.synchronize(inputs.device)
+                _sync(devices)
                 t0 = time.perf_counter()
                 model(inputs[:b])
-                dev_gate.synchronize(inputs.device)
+                _sync(devices)
                 dt = time.perf_counter() - t0
                 if r >= warmup:
                     times[b].append(dt)
@@ -219,14 +231,15 @@ def timed_generate(model: nn.Module, prompt: torch.Tensor, n_new: int) -> Genera
     n = _check_prompt(model, prompt, n_new)
     seq, out, secs = prompt, [], []
     with torch.inference_mode():
+        devices = _devices(model, prompt)
         for _ in range(n):
-            dev_gate.synchronize(prompt.device)
+            _sync(devices)
             t0 = time.perf_counter()
             logits = _run(model, seq)
             if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
                 raise ValueError("the model must return logits of shape (batch, t, vocab)")
             nxt = logits[:, -1].argmax(-1, keepdim=True)
-            dev_gate.synchronize(prompt.device)  # on a GPU: the token's kernels, not their launch
+            _sync(devices)  # on a GPU: the token's kernels, not their launch
             secs.append(time.perf_counter() - t0)
             out.append(nxt)
             seq = torch.cat([seq, nxt], dim=1)

@@ -139,3 +139,22 @@ def test_generation_is_greedy_argmax_and_timed():
         I.timed_generate(model, prompt, 7)  # 7 + 7 - 1 > seq_len 12
     with pytest.raises(TypeError):
         I.timed_generate(model, prompt.float(), 2)
+
+
+def test_timing_waits_for_the_models_device_before_and_after_each_call(monkeypatch):
+    """On a GPU the clock must time the kernels, not their launch: every timed call is bracketed by a synchronise of
+    each device the model's tensors or the input live on (here a stand-in that records the calls; on a CPU it is
+    a no-op). The meta device stands in for a second device the model lives on."""
+    from labkit import device as dev_gate
+
+    calls: list[str] = []
+    monkeypatch.setattr(dev_gate, "synchronize", lambda d=None, stream_only=False: calls.append(str(d)))
+    model = torch.nn.Linear(8, 4)
+    I.batch_sweep(model, torch.randn(16, 8), [1, 4], repeats=3, warmup=1)
+    assert calls == ["cpu"] * (2 * 2 * (3 + 1))  # 2 sizes x (3 + 1 rounds) x before and after
+    calls.clear()
+    model.register_buffer("elsewhere", torch.empty(1, device="meta"))
+    assert [str(d) for d in I._devices(model, torch.randn(2, 8))] == ["cpu", "meta"]
+    gpt = models.TinyGPT(vocab_size=12, seq_len=12, seed=3).eval()
+    I.timed_generate(gpt, torch.randint(0, 12, (1, 7)), 3)
+    assert calls == ["cpu"] * (2 * 3)

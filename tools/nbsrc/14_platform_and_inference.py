@@ -67,9 +67,9 @@ GCC = T.find_compilers()["gcc"] is not None
 # Each workload leans on a different bottleneck (notebook 00's three). Molecular dynamics spends its time in
 # neighbour exchanges between MPI ranks and in FFTs; fluid dynamics streams large meshes through memory and is
 # bandwidth-bound; training uses all three at once: compute in forward and backward, memory bandwidth in data loading
-# and elementwise ops, the network in gradient synchronisation. Tensor cores, matrix units added to NVIDIA GPUs with
-# Volta (2017, FP16) and given BF16 and TF32 with Ampere (2020), deliver many times the FP32 rate, which is why mixed
-# precision spread from AI into HPC codes too. The same collectives exist on both sides: MPI's `MPI_Allreduce` is DDP's all-reduce, and
+# and elementwise ops, the network in gradient synchronisation. Tensor cores, matrix units added to NVIDIA GPUs
+# with Volta (2017, FP16) and given BF16 and TF32 with Ampere (2020), deliver many times the FP32 rate, which is
+# why mixed precision spread from AI into HPC codes too. The same collectives exist on both sides: MPI's `MPI_Allreduce` is DDP's all-reduce, and
 # torch.distributed can even run on MPI where PyTorch was built with it.
 #
 # ### FP64 still matters: an ill-conditioned system
@@ -292,15 +292,16 @@ print("container runtime:", T.container_runtime() or "none detected")
 # **Run here.** A service is judged by its **latency distribution**, not its mean: P50 (the median) is the typical
 # request, P99 the one in a hundred that users complain about. **Throughput** is requests (or tokens) per second.
 # Batching requests together raises throughput, because one call does more work for the same fixed overhead, and
-# raises latency, because every request in a batch waits for the whole batch. First a model worth serving: the tiny
-# GPT of notebook 04, trained on the reverse task, and a held-out test set it has never seen.
+# raises latency, because every request in a batch waits for the whole batch. These measurements, and the INT8 ones of
+# section 6, run on the CPU even on a GPU node (dynamic INT8 is a CPU path in PyTorch). First a model worth serving:
+# the tiny GPT of notebook 04, trained on the reverse task, and a held-out test set it has never seen.
 
 # %%
 task = data.make_token_task("reverse", n=4096, n_digits=6, vocab_size=12, seed=0)
 test = data.make_token_task("reverse", n=512, n_digits=6, vocab_size=12, seed=1)  # independent data
 run = train.train(models.TinyGPT(vocab_size=12, seq_len=task.seq_len, seed=0),
                   data.Batches(task.inputs, task.targets, batch_size=32, seed=0),
-                  policy="fp32", steps=100, lr=3e-3, progress=False)
+                  policy="fp32", steps=100, lr=3e-3, device="cpu", progress=False)  # on the CPU, on any machine
 model = run.model.eval()
 with torch.inference_mode():
     acc_fp32 = test.answer_accuracy(model(test.inputs), test.targets)
@@ -311,7 +312,8 @@ assert acc_fp32 > 0.95
 # Now time its forward pass at batch sizes 1 to 256 (interleaved, 200 rounds, in one run). A percentile needs its
 # sample count beside it: by nearest rank, the P99 of 30 samples is simply the slowest one, and of 200 the third
 # slowest; a service's P99 comes from thousands of requests. Throughput is the batch over the *mean* time per batch,
-# what a server sustains (the slow batches cost it too):
+# what a server sustains with batches back to back (the slow batches cost it too; the wait for a batch to fill,
+# which a real server adds, is not in it):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -348,8 +350,8 @@ print("batch 64 serves more than twice the requests per second of batch 1; at ba
 # *prefill*) and producing one token; every later token takes one *decode* step. Real servers keep each layer's
 # keys and values of the tokens so far (the **KV cache**), so a decode step processes one new token, which makes
 # decode cheap per step but bound by memory bandwidth. The tiny GPT has no KV cache: every step re-reads the whole
-# sequence, so a later token does as much work as the first (fine for 12 tokens); the cell prints how their times
-# compare. One warm-up generation first, so that the first token is not charged with one-off start-up costs, then
+# sequence, so a later token does at least as much work as the first, more as the sequence grows (7 tokens for the
+# first, up to 12 for the last); the cell prints how their times compare. One warm-up generation first, so that the first token is not charged with one-off start-up costs, then
 # 21 timed generations, of which the medians are printed:
 
 # %%
