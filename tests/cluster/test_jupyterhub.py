@@ -276,15 +276,16 @@ def reached_lab(page, hub: Hub, user: ClusterUser, url: re.Pattern, timeout_s: f
     before the proxy has the user's route, the page's next request gets a 503, and it stays on "Your server is
     starting up". A person reloads; so does this, once the hub says the server is ready and the page has not moved.
 
-    nbgitpuller's page can stop in the same way: its event stream to the server dropped (the page says
-    "Error: undefined") and the browser's reconnect found the first pull still holding the server's git lock
-    ("Another git operation is currently running, try again in a few minutes"). Its own message says to try again;
-    a person reloads, and so does this, once. Any other error of nbgitpuller (the clone failed, a merge conflict)
-    fails the test with nbgitpuller's words.
+    nbgitpuller's page can stop in the same way: a second load of the page (the login's redirects can load it
+    twice) opens a second event stream while the first pull still holds the server's git lock and clones; that
+    stream is refused (not an event stream: the page says "Error: undefined"), or nbgitpuller says "Another git
+    operation is currently running, try again in a few minutes". A person waits and reloads; so does this, 5 s
+    later, up to three times (seen once in CI: an immediate reload met the lock again). Any other error of
+    nbgitpuller (the clone failed, a merge conflict) fails the test with nbgitpuller's words.
     """
     deadline = time.monotonic() + timeout_s
     stuck_since = None
-    pull_retried = False
+    pull_reloads = 0
     while time.monotonic() < deadline:
         if url.search(page.url):
             return
@@ -298,11 +299,14 @@ def reached_lab(page, hub: Hub, user: ClusterUser, url: re.Pattern, timeout_s: f
             said = gitpuller_error(page)
             if said is not None:
                 transient = said in ("Error: undefined", "Error: null") or "try again" in said
-                if pull_retried or not transient:
+                if pull_reloads >= 3 or not transient:
                     raise AssertionError(f"nbgitpuller stopped at {page.url}: {said!r}"
-                                         + (" (after one reload)" if pull_retried else ""))
-                print(f"\nnbgitpuller's page stopped ({said!r}); reloading once, as its message asks")
-                pull_retried = True
+                                         + (f" (after {pull_reloads} reloads)" if pull_reloads else ""))
+                # The first pull may still hold the git lock (it clones while a second page load's stream is
+                # refused): give it time, as the message asks, then reload.
+                print(f"\nnbgitpuller's page stopped ({said!r}); reloading in 5 s, as its message asks")
+                pull_reloads += 1
+                page.wait_for_timeout(5000)
                 page.reload()
         page.wait_for_timeout(500)  # not time.sleep: Playwright's sync API updates page.url only inside its calls
     raise AssertionError(f"the browser did not reach {url.pattern} in {timeout_s} s; it is at {page.url}")
