@@ -20,13 +20,11 @@ by ``(core C min, stretch S min)``. This is a model, not a measurement: a class'
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 WPM, CODE_LPM, OUT_LPM = 130, 12, 40
@@ -109,13 +107,12 @@ def problems(e: Estimate, slack: float = 5.0) -> list[str]:
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line on stderr, exit status 2 (labkit._cli's convention)
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(description=__doc__.splitlines()[0])
+    from labkit import (
+        _cli,  # the model reads labkit's exercise registry anyway: its one-line-error parser too
+    )
+
+    ap = _cli.ArgumentParser(prog="pacing.py", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="exit 1 where a stated time is off the model")
     args = ap.parse_args(argv)
     rows = [estimate(p) for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
