@@ -101,12 +101,28 @@ class Comparison:
         """Baseline time divided by the time of ``name`` (above 1: faster). Introduced in notebook 04."""
         return 1.0 / self.ratio(name)
 
+    def round_speedups(self, name: str) -> tuple[float, ...]:
+        """Baseline time / time of ``name`` in each round, sorted: the rounds ran interleaved, so each ratio compares
+        two calls made moments apart, under the same load. Introduced in notebook 15."""
+        if name not in self.timings:
+            raise ValueError(f"unknown candidate {safe_repr(name)}; have {list(self.timings)}")
+        base = self.timings[self.baseline].times
+        return tuple(sorted(b / t for b, t in zip(base, self.timings[name].times)))
+
+    def speedup_quartiles(self, name: str) -> tuple[float, float, float]:
+        """(lower quartile, median, upper quartile) of :meth:`round_speedups`: the middle half of the rounds lies
+        between the first and the last. Introduced in notebook 15."""
+        r = self.round_speedups(name)
+        q = statistics.quantiles(r, n=4, method="inclusive") if len(r) > 1 else [r[0]] * 3
+        return q[0], q[1], q[2]
+
     def table(self, title: str = "") -> str:
         """Return a plain-text table: candidate, median, spread, ratio to the baseline. Introduced in notebook 04."""
         rows = [title] if title else []
-        rows.append(f"{'candidate':<12} {'median':>12} {'spread':>8} {'time / ' + self.baseline:>14}")
+        w = max(12, *(len(str(n)) for n in self.timings))
+        rows.append(f"{'candidate':<{w}} {'median':>12} {'spread':>8} {'time / ' + self.baseline:>14}")
         for name, t in self.timings.items():
-            rows.append(f"{name:<12} {_fmt_time(t.median):>12} {t.spread:>7.0%} {self.ratio(name):>14.2f}")
+            rows.append(f"{name:<{w}} {_fmt_time(t.median):>12} {t.spread:>7.0%} {self.ratio(name):>14.2f}")
         return "\n".join(rows)
 
 

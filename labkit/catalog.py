@@ -85,13 +85,19 @@ NOTEBOOKS: list[Notebook] = [
              "hangs, rendezvous, DeepSpeed config, unscaled lr): read the symptom, name the cause, fix one setting",
              "full: each case a real process or 2 gloo ranks, DeepSpeed's CPU accelerator",
              "the same CPU-sized cases; the mistakes are the ones GPU jobs make", "all three", True),
-    Notebook("14", "14_platform_and_inference", "Platform, toolchain and inference",
-             "HPC vs AI (FP64, iterative refinement), one C kernel at -O0/-O2/-O3, the undefined-symbol error, "
-             "containers, inference latency percentiles and batching, INT8, checkpoint I/O, the run lifecycle, "
+    Notebook("14", "14_platform_and_inference", "Platform and toolchain",
+             "HPC vs AI (FP64, iterative refinement), one C kernel one flag at a time (-O0 to -march=native, what "
+             "-O2 vectorises), the undefined-symbol error, containers, checkpoint I/O, the run lifecycle, "
              "Amdahl's law",
-             "full (gcc builds, INT8, I/O and latency measured); GPU tools explained",
+             "full (gcc builds and I/O measured); GPU tools explained",
              "the same cells; nvidia-smi dmon, Nsight Compute, TensorRT, NVML energy on the node", "all three",
              True),
+    Notebook("15", "15_serving", "Serving: latency, load and batching",
+             "latency percentiles with their n, batching, TTFT, open-loop Poisson load and its knee, coordinated "
+             "omission, static vs continuous batching, prefill vs decode on the roofline, KV cache and paging, INT8",
+             "full: the tiny GPT served by one CPU thread; batching replayed from measured step times",
+             "the same cells (they serve on the CPU); a GPU server's numbers are worked from datasheets",
+             "memory bandwidth (decode) and compute (prefill)", True),
 ]
 
 

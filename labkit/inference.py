@@ -11,7 +11,7 @@
   swaps it in for a model's ``nn.Linear`` layers, except those you keep; :func:`weight_bytes` counts a model's bytes. ``tests/test_inference.py`` checks it against
   ``torch.ao.quantization.quantize_dynamic``.
 
-Introduced in notebook 14.
+Introduced in notebook 15.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     """Return the ``q``-th percentile of ``values`` by the nearest-rank rule: the smallest value with at least
     ``q`` % of the values at or below it (so P99 of 100 latencies is the second largest; never interpolated).
 
-    Introduced in notebook 14.
+    Introduced in notebook 15.
     """
     vals = sorted(_numbers("values", values))
     if isinstance(q, bool) or not isinstance(q, (int, float)):
@@ -76,19 +76,22 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class LatencyStats:
-    """Request latencies in seconds: count, mean, P50, P90, P99 (nearest rank). Introduced in notebook 14."""
+    """Request latencies in seconds: count, mean, P50, P90, P99 (nearest rank) and the maximum. Introduced in notebook
+    15."""
 
     n: int
     mean: float
     p50: float
     p90: float
     p99: float
+    max: float
 
     @classmethod
     def of(cls, times: Sequence[float]) -> LatencyStats:
-        """Summarise a list of latencies in seconds. Introduced in notebook 14."""
+        """Summarise a list of latencies in seconds. Introduced in notebook 15."""
         vals = _numbers("times", times)
-        return cls(len(vals), sum(vals) / len(vals), percentile(vals, 50), percentile(vals, 90), percentile(vals, 99))
+        return cls(len(vals), sum(vals) / len(vals), percentile(vals, 50), percentile(vals, 90), percentile(vals, 99),
+                   max(vals))
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class BatchPoint:
     """One batch size of :func:`batch_sweep`: its latency statistics and its throughput (items per second).
 
     Every request in a batch waits for the whole batch, so a request's latency is the batch's time.
-    Introduced in notebook 14.
+    Introduced in notebook 15.
     """
 
     batch: int
@@ -105,7 +108,7 @@ class BatchPoint:
     @property
     def throughput(self) -> float:
         """Items per second, sustained: the batch over the *mean* batch time (n batches take n x mean seconds; the
-        median would ignore the slow ones, which a server pays for too). Introduced in notebook 14."""
+        median would ignore the slow ones, which a server pays for too). Introduced in notebook 15."""
         return self.batch / self.latency.mean
 
 
@@ -148,7 +151,7 @@ def batch_sweep(model: nn.Module, inputs: torch.Tensor, batch_sizes: Sequence[in
     The batch sizes are timed round-robin (``repeats`` rounds, after ``warmup`` untimed ones) under
     ``torch.inference_mode``, so that a drift of the machine hits every size alike. Wall-clock timing
     (``time.perf_counter``) of the whole call: on a GPU the device is synchronised before the clock starts and
-    before it stops, so the kernels are timed, not their launch. Introduced in notebook 14.
+    before it stops, so the kernels are timed, not their launch. Introduced in notebook 15.
     """
     _check_model(model)
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1:
@@ -189,7 +192,7 @@ def greedy_generate(model: nn.Module, prompt: torch.Tensor, n_new: int) -> torch
     """Return the ``n_new`` tokens that greedy decoding appends to ``prompt`` (shape (batch, n_new)).
 
     Each step runs the model on the whole sequence so far and takes the argmax at the last position (no KV
-    cache, so every step recomputes the prefix). Introduced in notebook 14.
+    cache, so every step recomputes the prefix). Introduced in notebook 15.
     """
     _check_model(model)
     n = _check_prompt(model, prompt, n_new)
@@ -200,7 +203,7 @@ def greedy_generate(model: nn.Module, prompt: torch.Tensor, n_new: int) -> torch
 class Generation:
     """Tokens from :func:`timed_generate` and the seconds each took; ``ttft`` is the first one's.
 
-    Introduced in notebook 14.
+    Introduced in notebook 15.
     """
 
     tokens: torch.Tensor
@@ -208,14 +211,14 @@ class Generation:
 
     @property
     def ttft(self) -> float:
-        """Time to first token, in seconds (the prompt's prefill plus one step). Introduced in notebook 14."""
+        """Time to first token, in seconds (the prompt's prefill plus one step). Introduced in notebook 15."""
         return self.token_seconds[0]
 
     @property
     def time_per_output_token(self) -> float:
         """Median seconds per token after the first (the decode rate); the TTFT if only one.
 
-        Introduced in notebook 14.
+        Introduced in notebook 15.
         """
         rest = sorted(self.token_seconds[1:]) or [self.ttft]
         return percentile(rest, 50)
@@ -225,7 +228,7 @@ def timed_generate(model: nn.Module, prompt: torch.Tensor, n_new: int) -> Genera
     """Greedy-decode ``n_new`` tokens after ``prompt`` and time each one (``perf_counter``, inference mode; on a
     GPU the device is synchronised around each token).
 
-    Introduced in notebook 14.
+    Introduced in notebook 15.
     """
     _check_model(model)
     n = _check_prompt(model, prompt, n_new)
@@ -254,7 +257,7 @@ class Int8Linear(nn.Module):
     - ``acc = x_q @ w_q.T`` in int32 (exact: int8 products summed without rounding), then
       ``y = acc × x_scale × w_scale + bias`` in fp32.
 
-    The weights take a quarter of fp32's bytes. Introduced in notebook 14.
+    The weights take a quarter of fp32's bytes. Introduced in notebook 15.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -296,7 +299,7 @@ def int8_matmul_exact(device: torch.device | str = "cpu") -> bool:
     Probed once per device with extreme values (±127, where 16-bit intermediate sums would saturate) against the
     same product in float64. It is not a given: under an AVX2 cap (``ATEN_CPU_CAPABILITY=avx2
     ONEDNN_MAX_CPU_ISA=AVX2``) torch 2.13's CPU kernel was off by tens of thousands, while the same call was exact
-    on the AVX-512 CPU uncapped. :class:`Int8Linear` uses ``_int_mm`` only where it is exact. Introduced in notebook 14.
+    on the AVX-512 CPU uncapped. :class:`Int8Linear` uses ``_int_mm`` only where it is exact. Introduced in notebook 15.
     """
     from labkit import device as dev_gate
 
@@ -320,7 +323,7 @@ def quantize_int8(model: nn.Module, keep: Sequence[str] = ()) -> nn.Module:
     """Return a copy of ``model`` with every ``nn.Linear`` replaced by :class:`Int8Linear`, except those named
     in ``keep`` (module names as in ``named_modules()``, e.g. ``"head"``), which stay in fp32.
 
-    ``model`` itself is not changed. Introduced in notebook 14.
+    ``model`` itself is not changed. Introduced in notebook 15.
     """
     _check_model(model)
     if isinstance(keep, (str, bytes)) or not isinstance(keep, (list, tuple, set, frozenset)):
@@ -345,7 +348,7 @@ def quantize_int8(model: nn.Module, keep: Sequence[str] = ()) -> nn.Module:
 def weight_bytes(model: nn.Module) -> int:
     """Return the bytes of a model's parameters and buffers (int8 weights count one byte each).
 
-    Introduced in notebook 14.
+    Introduced in notebook 15.
     """
     _check_model(model)
     tensors = [*model.parameters(), *(b for b in model.buffers() if b is not None)]

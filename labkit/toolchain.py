@@ -38,10 +38,12 @@ __all__ = [
     "container_runtime",
     "find_compilers",
     "ib_timeout_seconds",
+    "kernel_source",
     "library_versions",
     "read_energy_uj",
     "time_builds",
     "undefined_symbol_demo",
+    "vector_widths",
     "vectorization_report",
 ]
 
@@ -89,6 +91,35 @@ int main(int argc, char **argv) {
 """
 
 _RUN_LIMIT_S = 120
+_LOOP = "__attribute__((noinline)) static void poly(int n, const float *x, float *y) {\n    for (int i = 0; i < n; i++)"
+
+
+def kernel_source(*, restrict: bool = False, fixed_n: int | None = None) -> str:
+    """Return :data:`KERNEL_C`, optionally with ``restrict`` pointers in ``poly`` and its trip count fixed at compile time.
+
+    ``restrict=True`` promises the compiler that ``x`` and ``y`` do not overlap (no runtime alias check needed);
+    ``fixed_n`` replaces the loop's runtime ``n`` by a constant (no scalar epilogue needed when it is a multiple of
+    the vector width). The variants are for :func:`vectorization_report`; :func:`time_builds` times the original.
+    Raises ``TypeError``/``ValueError`` for a ``fixed_n`` that is not an int from 1 to 2**22. Introduced in notebook 14.
+    """
+    if not isinstance(restrict, bool):
+        raise TypeError(f"restrict must be True or False, got {safe_repr(restrict)}")
+    if fixed_n is not None:
+        _positive("fixed_n", fixed_n, 1 << 22)
+    ptr = "*restrict " if restrict else "*"
+    loop = _LOOP.replace("const float *x, float *y", f"const float {ptr}x, float {ptr}y")
+    if fixed_n is not None:
+        loop = loop.replace("i < n;", f"i < {fixed_n};")
+    assert _LOOP in KERNEL_C
+    return KERNEL_C.replace(_LOOP, loop)
+
+
+def vector_widths(report: str) -> list[int]:
+    """The vector widths in bytes that a :func:`vectorization_report` names, widest first (16: SSE, 32: AVX2,
+    64: AVX-512); empty when nothing was vectorised. Introduced in notebook 14."""
+    if not isinstance(report, str):
+        raise TypeError(f"report must be the str vectorization_report returned, got {type(report).__name__}")
+    return sorted({int(w) for w in re.findall(r"using (\d+) byte vectors", report)}, reverse=True)
 
 
 @dataclass(frozen=True)
@@ -223,12 +254,16 @@ def time_builds(flag_sets: dict[str, Sequence[str]], workdir: Path, *, cc: str =
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def vectorization_report(flags: Sequence[str], workdir: Path, *, cc: str = "gcc") -> str:
-    """Return GCC's own account of which loops of :data:`KERNEL_C` it vectorised with ``flags`` (``-fopt-info-vec``).
+def vectorization_report(flags: Sequence[str], workdir: Path, *, cc: str = "gcc", source: str = KERNEL_C,
+                         loop_only: bool = False) -> str:
+    """Return GCC's own account of which loops of ``source`` it vectorised with ``flags`` (``-fopt-info-vec``).
 
-    Empty when nothing was vectorised. GCC only (clang's equivalent is ``-Rpass=loop-vectorize``).
-    Introduced in notebook 14.
+    ``source`` is :data:`KERNEL_C` or a :func:`kernel_source` variant; ``loop_only`` keeps only the lines about
+    ``poly``'s loop (not ``main``'s). Empty when nothing was vectorised. GCC only (clang's equivalent is
+    ``-Rpass=loop-vectorize``). Introduced in notebook 14.
     """
+    if not isinstance(source, str) or "poly(" not in source:
+        raise TypeError("source must be KERNEL_C or a kernel_source() variant (C text with the poly loop)")
     if isinstance(flags, str) or not isinstance(flags, (list, tuple)) or not all(isinstance(f, str) for f in flags):
         raise TypeError("flags must be a list of flag strings such as ['-O3', '-march=native']")
     root = _check_workdir(workdir)
@@ -236,12 +271,16 @@ def vectorization_report(flags: Sequence[str], workdir: Path, *, cc: str = "gcc"
     tmp = Path(tempfile.mkdtemp(prefix="labkit-cc-", dir=root))
     try:
         src = tmp / "kernel.c"
-        src.write_text(KERNEL_C)
+        src.write_text(source)
         res = subprocess.run([path, *flags, "-fopt-info-vec", "-c", str(src), "-o", str(tmp / "kernel.o")],
                              capture_output=True, text=True, timeout=_RUN_LIMIT_S, check=False)
         if res.returncode != 0:
             raise RuntimeError(f"compiling failed:\n{res.stderr.strip()}")
-        return "\n".join(ln.replace(str(src), "kernel.c") for ln in res.stderr.splitlines() if "vectoriz" in ln)
+        line = next(i for i, t in enumerate(source.splitlines(), 1) if "for (int i = 0; i <" in t)  # poly's loop comes first
+        keep = [ln.replace(str(src), "kernel.c") for ln in res.stderr.splitlines() if "vectoriz" in ln]
+        if loop_only:
+            keep = [ln for ln in keep if ln.startswith(f"kernel.c:{line}:")]
+        return "\n".join(keep)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -102,3 +102,14 @@ def test_cli_amp_threads_0_as_a_user_runs_it():
                          text=True, timeout=120, check=False)
     assert out.returncode == 2 and out.stdout == "" and "Traceback" not in out.stderr
     assert out.stderr.count("\n") == 1 and "--threads" in out.stderr
+
+
+def test_round_speedups_pair_each_round_and_quartiles_bracket_the_median():
+    from labkit.bench import Comparison, Timing
+    cmp = Comparison({"a": Timing("a", (2.0, 4.0, 6.0, 8.0, 10.0), 0, "t"),
+                      "b": Timing("b", (1.0, 1.0, 3.0, 8.0, 2.0), 0, "t")}, "a", "t")
+    assert cmp.round_speedups("b") == (1.0, 2.0, 2.0, 4.0, 5.0)   # a_r / b_r, sorted
+    lo, mid, hi = cmp.speedup_quartiles("b")
+    assert (lo, mid, hi) == (2.0, 2.0, 4.0)
+    with pytest.raises(ValueError):
+        cmp.round_speedups("c")

@@ -125,3 +125,19 @@ def test_container_runtime_and_library_versions_answer():
     assert libs["cuda (toolkit torch was built with)"] == torch.version.cuda
     energy = T.read_energy_uj()
     assert energy is None or energy >= 0
+
+
+def test_kernel_variants_change_only_the_loop_and_gcc_reads_them(tmp_path):
+    plain, restricted = T.kernel_source(), T.kernel_source(restrict=True, fixed_n=64)
+    assert plain == T.KERNEL_C
+    assert "const float *restrict x, float *restrict y" in restricted and "i < 64;" in restricted
+    assert restricted.replace("*restrict ", "*").replace("i < 64;", "i < n;", 1) == T.KERNEL_C
+    report = T.vectorization_report(["-O3"], tmp_path, source=restricted, loop_only=True)
+    assert T.vector_widths(report) and "versioned" not in report      # restrict: no alias check needed
+    assert "versioned" in T.vectorization_report(["-O3"], tmp_path, loop_only=True)
+    assert T.vector_widths("kernel.c:8:23: optimized: loop vectorized using 32 byte vectors\n"
+                           "kernel.c:8:23: optimized: loop vectorized using 16 byte vectors") == [32, 16]
+    with pytest.raises(ValueError):
+        T.kernel_source(fixed_n=0)
+    with pytest.raises(TypeError):
+        T.vectorization_report(["-O3"], tmp_path, source="int main(void) { return 0; }")

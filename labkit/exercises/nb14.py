@@ -1,19 +1,16 @@
-"""Exercises of notebook 14 (platform, toolchain and inference).
+"""Exercises of notebook 14 (platform and toolchain).
 
-The graders compute their answers with :mod:`labkit.toolchain`, :mod:`labkit.lifecycle` and
-:mod:`labkit.inference`, the same functions the notebook uses; the percentile exercise runs the learner's
-function on fresh lists. Introduced in notebook 14.
+The graders compute their answers with :mod:`labkit.toolchain` and :mod:`labkit.lifecycle`, the same functions the
+notebook uses. Introduced in notebook 14.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from typing import Any
 
 from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, number, pair
-from labkit.inference import percentile
 from labkit.lifecycle import young_interval
 from labkit.toolchain import amdahl, ib_timeout_seconds
 
@@ -77,45 +74,6 @@ _YOUNG_WHY = ("sqrt(C × MTBF) forgets the 2: the interval balances the writing 
 # ---- 14.ib-timeout -------------------------------------------------------------------------------------
 _IB_WHY = ("NCCL_IB_TIMEOUT is not in seconds: it is an exponent, from which InfiniBand computes its ACK timeout "
            "(and NCCL retries 7 times by default).")
-
-
-# ---- 14.p99 --------------------------------------------------------------------------------------------
-def _off_by_one_p99(values: list[float]) -> float:
-    """The typical mistake: index int(0.99 n) of the sorted list, which is the maximum for n = 100."""
-    s = sorted(values)
-    return s[min(int(0.99 * len(s)), len(s) - 1)]
-
-
-def _reference_p99(values: list[float]) -> float:
-    s = sorted(values)
-    return s[math.ceil(0.99 * len(s)) - 1]
-
-
-_P99_WHY = ("sorted(x)[int(0.99 * n)] is one place too far: with 100 latencies it returns the largest, which is "
-            "the 100th percentile. Nearest ranks count from 1 and round up; list indices count from 0.")
-
-
-def _grade_p99(fn: Any) -> tuple[bool, str] | None:
-    if not callable(fn):
-        return False, FormatSlip("Define a function p99(latencies) and pass the function itself.")
-    rng = random.Random(14)
-    cases = [[float(i) for i in range(1, 101)], [rng.expovariate(1.0) for _ in range(1000)],
-             [rng.uniform(1, 2) for _ in range(37)], [5.0], [3.0, 1.0, 2.0]]
-    for vals in cases:
-        got = fn(list(vals))
-        if got is None or got is Ellipsis:
-            return None
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            return False, FormatSlip("Return one number: the latency that 99 % of the requests do not exceed.")
-        want = percentile(vals, 99)
-        if got != want:
-            if len(vals) == 100 and got == max(vals):
-                return False, _P99_WHY
-            if got not in vals:
-                return False, (f"For {len(vals)} latencies you return {got!r}, which is not one of them: the "
-                               "nearest-rank percentile never interpolates, it returns an observed latency.")
-            return False, f"For {len(vals)} latencies you return {got!r}; P99 (nearest rank) is {want!r}."
-    return True, "Nearest rank: sorted(x)[ceil(0.99 n) - 1], an observed latency, never an interpolation."
 
 
 def hilbert_system(n: int = 8) -> tuple[Any, Any, dict[str, tuple[Any, Any]]]:
@@ -190,12 +148,4 @@ EXERCISES = [
              solution="answer = 4.096e-6 * 2**22 ≈ 17.2 s per attempt (NCCL's default, 20, gives ~4.3 s).",
              kind="compute", wrong_why=_IB_WHY,
              reference=ib_timeout_seconds(22), wrong=22.0),
-    Exercise("14.p99",
-             "Write p99(latencies): the 99th percentile by nearest rank (an observed latency, not interpolated).",
-             _grade_p99,
-             "Sort the latencies first; P99 is one of them.",
-             method="The nearest rank of the q-th percentile of n values is ceil(q/100 × n), counted from 1.",
-             solution="def p99(latencies):\n    s = sorted(latencies)\n    return s[math.ceil(0.99 * len(s)) - 1]",
-             kind="implement", wrong_why=_P99_WHY,
-             reference=_reference_p99, wrong=_off_by_one_p99),
 ]

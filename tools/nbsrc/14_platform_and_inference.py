@@ -1,24 +1,22 @@
 # %% [markdown]
-# # 14 · Platform, toolchain and inference
+# # 14 · Platform and toolchain
 #
 # **Objectives**
 # - say what HPC and AI computing share and where they differ (FP64 and MPI against low precision and data
 #   parallelism), and watch FP64 matter on an ill-conditioned system;
-# - compile one C kernel at `-O0`, `-O2` and `-O3 -march=native`, read what the compiler vectorised, and know why
-#   `-march=native` can break a binary on another node;
+# - compile one C kernel with one flag changed at a time (`-O0` to `-O3 -march=native`), read what the compiler
+#   vectorised and why `-O2` may not, and know why `-march=native` can break a binary on another node;
 # - reproduce the loader's `undefined symbol` error that a mismatched cuBLAS/cuDNN gives, and diagnose it;
 # - know how a container gets a GPU (NVIDIA Container Toolkit, Apptainer `--nv`);
-# - measure inference as a service sees it: latency percentiles (P50, P99), throughput against batch size,
-#   time to first token; quantize a model to INT8 and measure speed and accuracy;
 # - measure what a checkpoint costs to write, choose how often to write one, and keep a run verifiable;
 # - read speed-up claims with Amdahl's law, and know the GPU-side tools (`nvidia-smi dmon`, Nsight Compute,
 #   TensorRT, energy counters, `NCCL_IB_TIMEOUT`) well enough to use them on a GPU node.
 #
 # **Prerequisites:** notebook 04 (the tiny GPT), 07 (profiling, the roofline), 12 (a cluster's nodes and storage).
 #
-# **Estimated time:** 85 min (core 60 min, stretch 25 min)
+# **Estimated time:** 65 min (core 40 min, stretch 25 min)
 #
-# Sections 4, 7, 8 and 10 are **stretch**: containers, checkpoint I/O, the run's lifecycle and the GPU-side tools.
+# Sections 4, 5, 6 and 8 are **stretch**: containers, checkpoint I/O, the run's lifecycle and the GPU-side tools.
 # A first pass can take the other sections and their exercises; the cells still run in order.
 #
 # Two labels mark what this notebook can and cannot show on a laptop. **Run here** sections execute on any CPU and
@@ -28,22 +26,19 @@
 
 # %%
 # %matplotlib inline
-import inspect
 import math
 import shutil
-import statistics
 import tempfile
 import warnings
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import torch
 
 from labkit import bench, data, models, train, zero
-from labkit import inference as I
 from labkit import lifecycle as L
 from labkit import toolchain as T
 from labkit.check import check, predict, reveal
+from labkit.device import cpu_isa_flags
 from labkit.exercises.nb14 import AMDAHL, YOUNG, hilbert_system
 
 torch.set_num_threads(1)  # steadier timings on a shared machine (raise it on your own node)
@@ -133,7 +128,7 @@ print("FP32 solve alone reaches 1e-9:", errors[0] < 1e-9, "| after refinement, 1
 assert errors[0] > 1e-9 and errors[-1] < 1e-13
 
 # %% [markdown]
-# ## 2. Compilers and flags: one C kernel, three builds
+# ## 2. Compilers and flags: one C kernel, one flag at a time
 #
 # **Run here** (where gcc is installed). A toolchain has layers (scheduler, compilers, libraries, profilers); for
 # each, one or two tools you know well are worth more than a dozen installed ones. The compiler decides how much of
@@ -156,45 +151,69 @@ for name, path in T.find_compilers().items():
 print(T.KERNEL_C.strip())
 
 # %% [markdown]
-# Three builds: `-O0` (no optimisation: every variable goes to memory and back), `-O2` (the usual release level),
-# and `-O3 -march=native` (aggressive, for exactly this CPU's instruction set). All three also get
-# `-ffp-contract=off`: without it, where the CPU has FMA, the compiler may fuse `a*x + b` into one instruction with
-# one rounding instead of two, and the bits of the result would change with the flags.
+# Builds that differ by **one flag at a time**, each compared with the one before it: `-O0` (no optimisation:
+# every variable goes to memory and back), `-O2` (the usual release level), `-O3` (more aggressive loop
+# optimisations, the vectoriser with its full cost model), then `-march=native` (use every instruction the CPU it is built on
+# has), then, where the CPU has AVX-512, `-mprefer-vector-width=512`. All builds also get `-ffp-contract=off`: without
+# it, once the flags let the compiler use FMA instructions (`-march=native` on a CPU that has them, or `-mfma`), it
+# may fuse `a*x + b` into one instruction with one rounding instead of two, and the bits of the result would change
+# with the flags. Beside each time, the widest vectors GCC says it used for the loop
+# (`-fopt-info-vec`: 16 bytes is SSE, 4 floats; 32 is AVX2, 8 floats; 64 is AVX-512, 16 floats):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-FLAGS = {"-O0": ["-O0"], "-O2": ["-O2"], "-O3 -march=native": ["-O3", "-march=native"]}
+FLAGS = {"-O0": ["-O0"], "-O2": ["-O2"], "-O3": ["-O3"], "-O3 -march=native": ["-O3", "-march=native"]}
+if "avx512f" in cpu_isa_flags():  # 512-bit vectors exist only on AVX-512 CPUs
+    FLAGS["-O3 -march=native -mprefer-vector-width=512"] = ["-O3", "-march=native", "-mprefer-vector-width=512"]
 builds = T.time_builds(FLAGS, WORK) if GCC else None
+widths = {k: T.vector_widths(T.vectorization_report([*f, "-ffp-contract=off"], WORK, loop_only=True))
+          for k, f in FLAGS.items()} if GCC else {}
 if builds is None:
-    print("gcc is not installed here: nothing was compiled or timed (install gcc to run this section).")
-else:
-    base = builds["-O0"].seconds
-    for name, bld in builds.items():
-        print(f"{name:<18} {bld.seconds * 1e3:7.2f} ms per round   {base / bld.seconds:5.1f}x the speed of -O0")
+    print("gcc is not installed here: nothing was compiled or timed.")
+prev = None
+for name, bld in (builds or {}).items():
+    step = f"{prev.seconds / bld.seconds:4.1f}x the previous" if prev else "baseline"
+    vec = f"{widths[name][0]}-byte vectors" if widths[name] else "scalar"
+    print(f"{name:<45} {bld.seconds * 1e3:7.2f} ms  {step:<20} {vec}")
+    prev = bld
 
 # %%
 if builds is not None:
     print("every build computed the same bits:", len({bld.checksum for bld in builds.values()}) == 1)
     assert len({bld.checksum for bld in builds.values()}) == 1
+    assert widths["-O3"] and not widths["-O0"]                                   # GCC's own report
     assert builds["-O3 -march=native"].seconds < builds["-O0"].seconds / 1.5   # a wide margin: noise cannot flip it
     assert builds["-O2"].seconds < builds["-O0"].seconds / 1.2
 else:
     print("gcc is not installed here: no builds to compare.")
 
 # %% [markdown]
-# The compiler says what it did with `-fopt-info-vec`: the vector width it used (16 bytes: SSE, 4 floats; 32: AVX2,
-# 8 floats; 64: AVX-512, 16 floats) and the runtime check it added because `x` and `y` might overlap in memory.
-# GCC 12 vectorises at `-O2` only loops that need no such check, so where the report below says "no loop vectorised"
-# for `-O2`, that check is why; `float *restrict y` in the C source would promise the compiler that they do not
-# overlap. Other compilers and versions decide differently, which is the point of reading the report:
+# **Why `-O2` may leave the loop scalar.** GCC 12 and later run the vectoriser at `-O2`, but with the *very cheap*
+# cost model: it vectorises a loop only when the vector code needs no extra code around it. This loop needs two
+# pieces: a runtime check that `x` and `y` do not overlap (the pointers could alias), and a scalar *epilogue* for the
+# last `n mod 4` elements, since `n` is only known at run time. `restrict` on the pointers removes the first; a trip
+# count fixed at compile time, a multiple of the vector width, removes the second. `-O3` (the *dynamic* cost model)
+# or `-fvect-cost-model=cheap` accept both. GCC before 12 does not vectorise at `-O2` at all, and clang does, so
+# read the report of your compiler. Three variants of `poly`, as written and with one change each:
 
 # %%
-# NBVAL_IGNORE_OUTPUT
 if GCC:
-    for flags in (["-O2"], ["-O3", "-march=native"]):
-        print(" ".join(flags), "->", T.vectorization_report(flags, WORK) or "no loop vectorised")
+    variants = {"as written": {}, "restrict": {"restrict": True}, "restrict, n fixed": {"restrict": True, "fixed_n": 16384}}
+    print(f"{'poly':<18}" + "".join(f"{f:>28}" for f in ("-O2", "-O2 -fvect-cost-model=cheap", "-O3")))
+    seen = {}
+    for name, kw in variants.items():
+        src = T.kernel_source(**kw)
+        seen[name] = [T.vector_widths(T.vectorization_report(f.split(), WORK, source=src, loop_only=True))
+                      for f in ("-O2", "-O2 -fvect-cost-model=cheap", "-O3")]
+        print(f"{name:<18}" + "".join(f"{(f'{w[0]}-byte vectors' if w else 'scalar'):>28}" for w in seen[name]))
+    assert all(row[2] for row in seen.values())   # -O3 vectorises every variant
 
 # %% [markdown]
+# The widths tell a second story. On a CPU with AVX-512, `-march=native` alone usually stays at 32-byte vectors: GCC's
+# tuning for most AVX-512 CPUs sets `-mprefer-vector-width=256`, because 512-bit instructions lower the clock on
+# several Intel generations and gain little in short loops; the last build asks for 64-byte vectors, and its time
+# says whether they paid here. Decide with the measurement, one flag at a time.
+#
 # What to take from it:
 #
 # - **Measure, one flag at a time.** Start from the default build as the baseline, change one flag, keep it only if a
@@ -277,167 +296,7 @@ else:
 print("container runtime:", T.container_runtime() or "none detected")
 
 # %% [markdown]
-# ## 5. Inference: latency, throughput and batch size
-#
-# Each kind of work asks for different resources and is judged by different numbers:
-#
-# | workload | what it is like | resources that matter first | metrics |
-# |---|---|---|---|
-# | pre-training | huge data, weeks, constant communication | many GPUs and nodes, GPU memory, network, checkpoint storage | tokens/s, scaling efficiency, time to recover from a failure |
-# | fine-tuning | smaller, many experiments | one to a few GPUs, GPU memory, data loading | step time, convergence, experiments per day |
-# | inference (serving) | steady traffic, users waiting | GPU memory, batching, concurrency, CPU and network | throughput, time to first token, P95/P99 latency |
-# | embeddings and retrieval | heavy preprocessing and index building | CPU, RAM, storage throughput and capacity | index build time, query latency, queries per second |
-# | scientific AI | simulation, data processing and models mixed | CPU and GPU together, I/O, inter-node traffic | time per sample, end-to-end time, error against ground truth |
-#
-# **Run here.** A service is judged by its **latency distribution**, not its mean: P50 (the median) is the typical
-# request, P99 the one in a hundred that users complain about. **Throughput** is requests (or tokens) per second.
-# Batching requests together raises throughput, because one call does more work for the same fixed overhead, and
-# raises latency, because every request in a batch waits for the whole batch. These measurements, and the INT8 ones of
-# section 6, run on the CPU even on a GPU node (dynamic INT8 is a CPU path in PyTorch). First a model worth serving:
-# the tiny GPT of notebook 04, trained on the reverse task, and a held-out test set it has never seen.
-
-# %%
-task = data.make_token_task("reverse", n=4096, n_digits=6, vocab_size=12, seed=0)
-test = data.make_token_task("reverse", n=512, n_digits=6, vocab_size=12, seed=1)  # independent data
-run = train.train(models.TinyGPT(vocab_size=12, seq_len=task.seq_len, seed=0),
-                  data.Batches(task.inputs, task.targets, batch_size=32, seed=0),
-                  policy="fp32", steps=100, lr=3e-3, device="cpu", progress=False)  # on the CPU, on any machine
-model = run.model.eval()
-with torch.inference_mode():
-    acc_fp32 = test.answer_accuracy(model(test.inputs), test.targets)
-print("held-out answer accuracy above 95 %:", acc_fp32 > 0.95)
-assert acc_fp32 > 0.95
-
-# %% [markdown]
-# Now time its forward pass at batch sizes 1 to 256 (interleaved, 200 rounds, in one run). A percentile needs its
-# sample count beside it: by nearest rank, the P99 of 30 samples is simply the slowest one, and of 200 the third
-# slowest; a service's P99 comes from thousands of requests. Throughput is the batch over the *mean* time per batch,
-# what a server sustains with batches back to back (the slow batches cost it too; the wait for a batch to fill,
-# which a real server adds, is not in it):
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-points = I.batch_sweep(model, test.inputs, [1, 4, 16, 64, 256], repeats=200)
-n = points[0].latency.n
-print(f"{'batch':>6} {'P50 ms':>8} {f'P99 (n={n})':>12} {'requests/s':>11}")
-for p in points:
-    print(f"{p.batch:>6} {p.latency.p50 * 1e3:8.2f} {p.latency.p99 * 1e3:12.2f} {p.throughput:11,.0f}")
-print(f"P99 of {n} samples by nearest rank: the {math.ceil(0.99 * n)}th fastest, {n - math.ceil(0.99 * n)} slower above it")
-
-# %%
-fig, ax = plt.subplots(figsize=(6, 3.5))
-ax.plot([p.throughput for p in points], [p.latency.p50 * 1e3 for p in points], "o-", label="P50")
-ax.plot([p.throughput for p in points], [p.latency.p99 * 1e3 for p in points], "s--", label="P99")
-for p in points:
-    ax.annotate(f"batch {p.batch}", (p.throughput, p.latency.p50 * 1e3), fontsize=8)
-ax.set(xlabel="throughput (requests/s)", ylabel="latency (ms)", yscale="log", title="Batching: throughput for latency")
-ax.legend(); plt.show()
-
-# %%
-by = {p.batch: p for p in points}
-assert by[64].throughput > 2 * by[1].throughput       # batching amortises the fixed cost per call
-assert by[256].latency.p50 > by[1].latency.p50         # ... and every request waits for its whole batch
-print("batch 64 serves more than twice the requests per second of batch 1; at batch 256 the median request waits "
-      "longer than at batch 1")
-
-# %% [markdown]
-# A real server picks the largest batch that keeps P99 under the service's latency target, and batches dynamically:
-# it waits a few milliseconds for more requests to arrive, never longer than the target allows.
-#
-# ### Time to first token
-#
-# A language model answers token by token. The **time to first token** (TTFT) covers reading the whole prompt (the
-# *prefill*) and producing one token; every later token takes one *decode* step. Real servers keep each layer's
-# keys and values of the tokens so far (the **KV cache**), so a decode step processes one new token, which makes
-# decode cheap per step but bound by memory bandwidth. The tiny GPT has no KV cache: every step re-reads the whole
-# sequence, so a later token does at least as much work as the first, more as the sequence grows (7 tokens for the
-# first, up to 12 for the last); the cell prints how their times compare. One warm-up generation first, so that the first token is not charged with one-off start-up costs, then
-# 21 timed generations, of which the medians are printed:
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-prompt = test.inputs[:1, : task.n_digits + 1]            # six digits and the separator
-I.greedy_generate(model, prompt, task.n_digits)           # warm-up
-gens = [I.timed_generate(model, prompt, task.n_digits) for _ in range(21)]
-gen = gens[0]
-ttft = statistics.median(g.ttft for g in gens)
-tpot = statistics.median(g.time_per_output_token for g in gens)
-print("prompt", prompt[0].tolist(), "-> answer", gen.tokens[0].tolist())
-print(f"medians of {len(gens)} generations: TTFT {ttft * 1e3:.2f} ms, then {tpot * 1e3:.2f} ms per output token: "
-      f"a later token took {tpot / ttft:.0%} of the first token's time")
-assert gen.tokens[0].tolist() == prompt[0, : task.n_digits].flip(0).tolist()   # the reversed digits
-
-# %% [markdown]
-# ## 6. INT8 quantization: speed and accuracy, measured
-#
-# **Run here.** INT8 inference stores weights as 8-bit integers with a scale, and multiplies int8 by int8 into
-# int32, exactly. *Dynamic* quantization computes the activations' scales at run time, so it needs no calibration
-# data. In torch 2.13 the eager API for it, `torch.ao.quantization.quantize_dynamic`, still works but is deprecated
-# (its warning announces its removal); the successor is the separate `torchao` package (`quantize_(model,
-# Int8DynamicActivationInt8WeightConfig())`). Here it is written out, one scale per output channel for the weights
-# and one per token for the activations. Note the branch in `forward`: the integer matmul `torch._int_mm` is used only
-# where a probe found it exact. Under an AVX2 cap, and on CPUs without VNNI instructions, torch 2.13's CPU kernel
-# returned products that were off by tens of thousands (its 16-bit intermediate sums saturate), so integer kernels
-# need checking on each CPU class like everything else:
-
-# %%
-print(inspect.getsource(I.Int8Linear))
-
-# %%
-q_model = I.quantize_int8(model)
-with torch.inference_mode():
-    logits, q_logits = model(test.inputs), q_model(test.inputs)
-acc_int8 = test.answer_accuracy(q_logits, test.targets)
-rel_err = ((q_logits - logits).norm() / logits.norm()).item()
-print(f"weights and buffers: {I.weight_bytes(model):,} B in fp32, {I.weight_bytes(q_model):,} B with int8 Linears")
-print("accuracy within 1 point of fp32:", abs(acc_int8 - acc_fp32) <= 0.01, "| logits within 5 %:", rel_err < 0.05)
-assert I.weight_bytes(q_model) < 0.3 * I.weight_bytes(model) and abs(acc_int8 - acc_fp32) <= 0.01 and rel_err < 0.05
-
-# %% [markdown]
-# The deprecated eager API, for comparison (its own scheme: one scale for the whole weight, unsigned activations):
-
-# %%
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    ao_model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-print("torch warns:", str(caught[0].message).splitlines()[0].strip() if caught else "nothing")
-with torch.inference_mode():
-    acc_ao = test.answer_accuracy(ao_model(test.inputs), test.targets)
-print("torch.ao accuracy within 1 point of fp32:", abs(acc_ao - acc_fp32) <= 0.01)
-assert abs(acc_ao - acc_fp32) <= 0.01
-
-# %% [markdown]
-# Speed is the other half. The tiny GPT's matrices (96 wide) are too small for INT8 to pay; a 512 → 2048 → 512 MLP on
-# a batch of 64 shows what the CPU's integer units can do (interleaved, medians of one run):
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-mlp = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).eval()
-xb = torch.randn(64, 512)
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    mlp_ao = torch.ao.quantization.quantize_dynamic(mlp, {torch.nn.Linear}, dtype=torch.qint8)
-mlp_int8 = I.quantize_int8(mlp)
-with torch.inference_mode():
-    cmp = bench.compare({"fp32": lambda: mlp(xb), "int8 labkit": lambda: mlp_int8(xb),
-                         "int8 torch.ao": lambda: mlp_ao(xb)}, repeats=15)
-print(cmp.table("512 -> 2048 -> 512 MLP, batch 64"))
-r = cmp.speedup("int8 labkit")
-print(f"torch._int_mm exact on this CPU: {I.int8_matmul_exact()} (False: labkit's INT8 took its float64 fallback)")
-print(f"INT8 (labkit) ran {r:.1f}x {'faster' if r > 1 else 'slower'} than fp32 on this machine.")
-
-# %% [markdown]
-# Whether INT8 is faster depends on the hardware: CPUs with VNNI or AMX-INT8 and GPUs with INT8 tensor cores
-# (twice their BF16 rate) multiply int8 natively; elsewhere the quantize and rescale steps can cost more than they
-# save. The accuracy risk is in the **activations**: a few channels with outliers make one scale per token too
-# coarse for the others (LLM.int8() and SmoothQuant exist for that). Keep sensitive layers (often the first and
-# the last) in higher precision, and evaluate on held-out data, as here, before deploying.
-#
-# The same caution holds for mixed-precision training. When accuracy drops, the usual remedies are to keep the
-# classifier head and the loss in FP32 (autocast already computes the loss in FP32, and on CUDA softmax and norms,
-# notebook 04), to lengthen the learning-rate warm-up, and to make sure dynamic loss scaling is on (notebook 03).
-#
-# ## 7. Checkpoint and log I/O: what saving costs
+# ## 5. Checkpoint and log I/O: what saving costs
 #
 # **Stretch.**
 # **Run here.** A checkpoint stalls training while it is written (unless it is written asynchronously), and a
@@ -475,17 +334,28 @@ print(f"checkpoint every {every / 60:.0f} min; time spent writing: {L.checkpoint
 assert round(every / 60) == 54 and L.checkpoint_overhead(c_s, every) < 0.02
 
 # %% [markdown]
-# ## 8. The lifecycle beyond checkpoints
+# ## 6. The lifecycle beyond checkpoints
 #
 # **Stretch.**
 # A run that finished is not yet a result anyone can use or check. The stages of a reusable run: prepare the data
 # and record its version; fix the environment; request resources; validate small (notebook 12); train with
 # config, seed, logs and checkpoints; **evaluate** on independent data; **deploy** with a chosen batch size,
-# concurrency and precision (sections 5 and 6); **archive** the model, config, metrics, logs and environment. A run
+# concurrency and precision (notebook 15); **archive** the model, config, metrics, logs and environment. A run
 # that *runs* needs the code; a run that can be *reproduced* also needs the same data, environment and parameters.
 #
-# **Run here.** The data gets a version from its content (a sha256 of the tensors), the run folder a manifest with
-# the hash of every file, and a restored model must give the same evaluation:
+# **Run here.** The run to archive: the tiny GPT of notebook 04, trained on the reverse task, with a held-out test
+# set. The data gets a version from its content (a sha256 of the tensors), the run folder a manifest with the hash of
+# every file, and a restored model must give the same evaluation:
+
+# %%
+task = data.make_token_task("reverse", n=4096, n_digits=6, vocab_size=12, seed=0)
+test = data.make_token_task("reverse", n=512, n_digits=6, vocab_size=12, seed=1)  # independent data
+run = train.train(models.TinyGPT(vocab_size=12, seq_len=task.seq_len, seed=0),
+                  data.Batches(task.inputs, task.targets, batch_size=32, seed=0),
+                  policy="fp32", steps=100, lr=3e-3, device="cpu", progress=False)
+model = run.model.eval()
+with torch.inference_mode():
+    acc_fp32 = test.answer_accuracy(model(test.inputs), test.targets)
 
 # %%
 run_dir = WORK / "run"
@@ -510,7 +380,7 @@ print("after one flipped byte:", L.verify_manifest(run_dir))
 assert L.verify_manifest(run_dir) == ["model.pt: changed (sha256 differs)"]
 
 # %% [markdown]
-# ## 9. Reading speed-up claims
+# ## 7. Reading speed-up claims
 #
 # **Run here.** Articles promise "2-5x from mixed precision, fusion and better communication" and report case studies
 # such as "3 days to 18 hours". Such figures are true for the job they were measured on, with its own baseline and
@@ -542,7 +412,7 @@ print(f"shares add up to {sum(shares.values()):.0%} of one iteration")
 print(f"if LayerNorm really were 75 % and fusion made it 3x faster: at most {T.amdahl(0.75, 3.0):.2f}x overall")
 
 # %% [markdown]
-# ## 10. What needs a GPU or a site's hardware
+# ## 8. What needs a GPU or a site's hardware
 #
 # **Stretch.**
 # **Explained, not run** unless a section says otherwise. On a GPU node, these are the tools and settings to reach
@@ -598,13 +468,16 @@ print(f"if LayerNorm really were 75 % and fusion made it 3x faster: at most {T.a
 #   structured sparsity (2 of every 4 weights zero) doubles the tensor cores' rate on GPUs since Ampere, at some
 #   accuracy cost. Adopt them after the basics of this workbook have paid off, one measured change at a time.
 #
-# **Run here:** `torch.export` captures section 6's MLP as a graph of ATen ops that gives the same outputs. Capture
+# **Run here:** `torch.export` captures a 512 → 2048 → 512 MLP (notebook 15's INT8 example) as a graph of ATen ops
+# that gives the same outputs. Capture
 # needs code without data-dependent Python: the tiny GPT does not export as it is, because its attention records a
 # statistic with `float(tensor)` on every call, a value the graph cannot know in advance.
 
 # %%
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    mlp = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).eval()
+    xb = torch.randn(64, 512)
     exported = torch.export.export(mlp, (xb,))
 ops = [nd.target.__name__ for nd in exported.graph.nodes if nd.op == "call_function"]
 print(f"{len(ops)} ATen ops in the graph: {ops}")
@@ -740,7 +613,7 @@ assert (tbs, micro, accum) == (64, 4, 2) and round(T.ib_timeout_seconds(22), 1) 
 # > `NET/Socket` at start-up (NCCL's documentation of its environment variables lists the defaults; notebook 09 has
 # > the table).
 #
-# ## 11. Exercises
+# ## 9. Exercises
 #
 # **14.amdahl.** The matmuls take 60 % of a training step (`AMDAHL`); BF16 tensor cores make them 4 times faster.
 # How much faster does the whole step get?
@@ -755,7 +628,7 @@ check("14.amdahl", answer)
 
 # %% [markdown]
 # **14.young.** A checkpoint write stalls training for 90 s, and the job fails on average every 12 hours (`YOUNG`).
-# Every how many **minutes** should it checkpoint, by Young's rule (section 7, stretch: the interval that balances
+# Every how many **minutes** should it checkpoint, by Young's rule (section 5, stretch: the interval that balances
 # the time spent writing against the work lost to a failure, √(2 · write time · mean time between failures))?
 
 # %%
@@ -768,7 +641,7 @@ check("14.young", answer)
 
 # %% [markdown]
 # **14.ib-timeout.** How many seconds does one InfiniBand attempt wait with the article's `NCCL_IB_TIMEOUT=22`?
-# (Section 10, stretch: the value n sets a wait of 4.096 µs × 2ⁿ.)
+# (Section 8, stretch: the value n sets a wait of 4.096 µs × 2ⁿ.)
 
 # %%
 answer = ...
@@ -776,21 +649,6 @@ answer = ...
 answer = 4.096e-6 * 2**22
 ### END SOLUTION
 check("14.ib-timeout", answer)
-
-# %% [markdown]
-# **14.p99.** Write `p99(latencies)`: the 99th percentile by nearest rank, the latency that 99 % of the requests do
-# not exceed (always one of the observed values). The check runs it on fresh lists.
-
-# %%
-def p99(latencies):
-    ...
-    ### BEGIN SOLUTION
-    s = sorted(latencies)
-    return s[-(-99 * len(s) // 100) - 1]
-    ### END SOLUTION
-
-
-check("14.p99", p99)
 
 # %% [markdown]
 # ## Summary
@@ -803,12 +661,11 @@ check("14.p99", p99)
 #   `ldd`, `nm -D`, `LD_DEBUG=libs`, and stop overriding the libraries torch shipped with.
 # - Containers carry the user-space stack; the host driver and the GPU come in through the NVIDIA Container Toolkit
 #   (`--gpus all`) or Apptainer (`--nv`); the driver must support the image's CUDA.
-# - Serve by percentiles: batching raises throughput and latency together; TTFT is prefill plus one step.
-# - Dynamic INT8: a quarter of the weight bytes, accuracy checked on held-out data; speed depends on the hardware.
 # - Checkpoints: measure the write time, checkpoint about every √(2 × write time × MTBF), keep a manifest of hashes.
 # - Bound every promised speed-up with Amdahl's law, from shares measured in one profile.
 #
-# This is the last notebook. Notebook 13's clinic is where to practise diagnosing broken runs with all of it.
+# Next: notebook 15 serves a model under load. Notebook 13's clinic is where to practise diagnosing broken runs
+# with all of it.
 
 # %%
 shutil.rmtree(WORK)  # this notebook's scratch folder (created by tempfile above), nothing else
