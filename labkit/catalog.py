@@ -81,8 +81,9 @@ NOTEBOOKS: list[Notebook] = [
              "full; live sinfo/sbatch/srun/scancel where a Slurm is reachable", "the same scripts on GPU nodes",
              "communication", True),
     Notebook("13", "13_troubleshooting_clinic", "Troubleshooting clinic",
-             "12 broken training runs, each failing for real (NaN, stuck loss, memory growth, a starved loader, "
-             "hangs, rendezvous, DeepSpeed config, unscaled lr): read the symptom, name the cause, fix one setting",
+             "16 broken training runs, each failing for real (NaN, stuck loss, memory growth, a starved loader, "
+             "hangs, rendezvous, DeepSpeed config, unscaled lr, uneven shards, unused parameters, a tensor-parallel "
+             "gradient, a network interface, a ZeRO-3 export): read the symptom, name the cause, fix one setting",
              "full: each case a real process or 2 gloo ranks, DeepSpeed's CPU accelerator",
              "the same CPU-sized cases; the mistakes are the ones GPU jobs make", "all three", True),
     Notebook("14", "14_platform_and_inference", "Platform and toolchain",

@@ -113,3 +113,13 @@ def test_round_speedups_pair_each_round_and_quartiles_bracket_the_median():
     assert (lo, mid, hi) == (2.0, 2.0, 4.0)
     with pytest.raises(ValueError):
         cmp.round_speedups("c")
+
+
+def test_excess_note_names_the_wrong_assumption_only_above_the_peak():
+    from labkit.bench import TheoreticalPeak, excess_note
+    theo = TheoreticalPeak("bf16", 665e9, "2 cores x 2.60 GHz x 128 FLOP/cycle", ())
+    assert excess_note(theo, 600e9) == ""
+    note = excess_note(theo, 867e9)                     # the EPYC VM's 130 %
+    assert "2.60 GHz" in note and "nominal clock" in note
+    with pytest.raises(TypeError):
+        excess_note(665e9, 867e9)

@@ -13,7 +13,7 @@ subprocess (1 process, or 2 gloo ranks through :func:`labkit.dist.launch`) and r
     run = clinic.run_case("clip")                      # the broken run
     print(run.lines(last=3), run.finding.summary)
     print(clinic.causes("clip"))                       # the candidate causes, lettered
-    fixed = clinic.run_case("clip", fix={"unscale_first": True})
+    fixed = clinic.run_case("clip", fix={"after_backward": "scaler.unscale_, clip_grad_norm_, scaler.step"})
     assert not fixed.symptom
 
 Introduced in notebook 13.
@@ -24,6 +24,7 @@ from __future__ import annotations
 from labkit.clinic.runner import (
     CaseRun,
     causes,
+    checklist,
     clear_cache,
     grade_cause,
     grade_fix,
@@ -35,5 +36,5 @@ from labkit.clinic.runner import (
 )
 from labkit.clinic.table import CASES, Case, Cause, Finding, lr_ratio
 
-__all__ = ["CASES", "Case", "CaseRun", "Cause", "Finding", "causes", "clear_cache", "grade_cause", "grade_fix",
+__all__ = ["CASES", "Case", "CaseRun", "Cause", "Finding", "causes", "checklist", "clear_cache", "grade_cause", "grade_fix",
            "lr_ratio", "run_case", "run_cases", "settings", "shutdown", "source"]

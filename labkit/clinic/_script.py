@@ -38,11 +38,13 @@ def _same_kind(default: Any, value: Any) -> bool:
     return False
 
 
-def merge_config(defaults: Mapping[str, Any], changes: Mapping[str, Any] | None) -> dict[str, Any]:
+def merge_config(defaults: Mapping[str, Any], changes: Mapping[str, Any] | None,
+                 choices: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """Return ``defaults`` with ``changes`` applied; ``ValueError``/``TypeError`` for an unknown key or a wrong type.
 
     A setting whose default is a bool takes a bool, an int an int, a float any finite number, a str a str;
-    one whose default is ``None`` takes ``None``, a number or a str. Introduced in notebook 13.
+    one whose default is ``None`` takes ``None``, a number or a str. A setting named in ``choices`` (a script's
+    ``CHOICES``) takes only one of its listed values. Introduced in notebook 13.
     """
     if not isinstance(defaults, Mapping):
         raise TypeError(f"defaults must be a dict of settings, got {type(defaults).__name__}")
@@ -57,11 +59,16 @@ def merge_config(defaults: Mapping[str, Any], changes: Mapping[str, Any] | None)
         if not _same_kind(defaults[key], value):
             want = "None, a number or a str" if defaults[key] is None else type(defaults[key]).__name__
             raise TypeError(f"setting {safe_repr(key)} takes a {want} (its default is {defaults[key]!r}), got {safe_repr(value)}.")
+        allowed = (choices or {}).get(key)
+        if allowed is not None and value not in allowed:
+            raise ValueError(f"setting {safe_repr(key)} takes one of: {'; '.join(repr(a) for a in allowed)}; got "
+                             f"{safe_repr(value)}.")
         out[key] = float(value) if isinstance(defaults[key], float) else value
     return out
 
 
-def read_config(defaults: Mapping[str, Any], argv: Sequence[str] | None = None) -> dict[str, Any]:
+def read_config(defaults: Mapping[str, Any], argv: Sequence[str] | None = None,
+                choices: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """Parse ``--config JSON`` from the command line and return the merged settings. Introduced in notebook 13."""
     ap = argparse.ArgumentParser(description="a troubleshooting-clinic case (labkit.clinic)")
     ap.add_argument("--config", default="{}", help="JSON object of settings to change, e.g. '{\"lr\": 0.1}'")
@@ -70,7 +77,7 @@ def read_config(defaults: Mapping[str, Any], argv: Sequence[str] | None = None) 
         changes = json.loads(args.config)
     except json.JSONDecodeError as exc:
         raise ValueError(f"--config is not valid JSON: {exc}") from None
-    return merge_config(defaults, changes)
+    return merge_config(defaults, changes, choices)
 
 
 def finish(evidence: dict[str, Any]) -> None:

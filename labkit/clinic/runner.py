@@ -66,8 +66,8 @@ from labkit.dist import (
 )
 from labkit.exercises._core import FormatSlip
 
-__all__ = ["SHARE_ENV", "CaseRun", "causes", "clear_cache", "grade_cause", "grade_fix", "run_case", "run_cases",
-           "settings", "shutdown", "source"]
+__all__ = ["SHARE_ENV", "CaseRun", "causes", "checklist", "choices", "clear_cache", "grade_cause", "grade_fix", "run_case",
+           "run_cases", "settings", "shutdown", "source"]
 
 #: The environment variable naming a folder through which processes share their runs (the test suite's; unset, the
 #: runs are remembered in this process only).
@@ -193,6 +193,15 @@ def settings(key: str) -> dict[str, Any]:
     return dict(importlib.import_module(case.module).CONFIG)
 
 
+def choices(key: str) -> dict[str, tuple[str, ...]]:
+    """Return the case script's ``CHOICES``: the values a text setting may take (empty where it has none).
+
+    Introduced in notebook 13.
+    """
+    case = _case(key)
+    return {k: tuple(v) for k, v in getattr(importlib.import_module(case.module), "CHOICES", {}).items()}
+
+
 def source(key: str) -> str:
     """Return the case's settings and the source of the script functions the notebook shows (whole functions).
 
@@ -200,7 +209,10 @@ def source(key: str) -> str:
     """
     case = _case(key)
     mod = importlib.import_module(case.module)
-    head = f"# {case.module}: CONFIG = {mod.CONFIG!r}\n\n"
+    head = f"# {case.module}: CONFIG = {mod.CONFIG!r}\n"
+    for name, allowed in getattr(mod, "CHOICES", {}).items():
+        head += f"#   {name} may be one of: {'; '.join(repr(a) for a in allowed)}\n"
+    head += "\n"
     return head + "\n\n".join(inspect.getsource(getattr(mod, name)).rstrip() for name in case.show)
 
 
@@ -534,7 +546,7 @@ def _run_case(key: str, fix: dict[str, Any] | None = None, *, env: dict[str, str
               cancel: threading.Event | None = None) -> CaseRun:
     """:func:`run_case`, stopped as by an interrupt (KeyboardInterrupt) once ``cancel`` is set."""
     case = _case(key)
-    cfg = merge_config(settings(key), fix)
+    cfg = merge_config(settings(key), fix, choices(key))
     extra = _check_env(env)
     if not isinstance(stream, bool) or not isinstance(fresh, bool):
         raise TypeError("stream and fresh must be True or False")
@@ -658,7 +670,7 @@ def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -
         else:
             raise TypeError(f"each request is a case key or a (key, fix) pair, got {safe_repr(req)}")
         case = _case(key)
-        cfg = merge_config(settings(key), fix)
+        cfg = merge_config(settings(key), fix, choices(key))
         plan.append((case, cfg, (key, json.dumps(cfg, sort_keys=True), ())))
     share = _share_dir()
     todo, seen = [], set()
@@ -760,11 +772,15 @@ def grade_fix(key: str, fix: Any) -> tuple[bool, str]:
     defaults = settings(key)
     (name, value), = fix.items()
     try:
-        merge_config(defaults, fix)
+        merge_config(defaults, fix, choices(key))
     except (TypeError, ValueError) as exc:  # a setting the script does not have, or a value of the wrong type
         return False, FormatSlip(str(exc))
     if value == defaults[name] and type(value) is type(defaults[name]):
         return False, f"{name} = {value!r} is what the broken run already had."
+    if name in case.job:
+        msg = (f"{name} is part of the job this run must still do ({', '.join(case.job)} stay as they are): "
+               "changing it avoids the failure instead of curing it.")
+        return False, msg + (" " + case.wrong_fix_why if fix == case.wrong_fix else "")
     run = run_case(key, fix)
     found = run.finding
     if found.present:
@@ -774,3 +790,27 @@ def grade_fix(key: str, fix: Any) -> tuple[bool, str]:
         return False, msg
     why = case.fix_why if fix == case.fix else f"(The reference fix is {case.fix!r}: {case.fix_why})"
     return True, f"With {fix!r}: {found.summary}. {why}"
+
+
+def checklist() -> str:
+    """Return the clinic's closing table, to keep: for every case whose cause *and* fix you have checked correct in
+    this kernel, its symptom, the first thing to look at, the cause and the fix; the other cases are listed as still
+    to solve (so the table never tells an answer you have not found). Introduced in notebook 13.
+    """
+    from labkit.check import (
+        results,  # here, not at the top: labkit.check imports the exercises, which import this
+    )
+
+    done = results()
+    lines, todo = [], []
+    for case in CASES.values():
+        if done.get(f"13.{case.key}-cause") == "correct" and done.get(f"13.{case.key}-fix") == "correct":
+            lines += [f"Case {case.number} · {case.title}",
+                      f"  look at: {case.cause_hint}",
+                      f"  cause:   {case.causes[case.answer].text}",
+                      f"  fix:     {case.fix!r} ({case.fix_why.split('. ')[0].rstrip('.')}.)", ""]
+        else:
+            todo.append(str(case.number))
+    if todo:
+        lines.append(f"Still to solve (cause and fix): case{'s' if len(todo) > 1 else ''} {', '.join(todo)}.")
+    return "\n".join(lines).rstrip()

@@ -92,7 +92,7 @@ def _measure_lr_outcome() -> str:
 EXERCISES = [ex for case in CASES.values() for ex in (_cause_exercise(case), _fix_exercise(case))] + [
     Exercise(
         "13.lr-predict",
-        "Case 12, before running it: after the same 960 examples, does the 2-rank run (global batch 64, the 1-GPU "
+        "Case 11, before running it: after the same 960 examples, does the 2-rank run (global batch 64, the 1-GPU "
         "learning rate) end with a loss 'higher', 'the same' or 'lower' than the 1-GPU run?",
         _grade_lr_predict,
         "Count the optimizer steps each run takes for 960 examples, and how far each step goes.",

@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-CONFIG: dict[str, Any] = {"steps": 30, "lr": 0.05, "max_norm": 1.0, "unscale_first": False}
+CONFIG: dict[str, Any] = {"steps": 30, "lr": 0.05, "max_norm": 1.0, "after_backward": "clip_grad_norm_, scaler.step"}
+#: The orders the lines after backward may take (``after_backward``).
+CHOICES = {"after_backward": ("clip_grad_norm_, scaler.step", "scaler.unscale_, clip_grad_norm_, scaler.step",
+                              "clip_grad_norm_, scaler.unscale_, scaler.step")}
 
 
 def train(cfg: dict[str, Any]) -> dict[str, list[float]]:
@@ -33,10 +36,13 @@ def train(cfg: dict[str, Any]) -> dict[str, list[float]]:
             loss = F.mse_loss(model(xb).float(), yb)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
-        if cfg["unscale_first"]:
-            scaler.unscale_(opt)  # gradients back to their true size
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_norm"])
-        scaler.step(opt)  # unscales here if unscale_ was not called above, then steps (or skips)
+        for line in cfg["after_backward"].split(", "):  # the lines after backward, in this order
+            if line == "scaler.unscale_":
+                scaler.unscale_(opt)
+            elif line == "clip_grad_norm_":
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_norm"])
+            else:
+                scaler.step(opt)
         scaler.update()
         with torch.no_grad():
             log["loss"].append(F.mse_loss(model(x), y).item())  # the whole data set
@@ -53,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from labkit.clinic._script import finish, read_config
 
-    cfg = read_config(CONFIG, argv)
+    cfg = read_config(CONFIG, argv, CHOICES)
     torch.set_num_threads(1)
     finish({"config": cfg, **train(cfg)})
     return 0

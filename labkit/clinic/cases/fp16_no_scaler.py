@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-CONFIG: dict[str, Any] = {"steps": 40, "lr": 0.5, "precision": "fp16", "loss_scaling": False}
+CONFIG: dict[str, Any] = {"steps": 40, "lr": 0.5, "precision": "fp16", "scaler_enabled": False}
 
 
 def train(cfg: dict[str, Any]) -> dict[str, list[float]]:
@@ -31,7 +31,7 @@ def train(cfg: dict[str, Any]) -> dict[str, list[float]]:
     nn.init.zeros_(model[-1].bias)
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
     dtype = precision.dtype(cfg["precision"])
-    scaler = torch.amp.GradScaler("cpu", enabled=cfg["loss_scaling"])  # disabled: scale() and step() pass through
+    scaler = torch.amp.GradScaler("cpu", enabled=cfg["scaler_enabled"])  # disabled: scale() and step() pass through
     log: dict[str, list[float]] = {"loss": [], "zero_grads": []}
     largest = 2 * float(y.abs().max()) / (128 * 256)  # the output starts at 0: pred - y = -y
     print(f"largest output gradient 2|pred - y|/N at step 0: {largest:.1e} (fp16's smallest subnormal: "

@@ -14,7 +14,9 @@ import gc
 from collections.abc import Sequence
 from typing import Any
 
-CONFIG: dict[str, Any] = {"steps": 12, "val_batch": 512, "log_with_item": False, "gc_every_step": False}
+CONFIG: dict[str, Any] = {"steps": 12, "val_batch": 512, "val_accumulate": "val_total += val_loss", "gc_every_step": False}
+#: The lines that may add the validation loss to its running total (``val_accumulate``).
+CHOICES = {"val_accumulate": ("val_total += val_loss", "val_total += val_loss.item()", "val_total += val_loss.detach()")}
 
 
 def train(cfg: dict[str, Any]) -> dict[str, list[float]]:
@@ -40,8 +42,10 @@ def train(cfg: dict[str, Any]) -> dict[str, list[float]]:
         opt.step()
         val_loss = F.mse_loss(model(val_x), val_y)  # for the log
         log["val_loss"].append(val_loss.item())
-        if cfg["log_with_item"]:
+        if cfg["val_accumulate"] == "val_total += val_loss.item()":
             val_total += val_loss.item()
+        elif cfg["val_accumulate"] == "val_total += val_loss.detach()":
+            val_total += val_loss.detach()
         else:
             val_total += val_loss
         if cfg["gc_every_step"]:
@@ -61,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from labkit.clinic._script import finish, read_config
 
-    cfg = read_config(CONFIG, argv)
+    cfg = read_config(CONFIG, argv, CHOICES)
     torch.set_num_threads(1)
     finish({"config": cfg, **train(cfg)})
     return 0

@@ -15,7 +15,9 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-CONFIG: dict[str, Any] = {"steps": 6, "ckpt_every": 3, "barrier_on_all_ranks": False, "pg_timeout_s": 5.0}
+CONFIG: dict[str, Any] = {"steps": 6, "ckpt_every": 3, "barrier_ranks": "0", "pg_timeout_s": 5.0}
+#: The ranks that call the barrier after a checkpoint (``barrier_ranks``).
+CHOICES = {"barrier_ranks": ("0", "1", "0, 1")}
 
 
 def train(cfg: dict[str, Any], rank: int, world: int, ckpt_dir: str) -> tuple[list[float], int]:
@@ -46,10 +48,8 @@ def train(cfg: dict[str, Any], rank: int, world: int, ckpt_dir: str) -> tuple[li
             if rank == 0:
                 torch.save(model.state_dict(), os.path.join(ckpt_dir, "last.pt"))
                 print(f"rank 0 step {step}: checkpoint written, waiting at the barrier", flush=True)
-                if not cfg["barrier_on_all_ranks"]:
-                    dist.barrier()  # "wait until the checkpoint is written"
-            if cfg["barrier_on_all_ranks"]:
-                dist.barrier()  # every rank arrives here, rank 0 after writing
+            if str(rank) in cfg["barrier_ranks"].split(", "):
+                dist.barrier()  # "wait until the checkpoint is written"
             checkpoints += 1
     return losses, checkpoints
 
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from labkit import dist as ldist
     from labkit.clinic._script import finish, read_config
 
-    cfg = read_config(CONFIG, argv)
+    cfg = read_config(CONFIG, argv, CHOICES)
     if cfg["steps"] < 1 or cfg["ckpt_every"] < 1 or not cfg["pg_timeout_s"] > 0:
         raise ValueError("steps and ckpt_every must be >= 1 and pg_timeout_s > 0")
     torch.set_num_threads(1)

@@ -16,8 +16,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-CONFIG: dict[str, Any] = {"master_addr": "127.0.0.1", "master_port": "stale", "set_master_env": True,
+CONFIG: dict[str, Any] = {"master_addr": "127.0.0.1", "master_port": "stale", "tutorial_sets": "MASTER_ADDR, MASTER_PORT",
                           "pg_timeout_s": 3.0}
+#: Which os.environ lines of the tutorial the script keeps (``tutorial_sets``; "" for none).
+CHOICES = {"tutorial_sets": ("MASTER_ADDR, MASTER_PORT", "MASTER_PORT", "")}
 
 
 def join(cfg: dict[str, Any]) -> None:
@@ -25,9 +27,9 @@ def join(cfg: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     launcher = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    if cfg["set_master_env"]:  # from the tutorial
-        os.environ["MASTER_ADDR"] = cfg["master_addr"]
-        os.environ["MASTER_PORT"] = str(cfg["master_port"])
+    given = {"MASTER_ADDR": cfg["master_addr"], "MASTER_PORT": str(cfg["master_port"])}
+    for name in filter(None, cfg["tutorial_sets"].split(", ")):  # the tutorial's os.environ lines
+        os.environ[name] = given[name]
     print(f"rank {os.environ['RANK']}: torchrun set {launcher}; joining via "
           f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", flush=True)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=cfg["pg_timeout_s"]))
@@ -40,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from labkit.clinic._script import finish, read_config
 
-    cfg = read_config(CONFIG, argv)
+    cfg = read_config(CONFIG, argv, CHOICES)
     if cfg["master_port"] == "stale":
         raise ValueError("master_port 'stale' is resolved by the clinic's runner: run this case with "
                          "labkit.clinic.run_case('rdzv'), or pass a port number")

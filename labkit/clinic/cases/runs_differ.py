@@ -15,7 +15,9 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-CONFIG: dict[str, Any] = {"seed": 0, "sort_shards": False, "deterministic": False, "lr": 0.05}
+CONFIG: dict[str, Any] = {"seed": 0, "shard_list": "list(set(shards))", "deterministic": False, "lr": 0.05}
+#: How the list of shards may be built (``shard_list``).
+CHOICES = {"shard_list": ("list(set(shards))", "sorted(set(shards))")}
 
 
 def _digest(model: Any) -> str:
@@ -36,7 +38,7 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     torch.use_deterministic_algorithms(cfg["deterministic"])
     x, y = data.make_regression(n=1024, in_features=16, seed=0)
     shards = {f"shard-{i:02d}": (x[i * 64:(i + 1) * 64], y[i * 64:(i + 1) * 64]) for i in range(16)}
-    names = sorted(set(shards)) if cfg["sort_shards"] else list(set(shards))  # every shard once
+    names = sorted(set(shards)) if cfg["shard_list"] == "sorted(set(shards))" else list(set(shards))  # each shard once
     model = models.MLP(16, 64, 1, depth=2)  # initialised from the global RNG, seeded above
     init = _digest(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
@@ -59,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from labkit import dist as ldist
     from labkit.clinic._script import finish, read_config
 
-    cfg = read_config(CONFIG, argv)
+    cfg = read_config(CONFIG, argv, CHOICES)
     torch.set_num_threads(1)
     out = train(cfg)  # each process on its own: no collective until the runs are over
     print(f"run {ldist.rank_env().rank}: seed {cfg['seed']}, initial weights {out['init_digest']}, "

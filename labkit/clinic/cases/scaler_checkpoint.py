@@ -16,7 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-CONFIG: dict[str, Any] = {"steps": 30, "resume_at": 15, "lr": 1e-3, "save_scaler": False, "save_rng_state": False}
+CONFIG: dict[str, Any] = {"steps": 30, "resume_at": 15, "lr": 1e-3, "checkpoint_keys": "model, optimizer, step"}
+#: What the checkpoint may hold (``checkpoint_keys``).
+CHOICES = {"checkpoint_keys": ("model, optimizer, step", "model, optimizer, step, rng", "model, optimizer, step, scaler",
+                               "model, optimizer, step, scaler, rng")}
 
 
 def build(cfg: dict[str, Any]) -> tuple[Any, Any, Any]:
@@ -58,11 +61,9 @@ def save(path: Path, model: Any, opt: Any, scaler: Any, step: int, cfg: dict[str
     """Write the checkpoint. Introduced in notebook 13."""
     import torch
 
-    ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
-    if cfg["save_scaler"]:
-        ckpt["scaler"] = scaler.state_dict()
-    if cfg["save_rng_state"]:
-        ckpt["rng"] = torch.get_rng_state()
+    state = {"model": model.state_dict, "optimizer": opt.state_dict, "step": lambda: step,
+             "scaler": scaler.state_dict, "rng": torch.get_rng_state}
+    ckpt = {name: state[name]() for name in cfg["checkpoint_keys"].split(", ")}
     torch.save(ckpt, path)
 
 
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from labkit.clinic._script import finish, read_config
 
-    cfg = read_config(CONFIG, argv)
+    cfg = read_config(CONFIG, argv, CHOICES)
     if not 0 < cfg["resume_at"] < cfg["steps"]:
         raise ValueError(f"resume_at must be between 1 and steps - 1, got {cfg['resume_at']}")
     torch.set_num_threads(1)
