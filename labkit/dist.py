@@ -486,37 +486,62 @@ _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_AD
 #: The environment variable through which a process started by :func:`_die_with_parent_argv` tells its own
 #: children its pid (torchrun's ranks check that torchrun, not a later stand-in, is still their parent).
 _PARENT_PID_VAR = "LABKIT_PARENT_PID"
+#: Seconds torchrun gets, after the process that launched it died, to stop its ranks and end before it is killed.
+_TORCHRUN_GRACE_S = 20.0
 #: A tiny interpreter that asks Linux to signal it when its parent dies, then becomes the real command (execv
 #: keeps the pid, and PR_SET_PDEATHSIG survives execv). Arguments: signal number, the parent's pid (or "-": read
-#: it from $LABKIT_PARENT_PID), the command. If the parent is already gone, it does not start the command.
+#: it from $LABKIT_PARENT_PID), a grace in seconds, the command. If the parent is already gone, it does not start
+#: the command. With a grace above 0 it first forks a *reaper*, a child of the command that dies with it
+#: (PR_SET_PDEATHSIG again): once the parent is gone, the reaper gives the command ``grace`` seconds to end on the
+#: signal it got, then SIGKILLs it. A command that handles the signal (torchrun, stopping its ranks) and then hangs
+#: in its own shutdown on a loaded machine is not left behind.
 _DIE_WITH_PARENT = f"""\
-import ctypes, os, sys
-sig, parent, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+import ctypes, os, select, sys, time
+sig, parent, grace, argv = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4:]
 parent = int(os.environ.get("{_PARENT_PID_VAR}", "0") if parent == "-" else parent)
+libc = ctypes.CDLL(None, use_errno=True)
 try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
+    libc.prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
 except (OSError, AttributeError):
     pass
 if parent and os.getppid() != parent:  # it died before the prctl: nobody is left to stop this command
     os.kill(os.getpid(), sig)
     os._exit(1)
-os.environ["{_PARENT_PID_VAR}"] = str(os.getpid())
+me = os.getpid()
+if grace > 0 and parent and os.fork() == 0:  # the reaper
+    try:
+        libc.prctl(1, 9, 0, 0, 0)  # SIGKILL when the command ends
+        if os.getppid() != me:
+            os._exit(0)
+        try:
+            fd = os.pidfd_open(parent)
+            select.select([fd], [], [])  # readable once the parent has ended
+        except (OSError, AttributeError):
+            while os.getppid() == me and os.path.exists(f"/proc/{{parent}}"):
+                time.sleep(0.5)
+        time.sleep(grace)
+        if os.getppid() == me:
+            os.kill(me, 9)
+    finally:
+        os._exit(0)
+os.environ["{_PARENT_PID_VAR}"] = str(me)
 os.execv(argv[0], argv)
 """
 
 
-def _die_with_parent_argv(sig: int, parent: int | None = None) -> list[str]:
+def _die_with_parent_argv(sig: int, parent: int | None = None, grace: float = 0.0) -> list[str]:
     """The command prefix that makes a child receive ``sig`` when its parent dies (Linux; elsewhere ``[]``).
 
     ``parent`` is the pid the child must have as its parent (default: this process); ``-1`` means the one that
-    started it, when that one ran through this prefix too (torchrun for its ranks). Linux sends the signal when
-    the *thread* that forked the child ends (``PR_SET_PDEATHSIG``), so start such children from a thread that
+    started it, when that one ran through this prefix too (torchrun for its ranks). With ``grace`` > 0 a child that
+    is still alive ``grace`` seconds after its parent died is killed (SIGKILL). Linux sends the signal when the
+    *thread* that forked the child ends (``PR_SET_PDEATHSIG``), so start such children from a thread that
     outlives them: :func:`launch` does, since it returns only once every process it started is dead.
     """
     if sys.platform != "linux":
         return []
     who = "-" if parent == -1 else str(os.getpid() if parent is None else parent)
-    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(int(sig)), who]
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(int(sig)), who, repr(float(grace))]
 
 
 class _LineReader:
@@ -729,7 +754,8 @@ def _supervise(work: Path, nproc: int, target: list[str], args: list[str], timeo
     # would run itself: `python -u <script or -m module> args`.
     rank_wrap = _die_with_parent_argv(signal.SIGKILL, -1)
     ranks = ["--no-python", *rank_wrap, sys.executable, "-u"] if rank_wrap else []
-    cmd = [*_die_with_parent_argv(signal.SIGTERM), sys.executable, "-m", "torch.distributed.run",
+    cmd = [*_die_with_parent_argv(signal.SIGTERM, grace=_TORCHRUN_GRACE_S),
+           sys.executable, "-m", "torch.distributed.run",
            "--nnodes", "1", "--node-rank", "0",
            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port),
            "--log-dir", str(logs), "--redirects", "3", "--tee", "3",

@@ -498,7 +498,8 @@ NON_FIXES = {
     "repro": [{"lr": 0.0}, {"seed": 1}, {"deterministic": True}],
     "rdzv": [{"master_addr": "localhost"}, {"pg_timeout_s": 1.0}, {"tutorial_sets": "MASTER_PORT"}],
     "hang": [{"ckpt_every": 100}, {"steps": 2}, {"pg_timeout_s": 10.0}, {"barrier_ranks": "1"}],
-    "ds-batch": [{"gradient_accumulation_steps": 2}, {"train_micro_batch_size_per_gpu": 4}, {"steps": 0}],
+    "ds-batch": [{"steps": 0}, {"train_batch_size": 48}, {"train_micro_batch_size_per_gpu": 16},
+                 {"gradient_accumulation_steps": 8}],
     "lr": [{"lr": 10.0}, {"lr": 1000.0}, {"examples": 1920}],
     "uneven": [{"examples": 256}, {"batch": 36}, {"drop_last": True}, {"pg_timeout_s": 2.0}],
     "unused": [{"steps": 1}, {"lr": 0.0}, {"pg_timeout_s": 60.0}],
@@ -535,3 +536,21 @@ def test_options_and_headings_do_not_give_the_cause_away():
         title = {w.strip(".,:()'`").lower() for w in c.title.split()} - stop
         cause = {w.strip(".,:()'`").lower() for w in c.causes[c.answer].text.split()} - stop
         assert not title & cause, (c.key, title & cause)
+
+
+#: The only settings a fix may flip from False to True (or back): real arguments of a library, named as the library
+#: names them. A made-up boolean ("unscale_first", "save_scaler") would name its own fix.
+REAL_FLAGS = {"find_unused_parameters": "DistributedDataParallel(find_unused_parameters=...)",
+              "scaler_enabled": "torch.amp.GradScaler(enabled=...)"}
+
+
+def test_no_fix_flips_a_made_up_boolean_and_text_settings_list_their_choices():
+    for key, case in CASES.items():
+        (name, value), = case.fix.items()
+        if isinstance(value, bool):
+            assert name in REAL_FLAGS, f"{key}: the fix flips {name!r}, a boolean that names its own fix"
+        choices = clinic.choices(key)
+        for setting, allowed in choices.items():
+            assert clinic.settings(key)[setting] in allowed and len(allowed) >= 2, (key, setting)
+        if name in choices:
+            assert value in choices[name], key

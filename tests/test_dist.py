@@ -698,3 +698,31 @@ def test_a_launch_is_shared_only_through_a_private_folder_and_never_one_that_nam
     share.chmod(0o700)
     monkeypatch.delenv(dist.SHARE_ENV)
     assert dist._shared_launch_file("lk_shared_rank", 1, [], 120, None, None, 1, None) is None
+
+
+def test_a_command_that_ignores_its_parents_death_signal_is_killed_after_the_grace():
+    """torchrun's prefix: if the launcher dies and torchrun does not end on SIGTERM (a shutdown that hangs), the
+    reaper kills it after the grace; the reaper dies with it, and a command that ends on time is not waited for."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"
+    parent_code = (
+        "import signal, subprocess, sys, time\n"
+        "from labkit.dist import _die_with_parent_argv\n"
+        f"p = subprocess.Popen([*_die_with_parent_argv(signal.SIGTERM, grace=2.0), sys.executable, '-c', {stubborn!r}],"
+        " stdout=subprocess.PIPE, text=True)\n"
+        "assert p.stdout.readline().strip() == 'up'\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        reaper = child.children()
+        assert len(reaper) == 1
+        parent.kill()
+        parent.wait(timeout=30)
+        t0 = time.monotonic()
+        gone, alive = psutil.wait_procs([child, *reaper], timeout=30)
+        assert not alive, alive
+        assert 1.5 < time.monotonic() - t0 < 25   # SIGTERM was ignored: it lived through the grace, not much longer
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -25,6 +25,7 @@ from labkit.clinic.runner import (
     CaseRun,
     causes,
     checklist,
+    choices,
     clear_cache,
     grade_cause,
     grade_fix,
@@ -36,5 +37,5 @@ from labkit.clinic.runner import (
 )
 from labkit.clinic.table import CASES, Case, Cause, Finding, lr_ratio
 
-__all__ = ["CASES", "Case", "CaseRun", "Cause", "Finding", "causes", "checklist", "clear_cache", "grade_cause", "grade_fix",
+__all__ = ["CASES", "Case", "CaseRun", "Cause", "Finding", "causes", "checklist", "choices", "clear_cache", "grade_cause", "grade_fix",
            "lr_ratio", "run_case", "run_cases", "settings", "shutdown", "source"]

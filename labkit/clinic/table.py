@@ -668,14 +668,16 @@ _ROWS = (
         cause_hint="DeepSpeed's message is a sum you can check: read its last line.",
         cause_method="Which of the three factors changed when the run moved from one GPU to two?",
         fix={"train_batch_size": 64},
-        fix_why="64 = 8 x 4 x 2. (Halving the accumulation to 2 keeps the global batch of 32 instead; DeepSpeed can "
-                "also derive one of the three from the other two.)",
+        fix_why="64 = 8 x 4 x 2. (Halving the accumulation to 2, or the micro-batch to 4, keeps the global batch of "
+                "32 instead; DeepSpeed can also derive one of the three from the other two.) DeepSpeed's message is "
+                "the product written out: read the last line of a traceback first. Moving a config between machines "
+                "changes the world size, and with it the batch arithmetic.",
         fix_hint="The three numbers must multiply out with the world size.",
         fix_method="Change one of the three batch settings so that train = micro x accumulation x 2.",
         wrong_fix={"gradient_accumulation_steps": 8},
         wrong_fix_why="8 x 8 x 2 = 128, still not 32: doubling a factor makes the product larger, and DeepSpeed "
                       "checks the product against train_batch_size.",
-        job=('steps', 'train_micro_batch_size_per_gpu', 'gradient_accumulation_steps'),
+        job=('steps',),
         detect=_ds_batch,
         seed="000 §4.4 and §6 (DeepSpeed config: train_batch_size, gradient_accumulation_steps), 004 §6.1 (global "
              "batch)",
@@ -704,7 +706,9 @@ _ROWS = (
                      "that half as many steps go as far? Notebook 09's rule.",
         fix={"lr": 0.2},
         fix_why="The linear scaling rule: the global batch doubled (32 to 64), so the learning rate doubles. "
-                "(Keeping the global batch at 32, 16 per rank, is the other way.)",
+                "(Keeping the global batch at 32, 16 per rank, is the other way.) The linear rule is a starting point "
+                "for SGD, usually with a warm-up for large batches; Adam-type optimizers often need less than linear. "
+                "Whatever the rule, compare curves at the same number of examples, not steps.",
         fix_hint="Notebook 09's rule, applied to this recipe.",
         fix_method="Multiply the tuned learning rate by global batch now / global batch tuned.",
         wrong_fix={"lr": 0.05},

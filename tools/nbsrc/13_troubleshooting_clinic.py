@@ -387,9 +387,6 @@ check("13.ds-batch-cause", cause)
 check("13.ds-batch-fix", fix)
 
 # %% [markdown]
-# DeepSpeed's message is the product written out: read the last line of a traceback before anything else. Moving a
-# config between machines changes the world size, and with it the batch arithmetic.
-#
 # ### Case 11 · Two ranks learn slower than one
 #
 # A recipe tuned on one GPU (batch 32, SGD, lr 0.1, 960 examples) moved to 2 ranks that keep batch 32 each. Rank 0
@@ -430,10 +427,6 @@ fix = {"lr": 0.2}
 ### END SOLUTION
 check("13.lr-cause", cause)
 check("13.lr-fix", fix)
-
-# %% [markdown]
-# The linear rule is a starting point for SGD, usually with a warm-up for large batches; Adam-type optimizers
-# often need less than linear. Whatever the rule, compare curves at the same number of examples, not steps.
 
 # %% [markdown]
 # ## Part D · At scale: the cluster's own failures
