@@ -778,8 +778,8 @@ def grade_fix(key: str, fix: Any) -> tuple[bool, str]:
     if value == defaults[name] and type(value) is type(defaults[name]):
         return False, f"{name} = {value!r} is what the broken run already had."
     if name in case.job:
-        msg = (f"{name} is part of the job this run must still do ({', '.join(case.job)} stay as they are): "
-               "changing it avoids the failure instead of curing it.")
+        msg = (f"{name} is part of the job this run must still do (the job's settings, {', '.join(case.job)}, keep "
+               "their values): changing it avoids the failure instead of curing it.")
         return False, msg + (" " + case.wrong_fix_why if fix == case.wrong_fix else "")
     run = run_case(key, fix)
     found = run.finding

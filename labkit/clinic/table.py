@@ -1,7 +1,10 @@
 """The clinic's one table: every case with its script, symptom, candidate causes, fix, typical wrong fix and grader.
 
 Adding a case means adding a :class:`Case` row here and a script in :mod:`labkit.clinic.cases` (a ``CONFIG`` dict,
-the training code, a ``main`` that prints its evidence with :func:`labkit.clinic._script.finish`). The row's
+a ``CHOICES`` dict for settings that stand for lines of code, the training code, a ``main`` that prints its evidence
+with :func:`labkit.clinic._script.finish`). The row's title is the symptom, never the cause; its right option is as
+short as the others; its ``job`` lists the settings no fix may change; ``tests/test_clinic.py`` checks all three and
+holds at least three non-fixes per case. The row's
 ``detect`` reads a :class:`~labkit.clinic.runner.CaseRun` and says whether the symptom is there; the exercises of
 notebook 13 (``labkit.exercises.nb13``) are generated from the rows, and ``tests/test_clinic.py`` runs every row's
 broken run, reference fix and typical wrong fix.

@@ -17,7 +17,7 @@ from typing import Any
 
 CONFIG: dict[str, Any] = {"seed": 0, "shard_list": "list(set(shards))", "deterministic": False, "lr": 0.05}
 #: How the list of shards may be built (``shard_list``).
-CHOICES = {"shard_list": ("list(set(shards))", "sorted(set(shards))")}
+CHOICES = {"shard_list": ("list(set(shards))", "tuple(set(shards))", "sorted(set(shards))")}
 
 
 def _digest(model: Any) -> str:
@@ -38,7 +38,12 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     torch.use_deterministic_algorithms(cfg["deterministic"])
     x, y = data.make_regression(n=1024, in_features=16, seed=0)
     shards = {f"shard-{i:02d}": (x[i * 64:(i + 1) * 64], y[i * 64:(i + 1) * 64]) for i in range(16)}
-    names = sorted(set(shards)) if cfg["shard_list"] == "sorted(set(shards))" else list(set(shards))  # each shard once
+    if cfg["shard_list"] == "sorted(set(shards))":  # every shard once, in an order given by CONFIG
+        names = sorted(set(shards))
+    elif cfg["shard_list"] == "tuple(set(shards))":
+        names = tuple(set(shards))
+    else:
+        names = list(set(shards))
     model = models.MLP(16, 64, 1, depth=2)  # initialised from the global RNG, seeded above
     init = _digest(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)

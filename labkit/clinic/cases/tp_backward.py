@@ -14,7 +14,7 @@ from typing import Any
 
 CONFIG: dict[str, Any] = {"steps": 5, "lr": 0.05, "f_backward": "identity", "average_replicated_grads": False}
 #: What the f operator in front of the column-parallel layer may do with the gradient going back (``f_backward``).
-CHOICES = {"f_backward": ("identity", "all_reduce")}
+CHOICES = {"f_backward": ("identity", "all_reduce", "all_reduce, then / world_size")}
 
 
 def make_f(backward: str) -> Any:
@@ -29,9 +29,11 @@ def make_f(backward: str) -> Any:
 
         @staticmethod
         def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-            if backward == "all_reduce":
+            if backward.startswith("all_reduce"):
                 grad = grad.clone()
                 dist.all_reduce(grad)
+                if backward.endswith("world_size"):
+                    grad /= dist.get_world_size()
             return grad
     return F
 

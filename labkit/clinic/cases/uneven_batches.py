@@ -16,7 +16,7 @@ from typing import Any
 CONFIG: dict[str, Any] = {"examples": 288, "batch": 32, "drop_last": False, "loop": "for xb, yb in shard",
                           "pg_timeout_s": 5.0}
 #: How the training loop may be written (``loop``).
-CHOICES = {"loop": ("for xb, yb in shard", "with model.join(): for xb, yb in shard")}
+CHOICES = {"loop": ("for xb, yb in shard", "for xb, yb in shard[:4]", "with model.join(): for xb, yb in shard")}
 
 
 def train(cfg: dict[str, Any], rank: int) -> int:
@@ -36,6 +36,8 @@ def train(cfg: dict[str, Any], rank: int) -> int:
     model = DDP(models.MLP(16, 64, 1, depth=2, seed=0))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     joined = cfg["loop"].startswith("with model.join()")
+    if cfg["loop"].endswith("[:4]"):
+        shard = shard[:4]
     steps = 0
     with model.join() if joined else contextlib.nullcontext():
         for xb, yb in shard:
