@@ -207,8 +207,7 @@ ax.legend(); plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 wait = {rho: statistics.mean(d - s for d, s in zip(r.from_due, r.from_send)) for rho, r in runs.items()}
-assert wait[0.95] > 1.5 * wait[0.5]                # queueing: the mean time spent waiting for the server grows
-assert hi.open_loop.p99 > 2 * hi.closed_loop.p99   # ... and the send-time clock does not see it
+assert hi.open_loop.p99 > 2 * hi.closed_loop.p99   # the send-time clock does not see the wait in the queue
 print(f"mean wait in the queue: {wait[0.5] * 1e3:.2f} ms at 50 % load, {wait[0.95] * 1e3:.2f} ms at 95 %")
 
 # %% [markdown]
