@@ -25,7 +25,8 @@ from typing import NoReturn
 
 from labkit.catalog import NOTEBOOKS, markdown_table
 
-__all__ = ["COVERAGE_FILE", "DEPTHS", "EVIDENCE", "GPU_NEEDED", "README", "ROOT", "STUDENT_README", "Correction", "Row", "Where",
+__all__ = ["COVERAGE_FILE", "DEPTHS", "EVIDENCE", "EXERCISE_ID", "GPU_NEEDED", "PROOF_ASSERT", "README", "ROOT",
+           "STUDENT_README", "Correction", "Row", "Where",
            "coverage_summary", "coverage_table", "load_coverage", "load_seeds", "main", "render", "update_readme"]
 
 #: The repository root (this file is tools/readme.py).
@@ -45,6 +46,9 @@ _COV_START, _COV_END = "<!-- seed-coverage:start -->", "<!-- seed-coverage:end -
 DEPTHS = ("missing", "mentioned", "explained", "run", "exercised")
 #: Whether seeing a row's content for real needs a GPU (or a site's hardware).
 GPU_NEEDED = ("no", "partly", "yes")
+#: An exercise id in a ``proof`` list, as labkit.exercises names them; the other kind starts with ``PROOF_ASSERT``.
+EXERCISE_ID = re.compile(r"\d\d\.[a-z0-9][a-z0-9-]*")
+PROOF_ASSERT = "assert: "
 #: What backs a correction: a code cell that asserts the truth ("run") or the documentation the box names ("docs").
 EVIDENCE = ("run", "docs")
 
@@ -59,18 +63,25 @@ class Where:
     notebook: str
     heading: str
     depth: str
+    #: What proves a "run" or "exercised" depth there: exercise ids (``"09.global-batch"``, called by check/reveal/
+    #: predict in a code cell of that section) and ``"assert: <fragment>"`` (an ``assert`` statement of a code cell
+    #: of that section contains the fragment). An "exercised" place names at least one exercise id.
+    proof: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Correction:
     """Where the workbook corrects an article: the claim, what is true, the section holding the misconception box
-    (``box`` = (notebook, heading)) and what backs it (``evidence``: "run" or "docs"). Introduced in notebook 00.
+    (``box`` = (notebook, heading)) and what backs it (``evidence``: "run" or "docs"); a "run" correction names in
+    ``shown_by`` a fragment of the ``assert`` statement in the box's section that shows the truth. Introduced in
+    notebook 00.
     """
 
     claim: str
     truth: str
     box: tuple[str, str]
     evidence: str
+    shown_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -160,11 +171,27 @@ def load_coverage(path: str | Path | None = None) -> list[Row]:
             raise TypeError(f"{at}: where must be a list of {{notebook, heading, depth}}")
         where = []
         for w in where_raw:
-            _need(isinstance(w, dict) and set(w) == {"notebook", "heading", "depth"}, at,
-                  "each where entry is {notebook = 'NN', heading = '...', depth = '...'}")
+            _need(isinstance(w, dict) and {"notebook", "heading", "depth"} <= set(w) <= {"notebook", "heading",
+                  "depth", "proof"}, at, "each where entry is {notebook = 'NN', heading = '...', depth = '...', "
+                  "proof = [...]}")
             _need(w["depth"] in DEPTHS[1:], at,
                   f"a where entry's depth must be one of {DEPTHS[1:]}, got {w['depth']!r}")
-            where.append(Where(str(w["notebook"]), _text(w["heading"], at, "heading"), w["depth"]))
+            place = f"{at} ({w['notebook']} {w['heading']!r})"
+            proof = w.get("proof", [])
+            _need(isinstance(proof, list) and all(isinstance(p, str) and p.strip() for p in proof), place,
+                  "proof is a list of exercise ids and 'assert: <fragment>' strings")
+            for p in proof:
+                _need(bool(EXERCISE_ID.fullmatch(p)) or (p.startswith(PROOF_ASSERT) and len(p) > len(PROOF_ASSERT) + 3),
+                      place, f"a proof is an exercise id ('09.global-batch') or 'assert: <fragment>', got {p!r}")
+            if w["depth"] in ("run", "exercised"):
+                _need(bool(proof), place, f"a {w['depth']!r} place names its proof (exercise ids, 'assert: ...')")
+            else:
+                _need(not proof, place, f"a {w['depth']!r} place has nothing to prove: give no proof")
+            if w["depth"] == "exercised":
+                _need(any(EXERCISE_ID.fullmatch(p) for p in proof), place,
+                      "an 'exercised' place names the exercise ids that exercise it")
+            _need(len(set(proof)) == len(proof), place, "a proof is listed twice")
+            where.append(Where(str(w["notebook"]), _text(w["heading"], at, "heading"), w["depth"], tuple(proof)))
         note = str(r.get("note", ""))
         if depth == "missing":
             _need(not where, at, "a missing row lists no where")
@@ -175,15 +202,22 @@ def load_coverage(path: str | Path | None = None) -> list[Row]:
             _need(depth == deepest, at, f"depth {depth!r} is not the deepest of its where entries ({deepest!r})")
         corrections = []
         for c in r.get("correction", []):
-            _need(isinstance(c, dict) and set(c) == {"claim", "truth", "box", "evidence"}, at,
-                  "each [[section.correction]] has claim, truth, box and evidence")
+            _need(isinstance(c, dict) and {"claim", "truth", "box", "evidence"} <= set(c) <= {"claim", "truth", "box",
+                  "evidence", "shown_by"}, at, "each [[section.correction]] has claim, truth, box, evidence "
+                  "(and shown_by when the evidence is 'run')")
             box = c["box"]
             _need(isinstance(box, dict) and set(box) == {"notebook", "heading"}, at,
                   "a correction's box is {notebook = 'NN', heading = '...'}")
             _need(c["evidence"] in EVIDENCE, at, f"evidence must be one of {EVIDENCE}, got {c['evidence']!r}")
+            shown_by = c.get("shown_by", "")
+            if c["evidence"] == "run":
+                _need(isinstance(shown_by, str) and bool(shown_by.strip()), at,
+                      "a correction with evidence 'run' names what shows it: shown_by = '<a fragment of the assert>'")
+            else:
+                _need(not shown_by, at, "a correction with evidence 'docs' has no shown_by")
             corrections.append(Correction(_text(c["claim"], at, "claim"), _text(c["truth"], at, "truth"),
                                           (str(box["notebook"]), _text(box["heading"], at, "box heading")),
-                                          c["evidence"]))
+                                          c["evidence"], shown_by))
         row = Row(seed, section, _text(r.get("title"), at, "title"), depth, gpu, tuple(where), note,
                   tuple(corrections))
         _need(row.key not in {x.key for x in rows}, at, "listed twice")
