@@ -26,7 +26,7 @@ import pytest
 
 from labkit import clinic
 from labkit.clinic import CASES, runner
-from labkit.clinic._script import merge_config
+from labkit.clinic._script import gloo_ranks, merge_config
 from labkit.dist import _alive, parse_result
 from labkit.exercises import all_exercises
 
@@ -555,3 +555,10 @@ def test_no_fix_flips_a_made_up_boolean_and_text_settings_list_their_choices():
             assert clinic.settings(key)[setting] in allowed and len(allowed) >= 2, (key, setting)
         if name in choices:
             assert value in choices[name], key
+
+
+def test_gloo_ranks_refuses_a_timeout_that_is_not_positive():
+    for bad in (0, -1.0, "30", None):
+        with pytest.raises(ValueError, match="timeout_s"):
+            with gloo_ranks(bad):  # type: ignore[arg-type]
+                pass

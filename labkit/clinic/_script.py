@@ -12,15 +12,16 @@ Not in ``labkit.clinic.__all__``: the scripts' own plumbing. Introduced in noteb
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from labkit._validate import safe_repr
 
-__all__ = ["finish", "merge_config", "read_config"]
+__all__ = ["deepspeed_ranks", "finish", "gloo_ranks", "merge_config", "read_config"]
 
 
 def _same_kind(default: Any, value: Any) -> bool:
@@ -86,3 +87,50 @@ def finish(evidence: dict[str, Any]) -> None:
 
     if int(os.environ.get("RANK", "0")) == 0:
         emit_result(evidence)
+
+
+@contextlib.contextmanager
+def gloo_ranks(timeout_s: float) -> Iterator[Any]:
+    """Join the gloo process group with one thread per rank (the ranks share a small machine), yield
+    :func:`labkit.dist.init_process_group`'s environment (``.rank``, ``.world_size``), and leave the group however
+    the case ends. Introduced in notebook 13.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from labkit import dist as ldist
+
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    torch.set_num_threads(1)
+    env = ldist.init_process_group("gloo", timeout_s=float(timeout_s))
+    try:
+        yield env
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def deepspeed_ranks() -> Iterator[Any]:
+    """Start DeepSpeed's distributed layer on its CPU accelerator (unless ``DS_ACCELERATOR`` says otherwise), every
+    collective through gloo, one thread per rank; yield the ``deepspeed`` module and leave the group however the
+    case ends. Introduced in notebook 13.
+    """
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it, rather than let DeepSpeed guess
+    import deepspeed
+    import deepspeed.ops
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    # DeepSpeed's CPU accelerator would JIT-compile its shared-memory all-reduce op first (about a minute, cold);
+    # marking it unavailable makes every collective go through gloo (see labkit.recipes.zero).
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
+        os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
+    accelerator = deepspeed.accelerator.get_accelerator().device_name()
+    deepspeed.init_distributed(dist_backend="gloo" if accelerator == "cpu" else None)
+    try:
+        yield deepspeed
+    finally:
+        dist.destroy_process_group()

@@ -9,7 +9,6 @@ Run it under ``torchrun --nproc_per_node 2``. Introduced in notebook 13.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,29 +62,15 @@ def train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Start DeepSpeed on every rank, run the case, print the evidence on rank 0. Introduced in notebook 13."""
-    from labkit.clinic._script import finish, read_config
+    from labkit.clinic._script import deepspeed_ranks, finish, read_config
 
     cfg = read_config(CONFIG, argv)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it, rather than let DeepSpeed guess (a GPU node: cuda)
-    import deepspeed
-    import deepspeed.ops
-    import torch
-    import torch.distributed as dist
+    with deepspeed_ranks() as deepspeed:
+        import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    # DeepSpeed's CPU accelerator would JIT-compile its shared-memory all-reduce op first (about a minute, cold);
-    # marking it unavailable makes every collective go through gloo (see labkit.recipes.zero).
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
-        os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
-    accelerator = deepspeed.accelerator.get_accelerator().device_name()
-    deepspeed.init_distributed(dist_backend="gloo" if accelerator == "cpu" else None)
-    try:
         rank, world = dist.get_rank(), dist.get_world_size()
         out = train(cfg, rank, world)
         finish({"config": cfg, "world_size": world, "deepspeed": deepspeed.__version__, **out})
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

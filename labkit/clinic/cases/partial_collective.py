@@ -56,25 +56,19 @@ def train(cfg: dict[str, Any], rank: int, world: int, ckpt_dir: str) -> tuple[li
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Join the process group, run the case, print the evidence on rank 0. Introduced in notebook 13."""
-    import torch
     import torch.distributed as dist
 
-    from labkit import dist as ldist
-    from labkit.clinic._script import finish, read_config
+    from labkit.clinic._script import finish, gloo_ranks, read_config
 
     cfg = read_config(CONFIG, argv, CHOICES)
     if cfg["steps"] < 1 or cfg["ckpt_every"] < 1 or not cfg["pg_timeout_s"] > 0:
         raise ValueError("steps and ckpt_every must be >= 1 and pg_timeout_s > 0")
-    torch.set_num_threads(1)
-    env = ldist.init_process_group("gloo", timeout_s=cfg["pg_timeout_s"])
-    try:
+    with gloo_ranks(cfg["pg_timeout_s"]) as env:
         with tempfile.TemporaryDirectory(prefix="labkit-clinic-") as ckpt_dir:
             losses, checkpoints = train(cfg, env.rank, env.world_size, ckpt_dir)
         gathered: list[Any] = [None] * env.world_size
         dist.all_gather_object(gathered, losses)
         finish({"config": cfg, "world_size": env.world_size, "losses": gathered, "checkpoints": checkpoints})
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

@@ -29,21 +29,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from labkit import dist as ldist
-    from labkit.clinic._script import finish, read_config
+    from labkit.clinic._script import finish, gloo_ranks, read_config
 
     cfg = read_config(CONFIG, argv, CHOICES)
-    torch.set_num_threads(1)
     job_env(cfg)
     print(f"rank {os.environ.get('RANK')}: GLOO_SOCKET_IFNAME={os.environ['GLOO_SOCKET_IFNAME']} "
           f"NCCL_SOCKET_IFNAME={os.environ['NCCL_SOCKET_IFNAME']}", flush=True)
-    ldist.init_process_group("gloo", timeout_s=cfg["pg_timeout_s"])
-    try:
+    with gloo_ranks(cfg["pg_timeout_s"]):
         t = torch.ones(4)
         dist.all_reduce(t)
         finish({"config": cfg, "all_reduce": t.tolist()})
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

@@ -85,26 +85,20 @@ def train(cfg: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Join the process group, run the case, print the evidence on rank 0. Introduced in notebook 13."""
-    import torch
     import torch.distributed as dist
 
-    from labkit import dist as ldist
-    from labkit.clinic._script import finish, read_config
+    from labkit.clinic._script import finish, gloo_ranks, read_config
 
     cfg = read_config(CONFIG, argv, CHOICES)
     if cfg["steps"] < 1:
         raise ValueError("steps must be >= 1")
-    torch.set_num_threads(1)
-    env = ldist.init_process_group("gloo", timeout_s=30.0)
-    try:
+    with gloo_ranks(30.0) as env:
         log = train(cfg, env.rank, env.world_size)
         diffs: list[Any] = [None] * env.world_size
         dist.all_gather_object(diffs, log["input_layer_rel_diff"])
         print(f"rank {env.rank}: input layer's weights differ from the 1-process run's by "
               f"{log['input_layer_rel_diff']:.2e} (relative)", flush=True)
         finish({"config": cfg, **log, "input_layer_rel_diff": diffs})
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

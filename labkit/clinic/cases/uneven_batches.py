@@ -53,24 +53,18 @@ def train(cfg: dict[str, Any], rank: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Join the process group, run the case, print the evidence on rank 0. Introduced in notebook 13."""
-    import torch
     import torch.distributed as dist
 
-    from labkit import dist as ldist
-    from labkit.clinic._script import finish, read_config
+    from labkit.clinic._script import finish, gloo_ranks, read_config
 
     cfg = read_config(CONFIG, argv, CHOICES)
     if cfg["examples"] < 4 or cfg["batch"] < 1 or not cfg["pg_timeout_s"] > 0:
         raise ValueError("examples must be >= 4, batch >= 1 and pg_timeout_s > 0")
-    torch.set_num_threads(1)
-    env = ldist.init_process_group("gloo", timeout_s=cfg["pg_timeout_s"])
-    try:
+    with gloo_ranks(cfg["pg_timeout_s"]) as env:
         steps = train(cfg, env.rank)
         gathered: list[Any] = [None] * env.world_size
         dist.all_gather_object(gathered, steps)
         finish({"config": cfg, "steps": gathered})
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

@@ -58,22 +58,14 @@ def train(cfg: dict[str, Any], rank: int, world: int) -> list[float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Join the process group, run the case, print the evidence on rank 0. Introduced in notebook 13."""
-    import torch
-    import torch.distributed as dist
-
-    from labkit import dist as ldist
-    from labkit.clinic._script import finish, read_config
+    from labkit.clinic._script import finish, gloo_ranks, read_config
 
     cfg = read_config(CONFIG, argv)
     if cfg["steps"] < 1 or not cfg["pg_timeout_s"] > 0:
         raise ValueError("steps must be >= 1 and pg_timeout_s > 0")
-    torch.set_num_threads(1)
-    env = ldist.init_process_group("gloo", timeout_s=cfg["pg_timeout_s"])
-    try:
+    with gloo_ranks(cfg["pg_timeout_s"]) as env:
         losses = train(cfg, env.rank, env.world_size)
         finish({"config": cfg, "losses": losses})
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

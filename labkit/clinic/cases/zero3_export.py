@@ -35,27 +35,18 @@ def export(engine: Any, cfg: dict[str, Any], path: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Train with ZeRO-3, export, reload in plain PyTorch on rank 0; print the evidence. Introduced in notebook 13."""
-    from labkit.clinic._script import finish, read_config
+    from labkit.clinic._script import deepspeed_ranks, finish, read_config
 
     cfg = read_config(CONFIG, argv, CHOICES)
     if cfg["steps"] < 1:
         raise ValueError("steps must be >= 1")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
-    import deepspeed.ops
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
+    with deepspeed_ranks() as deepspeed:
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
 
-    from labkit import data, models, zero
+        from labkit import data, models, zero
 
-    torch.set_num_threads(1)
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # every collective through gloo (notebook 10)
-    if "LOCAL_SIZE" not in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
-        os.environ["LOCAL_SIZE"] = os.environ["LOCAL_WORLD_SIZE"]
-    accelerator = deepspeed.accelerator.get_accelerator().device_name()
-    deepspeed.init_distributed(dist_backend="gloo" if accelerator == "cpu" else None)
-    try:
         rank, world = dist.get_rank(), dist.get_world_size()
         ds_cfg = zero.config(3, "fp32", micro_batch=32, grad_accum=1, world_size=world, lr=cfg["lr"],
                              gradient_clipping=0.0, torch_adam=True, param_persistence_threshold=0)
@@ -93,8 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"load_state_dict: {out['load_error']}", flush=True)
             dist.barrier()
         finish(out)
-    finally:
-        dist.destroy_process_group()
     return 0
 
 
