@@ -99,6 +99,12 @@ NOTEBOOKS: list[Notebook] = [
              "full: the tiny GPT served by one CPU thread; batching replayed from measured step times",
              "the same cells (they serve on the CPU); a GPU server's numbers are worked from datasheets",
              "memory bandwidth (decode) and compute (prefill)", True),
+    Notebook("16", "16_triton_attention", "Triton II: tiled matmul and FlashAttention, forward and backward",
+             "a tiled matmul with grouped order and @triton.autotune, a looped online softmax, FlashAttention's "
+             "forward with the logsumexp, causal stop and exp2, LayerNorm and FlashAttention backward kernels as "
+             "autograd Functions checked with gradcheck (after notebooks 07 and 08)",
+             "Triton's interpreter: real results, byte counts and float64 gradchecks, no timings",
+             "compiled Triton, autotuned and timed", "compute (matmul) and memory bandwidth (attention)", True),
 ]
 
 

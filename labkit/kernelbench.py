@@ -138,7 +138,8 @@ def verify(name: str, rows: int, cols: int, dtype: Any = "fp32", seed: int = 0) 
     torch computes in float64 on the same values (bf16 inputs upcast exactly), which is the right answer to far
     more digits than fp32 holds; the kernel must be within :func:`labkit.kernels.tolerance` of its output's dtype
     (fp32: a few roundings; bf16: one bf16 ulp, its single rounding when it stores). torch's own fp32 ops are not
-    the yardstick: fp32 ``F.gelu`` is off by ~1e-6 in the negative tail. AdamW: p, m and v after one step
+    the yardstick: they make fp32 roundings of their own (in the interpreter the kernel's ``tl.math.erf`` is even
+    float64 ``math.erf`` rounded once, closer than fp32 ``F.gelu``; compiled, neither is ahead by rule). AdamW: p, m and v after one step
     against ``torch.optim.AdamW`` (``foreach=False``) on float64 copies; its state is fp32 whatever the
     gradient's dtype. Introduced in notebook 08.
     """

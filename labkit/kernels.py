@@ -35,7 +35,12 @@ from labkit import precision
 from labkit._validate import as_float, check_dense, safe_repr
 
 __all__ = [
+    "FlashAttention",
+    "INTERPRETER_MATMUL_CONFIG",
     "KernelRef",
+    "LayerNorm",
+    "MATMUL_CONFIGS",
+    "MAX_ROW_BLOCK",
     "Mode",
     "adamw_step",
     "adamw_torch",
@@ -47,16 +52,23 @@ __all__ = [
     "cast",
     "close",
     "flash_attention",
+    "flash_attention_bwd",
+    "flash_attention_fwd",
     "flash_attention_unfused",
     "install_hint",
     "kernel_sum",
     "layernorm",
+    "layernorm_bwd",
     "layernorm_unfused",
     "load",
+    "matmul",
+    "matmul_close",
+    "matmul_configs",
     "mode",
     "randn",
     "setup",
     "softmax",
+    "softmax_looped",
     "softmax_unfused",
     "source",
     "tolerance",
@@ -443,9 +455,17 @@ def _out(name: str, out: Any, like: torch.Tensor, shape: tuple[int, ...] | None 
     return out
 
 
+#: The longest row a one-block row kernel takes. A row lives in registers: with 16 warps (512 threads) a block of
+#: 16384 fp32 values is 32 registers per thread per live copy (x, then exp(x - m)), well inside the 255 a thread
+#: may have; 65536 would be 128 per copy and spill to local memory. Longer rows loop (notebook 16's
+#: ``softmax_looped``).
+MAX_ROW_BLOCK = 16384
+
+
 def _row_block(n_cols: int) -> tuple[int, int]:
-    if n_cols > 65536:
-        raise ValueError(f"rows of up to 65536 columns fit in one block, got {n_cols}")
+    if n_cols > MAX_ROW_BLOCK:
+        raise ValueError(f"rows of up to {MAX_ROW_BLOCK} columns fit in one block (a longer row would spill its "
+                         f"registers on a GPU), got {n_cols}: loop over the row instead (softmax_looped)")
     block = 1 << max(n_cols - 1, 0).bit_length()
     return block, 4 if block < 2048 else 8 if block < 8192 else 16
 
@@ -519,17 +539,22 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: fl
     ``mean`` and ``rstd`` (1/std, fp32, one per row) are what ``torch.ops.aten.native_layer_norm`` also returns
     for the backward pass. Introduced in notebook 08.
     """
-    x, weight, bias = _tensor("x", x, 2), _tensor("weight", weight, 1), _tensor("bias", bias, 1)
+    dtypes = _TORCH_DTYPES if kernel is None else _FLOAT_DTYPES  # float64: labkit's kernel, for gradcheck
+    x, weight, bias = _tensor("x", x, 2, dtypes), _tensor("weight", weight, 1, dtypes), _tensor("bias", bias, 1, dtypes)
     if weight.shape[0] != x.shape[1] or bias.shape[0] != x.shape[1]:
         raise ValueError(f"weight and bias must have x.shape[1] = {x.shape[1]} elements")
     eps = _number("eps", eps, 0.0, 1.0)
     _on_mode_device(x, weight, bias)
-    y = _out("out", out, x)
-    mean = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean)
+    y = _out("out", out, x) if x.dtype != torch.float64 else torch.empty_like(x)
+    f64 = x.dtype == torch.float64
+    # NaN until the kernel stores them: a kernel that forgets cannot inherit a previous launch's values
+    mean = torch.full((x.shape[0],), math.nan, dtype=torch.float64 if f64 else torch.float32, device=x.device)
+    rstd = torch.full_like(mean, math.nan)
     block, warps = _row_block(x.shape[1])
     k = as_kernel(load().layernorm_kernel if kernel is None else kernel)
-    k[(x.shape[0],)](x, weight, bias, y, mean, rstd, x.shape[1], x.stride(0), eps, BLOCK=block, num_warps=warps)
+    extra = {"CDT": _tl().float64} if f64 else {}
+    k[(x.shape[0],)](x, weight, bias, y, mean, rstd, x.shape[1], x.stride(0), eps, BLOCK=block, num_warps=warps,
+                     **extra)
     return y, mean, rstd
 
 
@@ -705,3 +730,264 @@ def kernel_sum(x: torch.Tensor, upcast: bool = True) -> float:
     block = 1 << max(x.numel() - 1, 15).bit_length()
     load().sum_kernel[(1,)](x, out, x.numel(), BLOCK=block, UPCAST=upcast)
     return float(out[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# notebook 16: tiled matmul, looped softmax, FlashAttention forward and backward, LayerNorm backward
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _tl() -> Any:
+    import triton.language as tl
+
+    return tl
+
+
+def _cdt(dtype: torch.dtype) -> Any:
+    """The arithmetic dtype of a kernel: float64 for float64 tensors (gradcheck), fp32 for everything else."""
+    return _tl().float64 if dtype == torch.float64 else _tl().float32
+
+
+#: What ``@triton.autotune`` tries for labkit's matmul on a GPU: tile sizes (each program computes a BLOCK_M x
+#: BLOCK_N tile of C, BLOCK_K of the sum at a time), GROUP_M (tile-rows per group of the launch order),
+#: ``num_warps`` (threads per program, /32) and ``num_stages`` (K tiles the compiler prefetches ahead into shared
+#: memory). Sizes like those of Triton's matmul tutorial for sm80/sm90.
+MATMUL_CONFIGS: tuple[dict[str, int], ...] = (
+    {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+)
+#: The interpreter cannot time a configuration (it has no GPU driver), so there the autotuner gets this one only.
+INTERPRETER_MATMUL_CONFIG: dict[str, int] = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4,
+                                             "num_warps": 4, "num_stages": 1}
+
+
+def matmul_configs() -> list[Any]:
+    """Return the ``triton.Config`` list ``@triton.autotune`` tries for :func:`matmul` in this mode.
+
+    Compiled: :data:`MATMUL_CONFIGS` (the autotuner times each on the first call per (M, N, K) and keeps the
+    fastest). Interpreted: :data:`INTERPRETER_MATMUL_CONFIG` alone, since nothing can be timed there.
+    Introduced in notebook 16.
+    """
+    import triton
+
+    chosen = [INTERPRETER_MATMUL_CONFIG] if mode().interpreted else list(MATMUL_CONFIGS)
+    return [triton.Config({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+                          num_warps=c["num_warps"], num_stages=c["num_stages"]) for c in chosen]
+
+
+_TUNED: dict[str, Any] = {}
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, kernel: Any = None, out: torch.Tensor | None = None,
+           blocks: tuple[int, int, int] = (32, 32, 32), group_m: int = 4) -> torch.Tensor:
+    """Return ``a @ b`` for 2-D ``a`` (M, K) and ``b`` (K, N), any strides, from one tiled Triton kernel.
+
+    labkit's kernel runs under ``@triton.autotune`` (:func:`matmul_configs`); a ``kernel`` of your own is
+    launched with ``blocks = (BLOCK_M, BLOCK_N, BLOCK_K)`` and ``group_m``. The grid is one program per tile of C.
+    Introduced in notebook 16.
+    """
+    import triton
+
+    for name, t in (("a", a), ("b", b)):
+        check_dense(name, t)
+        if t.dim() != 2 or t.dtype not in _FLOAT_DTYPES or t.numel() == 0:
+            raise ValueError(f"{name} must be a non-empty 2-D float32/bfloat16/float16 tensor, got {tuple(t.shape)} "
+                             f"{t.dtype}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: a.shape[1] must equal b.shape[0]")
+    if a.dtype != b.dtype:  # compiled, tl.dot takes two 16-bit tiles of one type (bf16 x fp16 does not compile)
+        raise ValueError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    a, b = a.detach(), b.detach()
+    _on_mode_device(a, b)
+    (m, k_dim), n = a.shape, b.shape[1]
+    c = _out("out", out, a, (m, n))
+    args = (a, b, c, m, n, k_dim, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    if kernel is None:
+        if "matmul" not in _TUNED:
+            _TUNED["matmul"] = triton.autotune(configs=matmul_configs(), key=["M", "N", "K"])(load().matmul_kernel)
+        tuned = _TUNED["matmul"]
+        grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        tuned[grid](*args, DOT_16BIT=not mode().interpreted and a.dtype != torch.float32)
+        return c
+    if not (isinstance(blocks, tuple) and len(blocks) == 3):
+        raise TypeError(f"blocks must be a tuple (BLOCK_M, BLOCK_N, BLOCK_K), got {safe_repr(blocks)}")
+    bm, bn, bk = (_block("blocks", x) for x in blocks)
+    gm = _posint("group_m", group_m)
+    as_kernel(kernel)[(triton.cdiv(m, bm) * triton.cdiv(n, bn),)](*args, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                                                  GROUP_M=gm)
+    return c
+
+
+def matmul_close(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float]:
+    """Compare a kernel's ``a @ b`` with the float64 product within the bound of an fp32 accumulation.
+
+    Per element: ``K * 2**-24 * (|a| @ |b|)`` (K roundings of fp32 sums, each at most half an ulp of a partial
+    sum, which is at most ``(|a| @ |b|)``: the standard bound; relative to the result it would be meaningless
+    where terms cancel), plus ``2**-7 * |a @ b|`` for a 16-bit output (its rounding when stored; the
+    interpreter truncates, a full ulp) and ``1e-6``. Returns ``(ok, worst)`` as :func:`close`.
+    Introduced in notebook 16.
+    """
+    for name, t in (("got", got), ("a", a), ("b", b)):
+        check_dense(name, t)
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be a matrix (2-D), got {t.dim()}-D of shape {tuple(t.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a is {tuple(a.shape)} and b is {tuple(b.shape)}: a's columns must equal b's rows")
+    a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
+    want = a64 @ b64
+    if tuple(got.shape) != tuple(want.shape):
+        raise ValueError(f"got is {tuple(got.shape)}, a @ b is {tuple(want.shape)}")
+    bound = a.shape[1] * 2.0**-24 * (a64.abs() @ b64.abs()) + 1e-6
+    if got.dtype in (torch.bfloat16, torch.float16):
+        bound = bound + 2.0**-7 * want.abs()
+    g = got.detach().double().cpu()
+    ratio = torch.where(torch.isfinite(g), (g - want).abs() / bound, torch.full_like(g, math.inf))
+    worst = float(ratio.max())
+    return worst <= 1.0, worst
+
+
+def softmax_looped(x: torch.Tensor, *, kernel: Any = None, out: torch.Tensor | None = None,
+                   block: int = 1024) -> torch.Tensor:
+    """Return the softmax over the last dim of a contiguous ``(rows, cols)`` x, rows of any length.
+
+    One program per row, ``block`` columns at a time: an online pass for the max and the sum, a pass that writes.
+    Introduced in notebook 16.
+    """
+    x = _tensor("x", x, 2)
+    _on_mode_device(x)
+    y = _out("out", out, x)
+    k = as_kernel(load().softmax_looped_kernel if kernel is None else kernel)
+    k[(x.shape[0],)](x, y, x.shape[1], x.stride(0), BLOCK=_block("block", block))
+    return y
+
+
+def _qkv(q: Any, k: Any, v: Any) -> tuple[torch.Tensor, ...]:
+    q, k, v = (_tensor(n, t, 4, _TORCH_DTYPES) for n, t in (("q", q), ("k", k), ("v", v)))
+    if not (q.shape == k.shape == v.shape) or len({q.dtype, k.dtype, v.dtype}) != 1:
+        raise ValueError(f"q, k and v must have the same shape and dtype, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    d = q.shape[-1]
+    if d < 16 or d & (d - 1) or d > 256:
+        raise ValueError(f"the head dim must be a power of two from 16 to 256, got {d}")
+    _on_mode_device(q, k, v)
+    return q, k, v
+
+
+def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,
+                        block_m: int = 16, block_n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(o, lse)``: attention of ``(batch, heads, seq, d)`` tensors and the logsumexp of each query row's
+    scaled scores, ``(batch, heads, seq)``, from FlashAttention-2's forward kernel (exp2, causal stop at the
+    diagonal). float64 inputs compute in float64 (for gradcheck). Introduced in notebook 16.
+    """
+    q, k, v = _qkv(q, k, v)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {type(causal).__name__}")
+    b, h, n, d = q.shape
+    bm, bn = _block("block_m", block_m), _block("block_n", block_n)
+    o = torch.empty_like(q)
+    lse = torch.empty((b, h, n), dtype=torch.float64 if q.dtype == torch.float64 else torch.float32, device=q.device)
+    load().flash_fwd_kernel[(math.ceil(n / bm), b * h)](q, k, v, o, lse, n, d**-0.5, BLOCK_M=bm, BLOCK_N=bn,
+                                                        HEAD_DIM=d, CAUSAL=causal, CDT=_cdt(q.dtype))
+    return o, lse
+
+
+def flash_attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                        do: torch.Tensor, causal: bool = False, *, kernel: Any = None, block_m: int = 16,
+                        block_n: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Return ``(dq, dk, dv)`` of attention from the forward's ``o`` and ``lse`` and the output gradient ``do``.
+
+    ``delta = rowsum(do * o)`` is computed first (torch here; a small kernel in FlashAttention-2), then one
+    program per (key block, head) recomputes P from ``lse`` tile by tile (``kernel``: the reference
+    ``flash_bwd_kernel`` or yours, same signature). dq starts at zero: the programs add into it.
+    Introduced in notebook 16.
+    """
+    q, k, v = _qkv(q, k, v)
+    o, do = _tensor("o", o, 4, _TORCH_DTYPES), _tensor("do", do, 4, _TORCH_DTYPES)
+    lse = _tensor("lse", lse, 3, (torch.float32, torch.float64))
+    if o.shape != q.shape or do.shape != q.shape or lse.shape != q.shape[:3]:
+        raise ValueError("o and do must be shaped like q, lse like q without its last dim")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {type(causal).__name__}")
+    b, h, n, d = q.shape
+    bm, bn = _block("block_m", block_m), _block("block_n", block_n)
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    delta = (do.to(cdt) * o.to(cdt)).sum(-1).contiguous()
+    dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    kern = as_kernel(load().flash_bwd_kernel if kernel is None else kernel)
+    kern[(math.ceil(n / bn), b * h)](q, k, v, do, lse, delta, dq, dk, dv, n, d**-0.5, BLOCK_M=bm, BLOCK_N=bn,
+                                     HEAD_DIM=d, CAUSAL=causal, CDT=_cdt(q.dtype))
+    return dq.to(q.dtype), dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """FlashAttention as an autograd op: the forward kernel saves O and the logsumexp, the backward kernel
+    recomputes P from them. ``FlashAttention.apply(q, k, v, causal, block_m, block_n)``. Introduced in notebook 16.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                block_m: int = 16, block_n: int = 16) -> torch.Tensor:
+        o, lse = flash_attention_fwd(q, k, v, causal, block_m=block_m, block_n=block_n)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.blocks = causal, (block_m, block_n)
+        return o
+
+    @staticmethod
+    def backward(ctx: Any, do: torch.Tensor) -> tuple[Any, ...]:
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_bwd(q, k, v, o, lse, do.contiguous(), ctx.causal, block_m=ctx.blocks[0],
+                                         block_n=ctx.blocks[1])
+        return dq, dk, dv, None, None, None
+
+
+def layernorm_bwd(x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                  dy: torch.Tensor, groups: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Return ``(dx, dweight, dbias)`` of LayerNorm from the forward's ``mean`` and ``rstd``, in two stages.
+
+    Stage 1: ``groups`` programs, each over every ``groups``-th row: dx, and partial sums of dW and db in its own
+    row of a ``(groups, cols)`` buffer (no address written twice, so no race). Stage 2: a column sum over the
+    groups, in a fixed order. Introduced in notebook 16.
+    """
+    x, dy = _tensor("x", x, 2, _TORCH_DTYPES), _tensor("dy", dy, 2, _TORCH_DTYPES)
+    weight = _tensor("weight", weight, 1, _TORCH_DTYPES)
+    mean, rstd = _tensor("mean", mean, 1, (torch.float32, torch.float64)), _tensor("rstd", rstd, 1,
+                                                                                  (torch.float32, torch.float64))
+    rows, cols = x.shape
+    if dy.shape != x.shape or weight.shape[0] != cols or mean.shape[0] != rows or rstd.shape[0] != rows:
+        raise ValueError("dy must be shaped like x, weight have x.shape[1] elements, mean and rstd x.shape[0]")
+    groups = _posint("groups", groups, 1, 1024)
+    _on_mode_device(x, weight, mean, rstd, dy)
+    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    block, warps = _row_block(cols)
+    dx = torch.empty_like(x)
+    dw_part = torch.zeros((groups, cols), dtype=cdt, device=x.device)
+    db_part = torch.zeros_like(dw_part)
+    K = load()
+    K.layernorm_bwd_kernel[(groups,)](x, weight, mean, rstd, dy, dx, dw_part, db_part, rows, cols, x.stride(0),
+                                      GROUPS=groups, BLOCK=block, CDT=_cdt(x.dtype), num_warps=warps)
+    dw, db = torch.empty(cols, dtype=cdt, device=x.device), torch.empty(cols, dtype=cdt, device=x.device)
+    for part, total in ((dw_part, dw), (db_part, db)):
+        K.column_sum_kernel[(math.ceil(cols / 64),)](part, total, groups, cols, BLOCK_R=16, BLOCK_C=64)
+    return dx, dw.to(weight.dtype), db.to(weight.dtype)
+
+
+class LayerNorm(torch.autograd.Function):
+    """LayerNorm over the last dim of a 2-D x as an autograd op: the forward kernel saves mean and rstd, the
+    backward kernels use them. ``LayerNorm.apply(x, weight, bias, eps)``. Introduced in notebook 16.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                eps: float = 1e-5) -> torch.Tensor:
+        y, mean, rstd = layernorm(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = layernorm_bwd(x, weight, mean, rstd, dy.contiguous())
+        return dx, dw, db, None

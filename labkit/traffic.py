@@ -22,7 +22,8 @@ from labkit import kernelbench, kernels
 from labkit import roofline as R
 from labkit._validate import safe_repr
 
-__all__ = ["FLOPS_PER_ELEMENT", "OpTraffic", "Traffic", "cost", "fused_traffic", "torch_traffic", "triton_traffic"]
+__all__ = ["FLOPS_PER_ELEMENT", "OpTraffic", "Strays", "Traffic", "cost", "flash_requested", "fused_traffic",
+           "torch_traffic", "triton_strays", "triton_traffic"]
 
 #: FLOPs per element, the convention of notebook 08's roofline (erf, exp, sqrt count as one each):
 #: bias+GELU: add, then x/sqrt(2), erf, +1, *h, *0.5; softmax and LayerNorm as in labkit.roofline
@@ -144,6 +145,7 @@ def _count_interpreter(launches: list[dict[str, Any]]) -> Iterator[None]:
 
     builder, grid = interp.InterpreterBuilder, interp.GridExecutor
     orig_load, orig_store, orig_call = builder.create_masked_load, builder.create_masked_store, grid.__call__
+    orig_rmw = builder.create_atomic_rmw
 
     def record(kind: str, ptrs: Any, mask: Any) -> None:
         if not launches:
@@ -160,15 +162,78 @@ def _count_interpreter(launches: list[dict[str, Any]]) -> Iterator[None]:
         record("w", ptrs, mask)
         return orig_store(self, ptrs, value, mask, *a, **k)
 
+    def rmw(self: Any, op: Any, ptrs: Any, val: Any, mask: Any, *a: Any, **k: Any) -> Any:
+        record("r", ptrs, mask)  # an atomic read-modify-write (tl.atomic_add, ...) loads and stores
+        record("w", ptrs, mask)
+        return orig_rmw(self, op, ptrs, val, mask, *a, **k)
+
     def call(self: Any, *a: Any, **k: Any) -> Any:
-        launches.append({"name": self.fn.__name__, "r": [], "w": []})
+        launches.append({"name": self.fn.__name__, "r": [], "w": [],
+                         "regions": [_region(t) for t in (*a, *k.values()) if isinstance(t, torch.Tensor)]})
         return orig_call(self, *a, **k)
 
     builder.create_masked_load, builder.create_masked_store, grid.__call__ = load, store, call
+    builder.create_atomic_rmw = rmw
     try:
         yield
     finally:
         builder.create_masked_load, builder.create_masked_store, grid.__call__ = orig_load, orig_store, orig_call
+        builder.create_atomic_rmw = orig_rmw
+
+
+def _region(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range [start, end) a tensor argument spans (a view: its own elements, not its base's)."""
+    if t.numel() == 0:
+        return (t.data_ptr(), t.data_ptr())
+    span = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True)) + 1
+    return (t.data_ptr(), t.data_ptr() + span * t.element_size())
+
+
+@dataclass(frozen=True)
+class Strays:
+    """Elements a kernel loaded or stored outside every tensor it was given (per launch, added up).
+
+    Introduced in notebook 08.
+    """
+
+    reads: int
+    writes: int
+
+    @property
+    def any(self) -> bool:
+        """True when the kernel touched memory that belongs to none of its tensors."""
+        return bool(self.reads or self.writes)
+
+
+def _outside(accesses: list[tuple[np.ndarray, int]], regions: list[tuple[int, int]]) -> int:
+    count = 0
+    for addrs, size in accesses:
+        inside = np.zeros(addrs.shape, dtype=bool)
+        for lo, hi in regions:
+            inside |= (addrs >= lo) & (addrs + size <= hi)
+        count += int((~inside).sum())
+    return count
+
+
+def triton_strays(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Strays:
+    """Run ``fn(*args, **kwargs)``, which launches Triton kernels, and count the loads and stores (mask on) whose
+    address lies outside every tensor passed to that launch: a missing or wrong mask. An atomic read-modify-write
+    (``tl.atomic_add``) counts as a load and a store.
+
+    Interpreter mode only (raises ``ValueError`` when compiled: on a GPU, ``compute-sanitizer`` does this). A
+    tensor that is a view into a larger buffer counts only its own elements, so a read of the buffer's tail is a
+    stray. Introduced in notebook 08.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not kernels.mode().interpreted:
+        raise ValueError("triton_strays watches loads and stores in Triton's interpreter; here kernels are compiled "
+                         "(run the kernel under compute-sanitizer instead)")
+    launches: list[dict[str, Any]] = []
+    with _count_interpreter(launches):
+        _call(fn, args, kwargs)
+    return Strays(sum(_outside(launch["r"], launch["regions"]) for launch in launches),
+                  sum(_outside(launch["w"], launch["regions"]) for launch in launches))
 
 
 def _distinct_bytes(accesses: list[tuple[np.ndarray, int]]) -> tuple[int, int]:
@@ -183,7 +248,7 @@ def triton_traffic(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Traffic
     """Run ``fn(*args, **kwargs)``, which launches Triton kernels, and count what each launch loads and stores.
 
     Interpreter mode only (a compiled kernel cannot be watched from Python: raises ``ValueError``). Every element
-    a ``tl.load``/``tl.store`` touches with its mask on is recorded; per launch each distinct byte counts once
+    a ``tl.load``/``tl.store`` (or an atomic, as both) touches with its mask on is recorded; per launch each distinct byte counts once
     (``read``/``written``), and ``requested`` counts them all. Introduced in notebook 08.
     """
     if not callable(fn):
@@ -248,3 +313,16 @@ def cost(name: str, rows: int, cols: int, traffic: Traffic) -> R.OpCost:
         raise TypeError(f"traffic must be a Traffic (from torch_traffic, triton_traffic or fused_traffic), got "
                         f"{type(traffic).__name__}")
     return R.OpCost(traffic.name, float(FLOPS_PER_ELEMENT[name] * rows * cols), float(traffic.total))
+
+
+def flash_requested(seq_len: int, head_dim: int, block_m: int, heads: int = 1, itemsize: int = 4) -> int:
+    """The bytes FlashAttention's forward requests: Q read once, K and V once per query block, O written once.
+
+    ``heads * seq_len * head_dim * itemsize * (2 + 2 * cdiv(seq_len, block_m))``: the K/V term grows as
+    N^2 d / BLOCK_M, and since a query tile of BLOCK_M x d must fit on chip (BLOCK_M ~ M / d for on-chip memory M)
+    that is Theta(N^2 d^2 / M). :func:`triton_traffic`'s ``requested`` counts the same in the interpreter.
+    Introduced in notebook 08.
+    """
+    n, d, bm, h, b = (_positive(k, v) for k, v in (("seq_len", seq_len), ("head_dim", head_dim),
+                                                   ("block_m", block_m), ("heads", heads), ("itemsize", itemsize)))
+    return h * n * d * b * (2 + 2 * -(-n // bm))

@@ -359,3 +359,137 @@ def test_adamw_torch_keeps_the_step_where_the_step_runs():
         kernels.adamw_torch(**ins, impl="single", capturable=True)
     with pytest.raises(TypeError):
         kernels.adamw_torch(**ins, impl="single", capturable="yes")
+
+
+# --- issue 31: int64 offsets, the one-block row cap, FlashAttention's traffic, notebook 16's kernels -------------
+
+
+@pytest.mark.parametrize("name", ["bias_gelu_kernel", "softmax_kernel", "layernorm_kernel", "adamw_kernel",
+                                  "flash_attention_kernel", "matmul_kernel", "softmax_looped_kernel",
+                                  "flash_fwd_kernel", "flash_bwd_kernel", "layernorm_bwd_kernel"])
+def test_reference_kernels_compute_offsets_in_int64(name):
+    """program_id and integer arguments are int32: an offset past 2**31 elements wraps unless cast first."""
+    src = kernels.source(getattr(K, name))
+    assert ".to(tl.int64)" in src or "tl.cast(row, tl.int64)" in src
+    assert "row_stride.to(" not in src  # row_stride == 1 is compiled as a constexpr, which has no .to()
+    assert int(torch.tensor(69_999, dtype=torch.int32) * 40_000) < 0  # what the cast prevents
+
+
+def test_one_block_rows_are_capped_where_registers_would_spill():
+    assert kernels.MAX_ROW_BLOCK == 16384
+    with pytest.raises(ValueError, match="spill"):
+        kernels.softmax(torch.zeros(1, kernels.MAX_ROW_BLOCK + 1))
+    with pytest.raises(ValueError, match="spill"):
+        kernels.layernorm(torch.zeros(1, 65536), torch.ones(65536), torch.zeros(65536))
+    x = kernels.randn(1, kernels.MAX_ROW_BLOCK, seed=2)
+    assert kernels.close(kernels.softmax(x), torch.softmax(x.double(), -1))[0]
+
+
+@pytest.mark.parametrize(("n", "bm"), [(64, 16), (64, 32), (100, 16), (100, 64), (128, 32), (37, 16)])
+def test_flash_attentions_requests_follow_the_quadratic_formula(n, bm):
+    """Q and O once, K and V once per query block: N d b (2 + 2 cdiv(N, BLOCK_M)), quadratic in N."""
+    q, k, v = (kernels.randn(1, 2, n, 16, seed=s) for s in (1, 2, 3))
+    want = T.flash_requested(n, 16, bm, heads=2)
+    assert want == 2 * n * 16 * 4 * (2 + 2 * math.ceil(n / bm))
+    if MODE.interpreted:
+        assert T.triton_traffic(kernels.flash_attention, q, k, v, block_m=bm).requested == want
+    with pytest.raises(ValueError):
+        T.flash_requested(0, 16, 16)
+    with pytest.raises(TypeError):
+        T.flash_requested(64, 16.0, 16)
+
+
+def test_triton_strays_needs_the_interpreter_and_a_callable(monkeypatch):
+    with pytest.raises(TypeError):
+        T.triton_strays("softmax")
+    monkeypatch.setattr(kernels, "_MODE", kernels.Mode("compiled", torch.device("cpu"), "pretend"))
+    with pytest.raises(ValueError, match="compute-sanitizer"):
+        T.triton_strays(lambda: None)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_tiled_matmul_matches_torch_on_odd_shapes(dtype):
+    """Tolerance: K * 2**-24 * (|A| @ |B|) per element (fp32 accumulation), plus one bf16 ulp for a bf16 output."""
+    for m, k, n in ((33, 70, 47), (1, 5, 3), (100, 37, 65), (64, 64, 64)):
+        a, b = kernels.randn(m, k, seed=m, dtype=dtype), kernels.randn(k, n, seed=n, dtype=dtype)
+        c = kernels.matmul(a, b)
+        assert c.dtype == a.dtype and kernels.matmul_close(c, a, b)[0], (m, k, n)
+        bt = kernels.randn(n, k, seed=k, dtype=dtype).t()  # a strided view, no copy
+        assert kernels.matmul_close(kernels.matmul(a, bt), a, bt)[0]
+        own = kernels.matmul(a, b, kernel=K.matmul_kernel, blocks=(16, 32, 16), group_m=2)
+        assert kernels.matmul_close(own, a, b)[0]
+    with pytest.raises(ValueError, match="a.shape"):
+        kernels.matmul(kernels.randn(3, 4), kernels.randn(5, 2))
+    with pytest.raises(ValueError, match="same dtype"):
+        kernels.matmul(kernels.randn(3, 4, dtype="bf16"), kernels.randn(4, 2))
+    with pytest.raises(TypeError, match="blocks"):
+        kernels.matmul(a, b, kernel=K.matmul_kernel, blocks=32)
+    ok, worst = kernels.matmul_close(c + 1e-3, a, b)
+    assert not ok and worst > 1
+
+
+def test_matmul_configs_are_the_tuned_set_compiled_and_one_in_the_interpreter():
+    configs = kernels.matmul_configs()
+    assert len(configs) == (1 if MODE.interpreted else len(kernels.MATMUL_CONFIGS))
+    assert all({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"} <= set(c.kwargs) for c in configs)
+    assert {c["num_stages"] for c in kernels.MATMUL_CONFIGS} >= {3, 4}
+
+
+def test_the_looped_softmax_takes_rows_past_one_block_and_reads_twice():
+    x = kernels.randn(3, 20_000, seed=3, scale=4.0)
+    assert kernels.close(kernels.softmax_looped(x, block=4096), torch.softmax(x.double(), -1))[0]
+    xb = kernels.randn(5, 300, seed=4, dtype="bf16")
+    assert kernels.close(kernels.softmax_looped(xb, block=128), torch.softmax(xb.double(), -1))[0]
+    if MODE.interpreted:
+        xs = kernels.randn(4, 3000, seed=4)
+        assert T.triton_traffic(kernels.softmax_looped, xs, block=1024).requested == 3 * xs.nbytes
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_forward_saves_the_logsumexp_and_stops_at_the_diagonal(causal):
+    for shape, bm, bn in (((1, 2, 37, 16), 16, 16), ((2, 1, 100, 32), 32, 16), ((1, 1, 64, 16), 16, 32)):
+        q, k, v = (kernels.randn(*shape, seed=s) for s in (1, 2, 3))
+        o, lse = kernels.flash_attention_fwd(q, k, v, causal, block_m=bm, block_n=bn)
+        n = shape[2]
+        s = (q.double() @ k.double().transpose(-1, -2)) * shape[3] ** -0.5
+        if causal:
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        assert kernels.close(o, want)[0] and kernels.close(lse, torch.logsumexp(s, -1))[0], shape
+    if MODE.interpreted:  # causal: query block i loads (i + 1) key tiles
+        q, k, v = (kernels.randn(1, 1, 64, 16, seed=s) for s in (1, 2, 3))
+        keys = sum(min((i + 1) * 16, 64) if causal else 64 for i in range(4))
+        got = T.triton_traffic(kernels.flash_attention_fwd, q, k, v, causal).requested
+        assert got == 4 * (2 * 64 * 16 + 2 * keys * 16 + 64)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_backward_matches_torchs_gradients_and_gradcheck(causal):
+    q, k, v = (kernels.randn(2, 2, 40, 16, seed=s).requires_grad_() for s in (4, 5, 6))
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    do = kernels.randn(2, 2, 40, 16, seed=7)
+    kernels.FlashAttention.apply(q, k, v, causal).backward(do)
+    F.scaled_dot_product_attention(*ref, is_causal=causal).backward(do.double())
+    for mine, theirs in zip((q, k, v), ref, strict=True):
+        assert kernels.close(mine.grad, theirs.grad)[0]
+    t64 = [kernels.randn(1, 1, 24, 16, seed=s).double().requires_grad_() for s in (8, 9, 10)]
+    assert torch.autograd.gradcheck(lambda *t: kernels.FlashAttention.apply(*t, causal, 16, 16), t64,
+                                    fast_mode=True)
+
+
+def test_layernorm_backward_matches_torch_gradcheck_and_is_deterministic():
+    x, w, b = kernels.randn(7, 30, seed=7), kernels.randn(30, seed=8, shift=1.0), kernels.randn(30, seed=9)
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+    assert torch.autograd.gradcheck(lambda *t: kernels.LayerNorm.apply(*t, 1e-5), (x64, w64, b64), fast_mode=True)
+    dy = kernels.randn(7, 30, seed=10)
+    F.layer_norm(x64, [30], w64, b64, 1e-5).backward(dy.double())
+    _, mean, rstd = kernels.layernorm(x, w, b)
+    for groups in (1, 3, 8):  # more groups than rows: some partial rows stay zero
+        dx, dw, db = kernels.layernorm_bwd(x, w, mean, rstd, dy, groups=groups)
+        for got, want in ((dx, x64.grad), (dw, w64.grad), (db, b64.grad)):
+            assert kernels.close(got, want)[0], groups
+    again = kernels.layernorm_bwd(x, w, mean, rstd, dy, groups=3)
+    assert all(torch.equal(a, b_) for a, b_ in zip(kernels.layernorm_bwd(x, w, mean, rstd, dy, groups=3), again,
+                                                   strict=True))
+    with pytest.raises(ValueError, match="dy must be shaped"):
+        kernels.layernorm_bwd(x, w, mean, rstd, dy[:3])
