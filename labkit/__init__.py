@@ -26,6 +26,7 @@ __all__ = [
     "exercises",
     "formats",
     "fp8",
+    "fusion",
     "handpar",
     "inference",
     "kernelbench",

@@ -13,6 +13,7 @@ Rank side: :func:`rank_env` reads the rank layout from torchrun's or Slurm's env
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import importlib.util
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -49,6 +50,7 @@ __all__ = [
     "find_free_port",
     "init_process_group",
     "launch",
+    "joined",
     "parse_result",
     "rank_env",
     "run_rank_main",
@@ -926,6 +928,29 @@ def init_process_group(backend: str, timeout_s: float = 60.0, device: Any = None
     dist.init_process_group(backend, init_method="env://", rank=renv.rank, world_size=renv.world_size,
                             timeout=_dt.timedelta(seconds=timeout_s), **kwargs)
     return RankEnv(renv.rank, renv.world_size, renv.local_rank, renv.master_addr, port, renv.launcher)
+
+
+@contextlib.contextmanager
+def joined(device: Any = None, timeout_s: float = 60.0) -> Iterator[tuple[Any, RankEnv]]:
+    """A recipe's process group: pick this rank's device (``device`` as :func:`labkit.device.pick_device` takes
+    it; on a GPU node ``cuda:LOCAL_RANK``), join the group with that device's backend (NCCL or gloo), yield
+    ``(device, RankEnv)`` and destroy the group however the block ends. Introduced in notebook 09.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from labkit import device as dev_gate
+
+    dev = dev_gate.pick_device(device)
+    if dev_gate.is_cuda(dev):
+        dev = torch.device("cuda", rank_env().local_rank)
+    dev_gate.set_current_device(dev)
+    renv = init_process_group(dev_gate.dist_backend(dev), timeout_s=timeout_s,
+                              device=dev if dev_gate.is_cuda(dev) else None)
+    try:
+        yield dev, renv
+    finally:
+        dist.destroy_process_group()
 
 
 def emit_result(result: dict[str, Any]) -> None:

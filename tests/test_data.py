@@ -97,3 +97,57 @@ def test_bad_inputs_raise():
         b(0, rank=2, world_size=2)
     with pytest.raises(ValueError):
         b(-1)
+
+
+# ---- the data path (notebook 14): pack_records and count_opens ----------------------------------------------
+
+def test_pack_records_writes_the_records_back_to_back(tmp_path):
+    records = [b"alpha", b"", b"\x00\xff" * 1000, b"z"]
+    index = data.pack_records(records, tmp_path / "pack.bin")
+    blob = (tmp_path / "pack.bin").read_bytes()          # read back with plain Python, not labkit
+    assert blob == b"".join(records)
+    assert [blob[o:o + n] for o, n in index] == records
+    assert index == [(0, 5), (5, 0), (5, 2000), (2005, 1)]
+
+
+def test_pack_records_checks_its_arguments_and_overwrites_nothing(tmp_path):
+    (tmp_path / "keep.bin").write_bytes(b"the user's file")
+    with pytest.raises(ValueError, match="new file"):
+        data.pack_records([b"x"], tmp_path / "keep.bin")
+    assert (tmp_path / "keep.bin").read_bytes() == b"the user's file"
+    with pytest.raises(ValueError, match="existing folder"):
+        data.pack_records([b"x"], tmp_path / "missing" / "p.bin")
+    with pytest.raises(TypeError, match="pathlib.Path"):
+        data.pack_records([b"x"], str(tmp_path / "p.bin"))
+    for bad in (b"abc", "abc", [b"x", "y"], [bytearray(b"x")], None):
+        with pytest.raises(TypeError):
+            data.pack_records(bad, tmp_path / "p.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.bin"]
+
+
+def test_count_opens_counts_every_way_of_opening_a_file(tmp_path):
+    import os
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"abc")
+    with data.count_opens() as n:
+        path.read_bytes()
+        with open(path, "rb") as f:
+            f.read()
+        path.open("rb").close()
+        os.close(os.open(path, os.O_RDONLY))
+    assert n.count == 4
+    path.read_bytes()
+    assert n.count == 4, "nothing is counted after the block"
+
+
+def test_count_opens_nests_and_sees_no_reads_of_an_open_file(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(100)))
+    with data.count_opens() as outer, open(path, "rb") as f:
+        with data.count_opens() as inner:
+            for i in range(10):
+                f.seek(i * 10)
+                f.read(10)
+        path.read_bytes()
+    assert (outer.count, inner.count) == (2, 0)

@@ -80,6 +80,8 @@ SKIP: dict[str, str] = {
     "labkit.dist.launch": "starts torchrun and rank processes (tests/test_dist.py)",
     "labkit.dist.init_process_group": "joins a process group: a TCP store and process-global torch state",
     "labkit.dist.run_rank_main": "ends the process with os._exit",
+    "labkit.recipes.comm_share.main": "a rank's main: starts a process group and trains (CLI: tests/test_comm_share.py)",
+    "labkit.recipes.comm_patterns.main": "a rank's main: starts a process group (CLI: tests/test_comm_patterns.py)",
     "labkit.recipes.ddp.main": "a rank's main: starts a process group and trains (CLI: tests/test_cli.py)",
     "labkit.recipes.allreduce.main": "a rank's main: starts a process group (CLI: tests/test_cli.py)",
     "labkit.recipes.zero.main": "a rank's main: starts DeepSpeed (CLI: tests/test_cli.py)",
@@ -103,6 +105,9 @@ ENVIRONMENTAL: dict[tuple[str, type[BaseException]], tuple[str, str]] = {
     ("labkit.dist.find_free_port", OSError): ("", "binding a socket to a host name depends on the network"),
     ("labkit.recipes.allreduce.run_benchmark", RuntimeError): (
         "needs an initialised process group", "it runs inside a torchrun rank; its arguments are checked first"),
+    **{(f"labkit.recipes.comm_patterns.{name}", RuntimeError): (
+        "process group", "it runs inside a torchrun rank; its arguments are checked first")
+       for name in ("ps_allreduce", "ring_allreduce", "sync_batch_norm")},
     ("labkit.profiling.read_chrome_trace", OSError): ("", "the path names no readable file: the file system's answer"),
     ("labkit.train.load_checkpoint", OSError): ("", "the path names no readable file: the file system's answer"),
 }

@@ -190,3 +190,30 @@ def test_nb07_exercises_reference_and_wrong_answers():
         assert evaluate(ex.id, ex.reference).status == "correct", ex.id
         assert evaluate(ex.id, ex.wrong).status == "wrong", ex.id
     assert evaluate("07.matmul-intensity", lambda m, n, k, b: None).status == "not attempted"
+
+
+def test_nb07_peak_formula_is_the_datasheet_figure_and_names_each_typical_mistake():
+    """07.peak-formula: devices x SMs x clock x FLOPs per SM per clock; each typical mistake gets its own message."""
+    from labkit.check import evaluate
+    from labkit.exercises import nb07
+
+    d = nb07.DGX_A100
+    per_gpu = d["sms_per_gpu"] * d["boost_clock_mhz"] * 1e6 * d["dense_fp16_fma_per_sm_per_clock"] * 2
+    assert round(per_gpu / 1e12) == 312  # the A100 datasheet's dense FP16 tensor-core figure, TFLOP/s
+    peak = d["gpus"] * per_gpu
+
+    def verdict(answer):
+        v = evaluate("07.peak-formula", answer)
+        return v.status, v.message
+
+    assert verdict(peak)[0] == "correct" and verdict(d["gpus"] * 312e12)[0] == "correct"  # the rounded datasheet value
+    for answer, words in ((peak / 2, "FMA"), (peak * 2, "sparse"), (per_gpu, "one GPU"), (per_gpu / 2, "one GPU"),
+                          (peak / 1e6, "units"), (peak / 1e12, "TFLOP/s"), (peak / 1e15, "units"),
+                          (peak / 2e12, "units")):
+        status, message = verdict(answer)
+        assert status == "wrong" and words in message, (answer, message)
+        assert "2.5" not in message and "312" not in message  # the mistake is named, the answer is not
+    assert verdict(peak * 7.3)[0] == "wrong"
+    assert verdict(-peak)[0] == "wrong" and verdict(float("nan"))[0] == "wrong"
+    assert "Not counted" in verdict("2.5 PFLOP/s")[1] and "Not counted" in verdict(True)[1]
+    assert evaluate("07.peak-formula", ...).status == "not attempted"

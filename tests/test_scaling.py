@@ -381,7 +381,10 @@ def test_deepspeed_window_is_one_step_later_than_gradscaler() -> None:
      [{"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500},
       {"enabled": True, "loss_scale": 4096, "hysteresis": 1},
       {"enabled": True, "loss_scale": 0, "initial_scale_power": 4096, "loss_scale_window": 500, "hysteresis": 1},
-      {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 501, "hysteresis": 1}]),
+      {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 501, "hysteresis": 1},
+      # the article's floor of 2^10: GradScaler has none, and with it every gradient above ~64 overflows for good
+      {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500, "hysteresis": 1,
+       "min_loss_scale": 1024}]),
 ])
 def test_exercise_graders(ex_id: str, right, wrongs) -> None:
     from labkit.check import evaluate

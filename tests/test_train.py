@@ -235,6 +235,8 @@ def test_exercise_pick_dtype_island_and_resume():
     assert _evaluate("04.fp32-island", nb04.reference_island_softmax) == "correct"
     naive = lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True)  # noqa: E731
     assert _evaluate("04.fp32-island", naive) == "wrong"
+    naive_island = lambda s: (torch.exp(s.float()) / torch.exp(s.float()).sum(-1, keepdim=True)).to(s.dtype)  # noqa: E731
+    assert _evaluate("04.fp32-island", naive_island) == "wrong", "fp32 without the max only moves the overflow to 88.7"
     # 04.resume-scaler runs the learner's save/load on a real run: a checkpoint of whole objects cannot be read
     # back with weights_only=True, and one without the optimizer state is caught too
     from labkit.check import evaluate

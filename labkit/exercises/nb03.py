@@ -128,6 +128,11 @@ _HYSTERESIS_WHY = ("Without a 'hysteresis' key DeepSpeed keeps its default: it l
                    "step but keeping the scale) before it halves, while GradScaler halves at the first overflow.")
 
 
+_FLOOR_WHY = ("Your min_loss_scale stops the halving where GradScaler, which has no floor, keeps going: with a high "
+              "floor, gradients too large for that scale overflow at every step. Keep DeepSpeed's floor where it "
+              "does no harm, its default.")
+
+
 def _grade_ds_config(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, dict):
         return False, FormatSlip("Give DeepSpeed's fp16 block as a dict, e.g. {'enabled': True, 'loss_scale': 0, ...}.")
@@ -143,6 +148,8 @@ def _grade_ds_config(answer: object) -> tuple[bool, str]:
         return False, f"Your initial scale is {kw['init_scale']:g}, not 4096: initial_scale_power is a power of 2."
     if kw["growth_interval"] != 500:
         return False, "The GradScaler grows after 500 clean steps: that is the loss_scale_window."
+    if kw["min_scale"] > 1:
+        return False, _FLOOR_WHY
     return True, "Remember DeepSpeed's first growth comes one step later (window + 1 clean steps)."
 
 

@@ -185,6 +185,7 @@ def _grade_island(answer: Any) -> tuple[bool, str] | None:
     g = torch.Generator().manual_seed(4)
     scores = (torch.randn(3, 5, 7, generator=g) * 30).to(torch.float16)
     scores[0, 0, 3:] = float("-inf")  # a causal mask
+    scores[1, 0] = torch.tensor([100.0, 95.0, 90.0, 0.0, -5.0, 60.0, 99.0])  # sharp: exp(100) is inf in fp32 too
     want = reference_island_softmax(scores)
     got = answer(scores)
     if got is None or got is Ellipsis:
@@ -196,7 +197,8 @@ def _grade_island(answer: Any) -> tuple[bool, str] | None:
     if got.dtype != scores.dtype:
         return False, f"return the input dtype ({scores.dtype}), got {got.dtype}: cast back after the island."
     if not torch.isfinite(got).all():
-        return False, "the result holds inf/NaN: compute exp and the sum in float32 (and subtract the max)."
+        return False, ("the result holds inf/NaN. exp overflows fp16 above 11.09 and fp32 above 88.7, and scores "
+                       "can be larger: subtract the row max, and compute exp and the sum in float32.")
     if not torch.allclose(got.float(), want.float(), atol=2e-3):
         return False, "the values are off: softmax over the last dimension."
     with torch.autocast("cpu", dtype=torch.bfloat16):

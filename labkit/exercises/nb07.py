@@ -9,7 +9,7 @@ from labkit import roofline as R
 from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, pair
 
-__all__ = ["EXERCISES", "H100_BANDWIDTH", "H100_BF16_FLOPS", "PROFILE_TABLE"]
+__all__ = ["DGX_A100", "EXERCISES", "H100_BANDWIDTH", "H100_BF16_FLOPS", "PROFILE_TABLE"]
 
 #: A profile of a transformer training step as key_averages reports it: (op, self ms, total ms, calls).
 #: Total time includes the ops an op calls; self time does not.
@@ -137,6 +137,52 @@ def _grade_bound(answer: object) -> tuple[bool, str]:
     return False, f"Look again at item(s) {', '.join(str(i + 1) for i in wrong)}."
 
 
+# ---- 07.peak-formula: theoretical peak = devices x units x clock x FLOPs per unit per cycle ---------------
+#: A DGX A100 node as NVIDIA's A100 whitepaper ("NVIDIA A100 Tensor Core GPU Architecture") describes its GPUs: 8 A100
+#: SXM GPUs, each with 108 SMs at a boost clock of 1410 MHz; the four tensor cores of an SM together deliver 1024 dense
+#: FP16 FMA operations per clock (2048 with 2:4 sparsity). One GPU: 312 TFLOP/s dense FP16 on the datasheet.
+DGX_A100 = {"gpus": 8, "sms_per_gpu": 108, "boost_clock_mhz": 1410, "dense_fp16_fma_per_sm_per_clock": 1024}
+
+
+def _dgx_peak() -> float:
+    d = DGX_A100
+    return float(d["gpus"] * d["sms_per_gpu"] * d["boost_clock_mhz"] * 1e6 * d["dense_fp16_fma_per_sm_per_clock"] * 2)
+
+
+_FMA_WHY = ("You counted FMA operations, not FLOPs. A fused multiply-add is a multiply and an add: two floating-point "
+            "operations, and FLOP/s counts both.")
+_SPARSE_WHY = ("That is the sparse figure. NVIDIA's headline number for the node assumes 2:4 structured sparsity, which "
+               "skips half the multiplications of a specially pruned matrix and counts them anyway; dense training "
+               "matmuls get the dense rate.")
+_ONE_GPU_WHY = "That is one GPU: the formula also multiplies by the number of devices, and the node has several."
+_UNITS_WHY = ("The units are mixed: the answer is off by a power of 1000. Convert the clock from MHz to Hz (cycles per "
+              "second) and give the answer in FLOP/s, not TFLOP/s or PFLOP/s.")
+
+
+def _grade_peak(answer: object) -> tuple[bool, str]:
+    if isinstance(answer, bool):
+        return False, FormatSlip("Give the peak as a number of FLOP/s, not a bool.")
+    try:
+        got = float(answer)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return False, FormatSlip("Give the peak as a number of FLOP/s.")
+    if not math.isfinite(got) or got <= 0:
+        return False, "A peak is a positive, finite number of FLOP/s."
+    want = _dgx_peak()
+    if math.isclose(got, want, rel_tol=1e-2):
+        return True, ("The node's dense FP16 tensor-core peak, about 2.5 PFLOP/s. Real training reaches a part of it "
+                      "(MFU, section 6), and FP32 without tensor cores has a far lower peak.")
+    ratio = got / want
+    for factor, why in ((0.5, _FMA_WHY), (2.0, _SPARSE_WHY), (1 / 8, _ONE_GPU_WHY), (1 / 16, _ONE_GPU_WHY)):
+        if math.isclose(ratio, factor, rel_tol=1e-2):
+            return False, why
+    for factor in (0.5, 1.0, 2.0):
+        for k in (-6, -5, -4, -3, -2, -1, 1, 2):
+            if math.isclose(ratio, factor * 1000.0**k, rel_tol=1e-2):
+                return False, _UNITS_WHY
+    return False, ""
+
+
 # ---- 07.launch-overhead: predict, then run ---------------------------------------------------------
 _RACE = ("one big add", "2000 tiny adds", "about the same")
 _RACE_WHY = ("Same arithmetic, not the same cost: every op pays a fixed overhead (Python, PyTorch's dispatcher, on a "
@@ -222,6 +268,19 @@ EXERCISES = [
              solution="('compute', 'memory', 'memory'): ~2730, ~1.3 and ~8 FLOP/byte against a ridge of ~295",
              kind="compute", wrong_why=_BOUND_WHY,
              reference=("compute", "memory", "memory"), wrong=("compute", "memory", "compute")),
+    Exercise("07.peak-formula",
+             "The theoretical dense FP16 peak of a DGX A100 node, in FLOP/s: 8 A100 GPUs, 108 SMs each, boost clock "
+             "1410 MHz, 1024 dense FP16 FMA operations per SM per clock (DGX_A100).",
+             _grade_peak,
+             "Multiply every factor of the formula, each in base units: devices, units per device, cycles per second, "
+             "and floating-point operations per unit per cycle.",
+             method="Theoretical peak = devices × units per device × clock × FLOPs per unit per cycle. Put the clock in "
+                    "Hz (cycles per second), count each FMA as the FLOPs it performs, and use the dense rate: the "
+                    "sparse one assumes a pruned matrix.",
+             solution="8 × 108 × 1.41e9 × (1024 × 2) = 2.495e15 FLOP/s, about 2.5 PFLOP/s (one GPU: 312 TFLOP/s, the "
+                      "datasheet's dense FP16 figure; NVIDIA's 5 PFLOPS for the node is the 2:4-sparse one)",
+             kind="compute", wrong_why=_FMA_WHY,
+             reference=_dgx_peak(), wrong=_dgx_peak() / 2),
     Exercise("07.launch-overhead",
              "Predict, then run: 2000 adds of 64 elements, or one add of 128 000 elements (the same arithmetic): "
              "'one big add', '2000 tiny adds' or 'about the same' finishes first?",

@@ -22,6 +22,16 @@
       torchrun --nproc_per_node 2 -m labkit.recipes.handpar --parts ddp,zero1,tp,pp,fsdp
       torchrun --nproc_per_node 2 -m labkit.recipes.handpar_grade --file tp=my_tp.py
 
+- :mod:`labkit.recipes.comm_share` — communication's share of a DDP step with and without ``no_sync()``, and
+  when DDP's bucket all-reduces start, timed by a comm hook on CPU ranks (introduced in notebook 09)::
+
+      torchrun --nproc_per_node 2 -m labkit.recipes.comm_share
+
+- :mod:`labkit.recipes.comm_patterns` — a parameter server and a ring all-reduce written with send/recv, their
+  bytes counted against the formulas, and BatchNorm across ranks (introduced in notebook 14)::
+
+      torchrun --nproc_per_node 4 -m labkit.recipes.comm_patterns --device cpu
+
 All print one ``LABKIT_RESULT {json}`` line on rank 0, which :func:`labkit.dist.launch` returns.
 Importing this package has no side effects; the recipes do their work only when run as ``__main__``.
 
@@ -30,4 +40,4 @@ Introduced in notebook 09.
 
 from __future__ import annotations
 
-__all__ = ["allreduce", "ddp", "handpar", "handpar_grade", "zero"]
+__all__ = ["allreduce", "comm_patterns", "comm_share", "ddp", "handpar", "handpar_grade", "zero"]

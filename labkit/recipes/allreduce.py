@@ -229,31 +229,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Introduced in notebook 09.
     """
-    import torch
-    import torch.distributed as dist
-
-    from labkit import device as dev_gate
     from labkit import dist as ldist
 
     args = build_parser().parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if not sizes:
         raise ValueError("--sizes is empty")
-    dev = dev_gate.pick_device(args.device)
-    renv = ldist.rank_env()
-    if dev_gate.is_cuda(dev):
-        dev = torch.device("cuda", renv.local_rank)
-    dev_gate.set_current_device(dev)
-    renv = ldist.init_process_group(dev_gate.dist_backend(dev), timeout_s=args.pg_timeout,
-                                    device=dev if dev_gate.is_cuda(dev) else None)
-    try:
+    with ldist.joined(args.device, timeout_s=args.pg_timeout) as (dev, renv):
         result = run_benchmark(sizes, iters=args.iters, warmup=args.warmup, repeats=args.repeats,
                                dtype_name=args.dtype, device=dev)
         result["launcher"] = renv.launcher
         if renv.rank == 0:
             ldist.emit_result(result)
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

@@ -7,11 +7,12 @@
 # - predict round-to-nearest-even, including ties;
 # - see *swamping*: why 1000 × 0.01 is not 10 in FP16, and why an update of 1e-5 to a weight of 1.0 vanishes
 #   in FP16. That is the argument for **FP32 master weights**;
-# - see an FP16 softmax overflow to inf/NaN, and fix it with an FP32 island (`autocast(enabled=False)`).
+# - see an FP16 softmax overflow to inf/NaN, and fix it by subtracting the row maximum or with an FP32 island
+#   (`autocast(enabled=False)`).
 #
 # **Prerequisites:** notebook 01 (sign, exponent, mantissa; what an ulp is).
 #
-# **Estimated time:** 45 min
+# **Estimated time:** 50 min
 
 # %%
 # %matplotlib inline
@@ -277,6 +278,44 @@ assert (one + 2e-4).item() == 1.0 and 2e-4 > 2.0**-14          # above the small
 assert (small + 1e-5).item() != small.item()                   # the same 1e-5 survives next to a small weight
 
 # %% [markdown]
+# > **Common misconception** (seed 000 §3.2): gradients are accumulated in FP32 and converted to half precision
+# > just before the weight update.
+# >
+# > **Why it is wrong:** that is the cast in the wrong direction. Accumulating gradients in FP32 is sound; casting
+# > them down right before the update gains nothing. Either the update is then done in FP16, on FP16 weights, where
+# > all 1000 updates of 1e-5 above were lost, or it is cast up again for the FP32 master, after the cast down has
+# > rounded every gradient to 11 significant bits and flushed the smallest (below 2^-25) to zero. The master copy
+# > exists so that the update itself happens in FP32, on gradients at least as precise as backward produced.
+# >
+# > **What is true:** with FP16 model weights (the master-weights scheme), backward produces FP16 gradients; they are
+# > cast *up* to FP32, the optimizer applies the update to the FP32 master weights, and the result is copied back
+# > (rounded) into the FP16 weights for the next forward pass. Under autocast there is no FP16 weight at all: the
+# > parameters and their `.grad` stay FP32. The next cell runs the master-weights scheme by hand, with the update of
+# > 1e-5 that FP16 alone lost; the one after it reads the dtypes under `torch.amp.autocast`.
+
+# %%
+p16 = torch.nn.Parameter(torch.ones(1, dtype=torch.float16))   # the FP16 model weight (forward and backward)
+master = p16.detach().float()                                    # its FP32 master copy
+for _ in range(1000):
+    (p16 * 0.01).sum().backward()                # the gradient, 0.01, comes out in FP16
+    g16, p16.grad = p16.grad, None
+    master -= 1e-3 * g16.float()                 # cast *up* to FP32, update the master: ~1e-5 per step
+    with torch.no_grad():
+        p16.copy_(master)                        # round the master back into the FP16 weight
+print(f"gradient {g16.dtype}, master {master.dtype}: master {master.item():.6f}, FP16 weight {p16.item()!r}")
+
+# %%
+assert g16.dtype == torch.float16 and master.dtype == torch.float32
+assert abs(master.item() - (1 - 1000 * 1e-3 * float(np.float16(0.01)))) < 1e-4   # every step of ~1e-5 kept
+assert p16.item() == float(np.float16(master.item())) != 1.0                       # the FP16 weight follows it
+lin = torch.nn.Linear(8, 8)
+with torch.amp.autocast(device_type="cpu", dtype=torch.bfloat16):
+    out = lin(torch.randn(4, 8))                 # the matmul runs in BF16...
+out.float().sum().backward()
+print("under autocast: output", out.dtype, "| weight", lin.weight.dtype, "| weight.grad", lin.weight.grad.dtype)
+assert out.dtype == torch.bfloat16 and lin.weight.dtype == lin.weight.grad.dtype == torch.float32  # ...not weights
+
+# %% [markdown]
 # ## 5. Overflow: activations above 65504
 #
 # FP16's range ends at 65504, and values far from rare in a network go beyond it: a squared activation of 300,
@@ -306,9 +345,11 @@ assert torch.isnan(naive_softmax(scores.half())).any() and math.log(65504) < 12
 # %% [markdown]
 # Under CPU autocast the same thing happens: **CPU autocast does not upcast `exp` or `softmax` to FP32**. CUDA
 # autocast does (both are on its FP32 list), but it cannot help a model converted with `.half()`, nor an op that
-# is not on its list. The fix that works everywhere is an **FP32 island**: turn autocast off for the region,
-# upcast, compute, cast back. Subtracting the row maximum first (the "stable" softmax) also helps, but the island
-# is the general tool for any numerically delicate op.
+# is not on its list. Two fixes, and labkit's softmax uses both. **Subtract the row maximum** before `exp` (the
+# "stable" softmax, as `torch.softmax` does): every exponent is then at most 0, so nothing overflows in any format
+# (notebook 04 shows it in FP16). And an **FP32 island**: turn autocast off for the region, upcast, compute, cast
+# back. The island is the general tool for any numerically delicate op, but for the naive formula it only moves the
+# overflow from 11.09 to FP32's ln(3.4e38) ≈ 88.7.
 
 # %%
 with torch.autocast("cpu", dtype=torch.float16):
@@ -410,7 +451,10 @@ check("02.rms-overflow", rms)
 # - Rounding is to nearest, ties to even, in every cast and every operation.
 # - Small numbers added to large ones are swamped: accumulate in FP32, and keep FP32 master weights, or small
 #   updates vanish.
-# - `exp` overflows FP16 above 11.09; compute such ops in an FP32 island (`autocast(enabled=False)` + upcast).
+# - `exp` overflows FP16 above 11.09: subtract the row maximum before `exp`, and compute delicate ops in an FP32
+#   island (`autocast(enabled=False)` + upcast).
+# - Mixed precision updates FP32 master weights: FP16 gradients are cast up, never the update down; under
+#   autocast the parameters and their gradients are FP32 throughout.
 #
 # Next, notebook 03 measures how many *real* gradients fall below FP16's range, and brings them back with loss
 # scaling.

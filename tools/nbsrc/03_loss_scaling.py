@@ -247,6 +247,21 @@ else:
     print(f"no GPU here ({dev.type}): on a CUDA machine this cell repeats the run with GradScaler('cuda')")
 
 # %% [markdown]
+# > **Common misconception** (seed 002 §2.2): for mixed precision to be fast, "make sure the driver supports Tensor
+# > Cores".
+# >
+# > **Why it is wrong:** Tensor Cores are hardware units of the GPU itself, present from the Volta generation (V100,
+# > compute capability 7.0) on. A driver cannot add them to an older GPU, and there is no driver setting that turns
+# > them on; the driver only has to be recent enough for the CUDA version the PyTorch build was made with (NVIDIA's
+# > CUDA compatibility guide).
+# >
+# > **What is true:** whether a matmul or convolution runs on Tensor Cores is decided call by call, by cuBLAS and
+# > cuDNN: they choose Tensor Core kernels when the GPU has them, the dtype suits them (FP16; from Ampere on also
+# > BF16, and TF32 for FP32 inputs where it is enabled, notebook 05; FP8 from Ada and Hopper on). Shapes matter too:
+# > dimensions that are multiples of 8 FP16 elements (16 bytes) were a requirement before cuBLAS 11 and cuDNN 7.6.3,
+# > and are still the most efficient (notebook 05). NVIDIA's deep-learning performance guide ("matrix
+# > multiplication background") documents the rules per generation; `torch.cuda.get_device_capability()` tells a
+# > GPU's generation. A CPU has nothing here to run.
 #
 # ### Scale collapse
 #
@@ -318,10 +333,29 @@ assert torch.isnan(net.net[0].weight).all()
 # - **`growth_interval`.** It sets how fast the scale recovers. After a collapse to 1 (16 halvings from 2^16), it
 #   takes 16 × `growth_interval` clean steps to climb back: 32 000 steps with GradScaler's default of 2000. A short
 #   interval recovers faster but probes the overflow edge (and skips a step) more often.
+#
+# > **Common misconception** (seed 002 §2.2): start the loss scale at 2^16 and give its dynamic adjustment the range
+# > [2^10, 2^24], as if the scaler had such a setting and that range were a safe one.
+# >
+# > **Why it is wrong:** `torch.amp.GradScaler` has no such range and no argument for one (its knobs are
+# > `init_scale`, 2^16 by default, `growth_factor`, `backoff_factor`, `growth_interval` and `enabled`). It halves on
+# > every overflow with no floor: the collapse above passed 2^10 after seven overflows and went on to 0. It doubles
+# > after every `growth_interval` clean steps with no ceiling short of FP32's largest power of two.
+# >
+# > **What is true:** bounds are yours to add, and the floor is the one that matters: `min_scale` here,
+# > `min_loss_scale` in DeepSpeed (default 1). A floor as high as 2^10 would be a trap: any true gradient above
+# > 65504 / 2^10 ≈ 64 then overflows at every step, and the run skips steps forever (DeepSpeed stops). A scale that
+# > grows too far overflows and halves again, so a ceiling is rarely needed. The cell below puts a floor under
+# > `DynamicLossScaler`, and shows a real GradScaler passing 2^24 upwards and (in the collapse run) 2^10 downwards.
 
 # %%
 net, floored = fp16_run(DynamicLossScaler(min_scale=1.0), steps=40, data_fn=corrupt_batches)
 assert floored["scale"][-1] == 1.0 and torch.isfinite(net.net[0].weight).all()
+gs_up, w_up = torch.amp.GradScaler("cpu", init_scale=2.0**24, growth_interval=1), torch.nn.Parameter(torch.ones(1))
+for _ in range(3):  # three clean steps from the "upper bound" 2^24
+    gs_up.scale(w_up.sum()).backward(), gs_up.step(torch.optim.SGD([w_up], lr=0.0)), gs_up.update()
+print("GradScaler, 3 clean steps from 2^24:", gs_up.get_scale(), "| collapse run, 7 overflows:", bad["scale"][7])
+assert gs_up.get_scale() == 2.0**27 and bad["scale"][7] == 2.0**9   # no ceiling at 2^24, no floor at 2^10
 try:
     scaling.deepspeed_scale_sequence([True] * 40, initial_scale_power=16, hysteresis=1, min_loss_scale=1)
 except RuntimeError as exc:

@@ -163,19 +163,69 @@ else:
 # %% [markdown]
 # On **CUDA**, `softmax`, `log_softmax`, `layer_norm`, `exp`, `sum`, `pow` and the losses are upcast to FP32
 # whatever their input. On this **CPU** (torch 2.13) only the losses are: softmax and layer_norm run in
-# BF16/FP16. So "autocast protects my softmax" is true on a GPU and false here, and any op you write yourself
-# (section 5) is protected by nothing. Never assume a table: measure it on the device you train on.
+# BF16/FP16. So "autocast protects my softmax" is true on a GPU and false here. A softmax you write yourself
+# (section 5) gets only what its ops get one by one (on CUDA, `exp` and `sum` in FP32; here nothing), and a custom
+# kernel gets nothing anywhere. Never assume a table: measure it on the device you train on.
 #
 # > **Common misconception** (seed 002 §2.2): operations such as softmax and layer normalisation still need FP32,
 # > and "modern frameworks handle these exceptions automatically".
 # >
 # > **Why it is wrong:** that holds for CUDA autocast only. The table above was measured: CPU autocast in torch 2.13
-# > runs softmax and layer_norm in BF16/FP16, and no autocast, on any device, protects a softmax you write yourself
-# > (section 5) or a model converted with `.half()`.
+# > runs softmax and layer_norm in BF16/FP16, so it does not protect a softmax you write yourself (section 5) either,
+# > and no autocast, on any device, protects a model converted with `.half()` or a custom kernel.
 # >
 # > **What is true:** measure the op table on the device you train on (the cell above asserts the CPU's), and write
 # > fragile ops as FP32 islands.
 #
+# > **Common misconception** (seed 000 §4.1): a custom LayerNorm or softmax that has no FP16 kernel registered is
+# > "forced back to FP32" under autocast: safe, only slower.
+# >
+# > **Why it is wrong:** autocast never looks at whether a kernel is registered. It recasts, op by op, only the torch
+# > ops on its lists. A custom op as a whole is on none of them: a Python function or an `autograd.Function` receives
+# > whatever dtype the previous op produced (BF16 or FP16 after a matmul), and each torch op inside it then gets its
+# > own treatment: upcast if it is on the device's FP32 list (on CUDA `exp`, `rsqrt`, `softmax`, `layer_norm`; on the
+# > CPU mainly losses and linear algebra), otherwise computed in the dtype it receives. A custom kernel (C++/CUDA
+# > extension, Triton) gets no help at all. And an op with no kernel for that dtype does not fall back to FP32: it
+# > raises an error.
+# >
+# > **What is true:** FP32 for a custom op is opt-in. Decorate the `forward` of an `autograd.Function` with
+# > `torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float32)` (and its `backward` with
+# > `torch.amp.custom_bwd(device_type=...)`), or write an FP32 island (section 5). The cells below run both kinds of
+# > custom op under BF16 autocast on the CPU, then, still under autocast, an op on CPU autocast's FP32 list
+# > (`linalg.inv`, upcast) and one on no list that has no BF16 kernel (`linalg.det`, an error).
+
+# %%
+seen = {}
+def my_norm(x):                                     # a custom op: plain Python
+    seen["plain function"] = x.dtype
+    return (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)
+
+class MyNorm32(torch.autograd.Function):            # the same op, opting in to FP32
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, x):
+        seen["custom_fwd(cast_inputs=float32)"] = x.dtype
+        return (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)
+
+# %%
+with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+    h = torch.nn.functional.linear(torch.randn(4, 16), torch.randn(16, 16))   # on autocast's list: BF16
+    plain, opted = my_norm(h), MyNorm32.apply(h)
+print({k: short(v) for k, v in seen.items()}, "| outputs:", short(plain.dtype), short(opted.dtype))
+assert h.dtype == plain.dtype == torch.bfloat16 and opted.dtype == torch.float32
+assert seen == {"plain function": torch.bfloat16, "custom_fwd(cast_inputs=float32)": torch.float32}
+
+# %%
+with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+    listed = torch.linalg.inv(torch.eye(4, dtype=torch.bfloat16))   # on CPU autocast's FP32 list: upcast
+    try:
+        torch.linalg.det(torch.eye(4, dtype=torch.bfloat16)); no_kernel = None   # on no list, no BF16 kernel
+    except RuntimeError as err:
+        no_kernel = str(err)
+print("under autocast: linalg.inv ->", short(listed.dtype), "| linalg.det:", no_kernel)
+assert listed.dtype == torch.float32 and no_kernel is not None   # an error, not a silent FP32 fallback
+
+# %% [markdown]
 # ## 4. Six precision policies, one model
 #
 # `labkit.train.train(model, batches, policy=...)` runs the same loop under a policy. The policies live in one
@@ -307,6 +357,31 @@ s = torch.tensor([[12.0, 1.0, 0.0]], dtype=torch.float16)
 for impl in ("naive", "stable", "fp32"):
     out = models.softmax(s, impl)
     print(f"{impl:<7}", [float(f"{v:.3g}") for v in out.float().flatten().tolist()], out.dtype)
+
+# %% [markdown]
+# > **Common misconception** (seed 000 §5.3): a custom attention's FP16 softmax made the loss explode because FP16 is
+# > not precise enough: the small errors of `exp` were amplified, so the softmax has to be computed in FP32.
+# >
+# > **Why it is wrong:** a softmax that works for thousands of steps and then blows up as the scores sharpen fails by
+# > range, not precision. `exp(s)` is larger than FP16's largest value, 65504, as soon as `s > 11.09`: the result is
+# > inf, and `inf / inf` is NaN. The scores themselves, `q @ k.T`, can also pass 65504 in FP16, which the article's
+# > fix avoids by computing that matmul in FP32 as well. FP32 does not remove the failure of the naive formula, it
+# > moves it: FP32's `exp` overflows above 88.7.
+# >
+# > **What is true:** subtract the row maximum before `exp` (the "stable" softmax, which `torch.softmax` uses). Every
+# > exponent is then at most 0, nothing overflows in any format, and the FP16 result is within FP16's rounding of the
+# > FP32 one. The cell below shows `exp(12)` overflowing FP16, the stable softmax written out in FP16, and the naive
+# > formula failing in FP32 once the scores pass 88.7. An FP32 island (the `fp32` variant) is still worth having for
+# > accuracy, on top of the max subtraction.
+
+# %%
+e = torch.exp(s - s.amax(dim=-1, keepdim=True))    # the stable softmax in FP16: every exponent <= 0
+stable = e / e.sum(dim=-1, keepdim=True)
+print("exp(12) in fp16:", torch.exp(s[0, 0]).item(), "| stable, in fp16:",
+      [float(f"{v:.3g}") for v in stable.flatten().tolist()])
+assert math.isinf(torch.exp(s[0, 0]).item()) and stable.dtype == torch.float16 and torch.isfinite(stable).all()
+assert torch.allclose(stable.float(), torch.softmax(s.float(), dim=-1), atol=1e-3)
+assert torch.isnan(models.softmax(s.float() + 80, "naive")).any()   # FP32 overflows too, from 88.7 up
 
 # %% [markdown]
 # Does that happen in a real model? After training, attention scores are much sharper than at initialisation.

@@ -236,6 +236,25 @@ elif caps.device_type == "cpu" and not caps.bf16_fast:
     assert not switched                             # no bf16 hardware: oneDNN keeps fp32
 
 # %% [markdown]
+# ### How much faster: the datasheet's ratios
+#
+# > **Common misconception** (seed 000 §1.2, seed 000 §3.1, seed 000 §3.4): FP16 on tensor cores runs about twice
+# > as fast as FP32, and switching TF32 on speeds matrix multiplications up by nearly a factor of two.
+# >
+# > **Why it is wrong:** on tensor cores neither ratio is 2, and neither is fixed. Tensor cores are units of their
+# > own beside the FP32 cores, each format has its own peak, and the ratio is a property of the chip. NVIDIA's A100
+# > datasheet gives, dense: 19.5 TFLOP/s FP32 (CUDA cores), 156 TF32 and 312 FP16/BF16 (tensor cores). TF32 has 8
+# > times FP32's peak and FP16 16 times; on tensor cores the factor 2 holds only between FP16 and TF32 (the
+# > 2:4-sparse figures, 312 TF32 and 624 FP16, double both again). "FP16 = 2 × FP32" is the rate of FP16 on the
+# > ordinary CUDA cores, two values packed per instruction (V100: 31.4 against 15.7 TFLOP/s; the A100 has 4 ×),
+# > not what tensor cores give. On a CPU the bf16/fp32 ratio depends on its matrix hardware: from well below 1
+# > (emulated bf16) to several times (AMX).
+# >
+# > **What is true:** a peak ratio bounds the speed-up of the matmuls alone. A real step gains less, because its
+# > elementwise and memory-bound work does not run on tensor cores (Amdahl, section 4), so measure the step. The
+# > A100 whitepaper and datasheet give the peaks; section 4 prints the ratio this CPU reaches (it depends on the
+# > machine, so nothing asserts it).
+#
 # On a GPU, TF32's point is speed. `labkit.tf32.time_tf32` times fp32, TF32 and bf16 matmuls interleaved in one run
 # (CUDA events, median of repeats) where the device has TF32 tensor cores, and returns `None` elsewhere:
 

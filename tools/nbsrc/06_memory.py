@@ -16,10 +16,13 @@
 #
 # **Prerequisites:** notebook 02 (why fp32 master weights), notebook 04 (autocast, the tiny GPT).
 #
-# **Estimated time:** 60 min
+# **Estimated time:** 65 min
 
 # %%
 # %matplotlib inline
+import collections
+from unittest import mock
+
 import matplotlib.pyplot as plt
 import torch
 
@@ -141,7 +144,8 @@ del big, opt
 
 # %% [markdown]
 # **On a GPU** torch's caching allocator counts every byte it hands out. `torch.cuda.max_memory_allocated` gives
-# the peak of a step (model states + activations + temporaries) and `torch.cuda.memory_summary` the breakdown.
+# the peak of a step (model states + activations + temporaries) and `torch.cuda.memory_summary` the allocator's
+# counters (section 7 shows what it contains).
 # `labkit.device` wraps both (`max_memory_allocated`, `memory_summary`); on a CPU they return `None`, and this
 # notebook then relies on the exact tensor counts above. The cell runs the same step on CUDA when there is one:
 
@@ -208,6 +212,32 @@ print(f"master + Adam states: {adam_share:.0%} of mixed-precision model states")
 # What does shrink the model states is sharding them (ZeRO, section 5), a leaner optimizer (section 6), or
 # offloading them to the CPU.
 #
+# > **Common misconception** (seed 002 §2.1, seed 000 §3.2): mixed precision keeps FP16 model weights beside an FP32
+# > master copy (both articles), FP16 "cuts memory by 50 %" (seed 002), and the `autocast` + `GradScaler` code the
+# > articles give (seed 002 §2.1, seed 000 §4.1) implements that scheme.
+# >
+# > **Why it is wrong:** the prose and the code describe two different schemes. Persistent 16-bit weights plus an
+# > FP32 master copy (apex's "O2", DeepSpeed's fp16/bf16 engines, `bf16-master` here) hold 2 + 4 bytes of weights
+# > per parameter. `autocast` (apex's "O1", the articles' code, `bf16` here) keeps the FP32 parameters as the only
+# > weights, 4 bytes, and makes 16-bit copies on the fly in the forward pass, kept until backward (measured above).
+# > Neither halves the model states: with Adam both come to 16 B/param (section 2).
+# >
+# > **What is true:** the halving applies to what is actually stored in 16 bits: the activations that autocast
+# > computes in BF16/FP16 (part of them, as measured above) and, in the master-weights scheme, the weights the
+# > forward pass reads. The cell below counts the weight bytes of both schemes from the real tensors.
+
+# %%
+o1 = models.TinyGPT(cfg, seed=0)                                                      # autocast: the model stays fp32
+o2, o2_opt = mem.setup_training(models.TinyGPT(cfg, seed=0), "bf16-master", "adamw")  # 16-bit weights, fp32 masters
+weights = {"autocast": mem.tensor_bytes(o1.parameters()),
+           "master": mem.tensor_bytes([*o2.parameters(), *o2_opt.masters])}
+copies = saved["bf16 autocast"].weight_copies                                          # measured above
+print(f"weights held: autocast {weights['autocast'] / n:.0f} B/param (plus {copies / n:.2f} B/param of bf16 copies "
+      f"from forward to backward); 16-bit + master {weights['master'] / n:.0f} B/param")
+assert weights == {"autocast": 4 * n, "master": 6 * n} and {p.element_size() for p in o1.parameters()} == {4}
+assert {p.element_size() for p in o2.parameters()} == {2} and {m.element_size() for m in o2_opt.masters} == {4}
+
+# %% [markdown]
 # ## 4. Activations: predict, measure, checkpoint
 #
 # `mem.gpt_activation_bytes` counts, op by op, what the tiny GPT saves: per block the LayerNorm inputs and
@@ -231,12 +261,13 @@ for batch, t, amp in [(8, 12, None), (32, 12, None), (32, 6, None), (32, 12, "bf
 # backward. `mem.checkpointed(model)` turns it on (per block) for the duration of a `with`:
 
 # %%
-plain = mem.gpt_activation_bytes(cfg, 32)
-ckpt = mem.gpt_activation_bytes(cfg, 32, checkpointing=True)
-with mem.checkpointed(small):
+_, without = mem.measure_saved_tensors(lambda: small(x), small.parameters())
+with mem.checkpointed(small):  # each block runs as torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
     out, got = mem.measure_saved_tensors(lambda: small(x), small.parameters())
-assert got.activations == ckpt.activations
-print(f"saved after forward: {plain.saved:,} B without, {ckpt.saved:,} B with checkpointing")
+plain, ckpt = mem.gpt_activation_bytes(cfg, 32), mem.gpt_activation_bytes(cfg, 32, checkpointing=True)
+assert got.activations == ckpt.activations and without.activations == plain.activations   # as predicted
+print(f"saved after forward (measured): {without.activations:,} B without, {got.activations:,} B with "
+      f"checkpointing, {1 - got.activations / without.activations:.0%} less")
 print(f"peak during backward with checkpointing: {ckpt.peak:,} B (one block recomputed at a time)")
 
 # %% [markdown]
@@ -250,6 +281,41 @@ with mem.checkpointed(small):
 hook.remove()
 print("forward calls of block 0 in one checkpointed step:", len(calls))
 assert len(calls) == 2
+
+# %% [markdown]
+# > **Common misconception** (seed 002 §5.2): activation (gradient) checkpointing "reduces memory by 50 %".
+# >
+# > **Why it is wrong:** there is no fixed figure. A checkpointed segment drops what its ops save inside it and keeps
+# > only its input, so the saving is the segments' inner activations minus their inputs, and it depends on where the
+# > segments are cut. Per block in the tiny GPT it is the share printed above; an MLP of ReLU layers checkpointed layer
+# > by layer saves nothing at all, because such a layer saves only its input (the ReLU keeps its output, which is
+# > the next layer's input), and that is exactly what a checkpoint keeps. Checkpointing touches only activations,
+# > never the model states, and during backward one segment is recomputed on top.
+# >
+# > **What is true:** saving = (inner activations − inputs kept) of the checkpointed segments, paid for with one more
+# > forward pass per segment. The next cell runs each block alone under the same hooks, counts what it saves, and
+# > checks that this accounts for the measured saving to the byte; the one after measures the ReLU MLP.
+
+# %%
+h = small.tok(x) + small.pos(torch.arange(x.shape[1]))            # the first block's input, (B, T, C) fp32
+inner = []
+for block in small.blocks:                                          # each block alone, as the forward pass runs it
+    h, s = mem.measure_saved_tensors(lambda: block(h), small.parameters())
+    inner.append(s.activations)
+kept = cfg.n_layers * h.nbytes                                      # a checkpoint keeps its block's (B, T, C) input
+assert without.activations - got.activations == sum(inner) - kept > 0
+states = sum(mem.measure_model_state(*one_step("fp32", "adamw")).values())
+share = (sum(inner) - kept) / (without.activations + states)
+print(f"inner activations of the blocks {sum(inner):,} B - inputs kept {kept:,} B = the measured saving; of the "
+      f"activations plus fp32 Adam's model states ({states:,} B) that is {share:.0%}")
+
+# %%
+relu, xr = models.MLP(64, 256, 1, depth=6, activation="relu", seed=0), torch.randn(32, 64)
+_, relu_plain = mem.measure_saved_tensors(lambda: relu(xr), relu.parameters())
+with mem.checkpointed(relu):                                        # one checkpoint per Linear + ReLU
+    _, relu_ck = mem.measure_saved_tensors(lambda: relu(xr), relu.parameters())
+print(f"ReLU MLP, checkpointed per layer: {relu_plain.activations:,} B without, {relu_ck.activations:,} B with")
+assert relu_ck.activations == relu_plain.activations
 
 # %% [markdown]
 # ## 5. ZeRO: sharding the model states
@@ -423,9 +489,10 @@ assert "grads" not in mem.measure_model_state(model, opt) and mem.measure_model_
 # reserved-but-free memory is **fragmentation**: free blocks scattered between live tensors, none large enough
 # for the next request (the OOM message then shows "reserved but unallocated" memory far above the request).
 # Variable shapes make it worse; `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (set before the first CUDA
-# call) lets segments grow in place and usually cures it. `torch.cuda.memory_summary()` and
-# `torch.cuda.memory._record_memory_history()` (a snapshot viewed at https://pytorch.org/memory_viz) show who holds
-# what. `labkit.device` wraps the counters; the cell measures them when a CUDA device is present:
+# call) lets segments grow in place and usually cures it. `torch.cuda.memory_summary()` tabulates the allocator's
+# counters, and a memory snapshot (`torch.cuda.memory._record_memory_history()`, viewed at
+# https://pytorch.org/memory_viz) shows who holds what. `labkit.device` wraps the counters; the cell measures them
+# when a CUDA device is present:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -444,6 +511,31 @@ else:
     print(f"No CUDA device ({dev}): memory_allocated -> {device.memory_allocated(dev)}, memory_reserved -> "
           f"{device.memory_reserved(dev)}.\nOn a GPU: a 1 GiB tensor raises both by 1 GiB; `del` drops allocated, "
           "reserved stays; empty_cache() drops reserved.")
+
+# %% [markdown]
+# > **Common misconception** (seed 000 §5.1): `torch.cuda.memory_summary()` shows the memory "of each tensor".
+# >
+# > **Why it is wrong:** it prints the caching allocator's statistics, no tensor at all: allocated, active, requested
+# > and reserved bytes, non-releasable memory, and the counts of allocations and segments, each as current, peak,
+# > total allocated and total freed, split into the large pool and the small pool (requests of 1 MB or less). Its
+# > documentation calls it "a human-readable printout of the current memory allocator statistics"
+# > (https://docs.pytorch.org/docs/stable/generated/torch.cuda.memory_summary.html), and it formats
+# > `torch.cuda.memory_stats()`: the cell below lists every key it reads.
+# >
+# > **What is true:** per-allocation detail (size, stack trace, and so the tensor behind it) comes from a memory
+# > snapshot: `torch.cuda.memory._record_memory_history()`, then `torch.cuda.memory._dump_snapshot(path)`, viewed at
+# > https://pytorch.org/memory_viz; the tensors of a model and optimizer can be counted as section 2 does. So that it
+# > runs without a GPU, the cell below gives torch's own `memory_summary` a statistics dict with every counter at 0
+# > (section 2 prints a real one when there is a GPU): the numbers mean nothing, the rows are the real report's.
+
+# %%
+zeros = collections.defaultdict(int, num_ooms=0, num_alloc_retries=0)  # every counter 0: only the layout is real
+with mock.patch("torch.cuda.memory.memory_stats", return_value=zeros):
+    report = torch.cuda.memory_summary(device=0)
+print(report)
+assert {k.split(".")[0] for k in zeros} == {"num_ooms", "num_alloc_retries", "allocated_bytes", "active_bytes",
+    "requested_bytes", "reserved_bytes", "inactive_split_bytes", "allocation", "active", "segment", "inactive_split",
+    "oversize_allocations", "oversize_segments"}                   # everything it reads: allocator counters
 
 # %% [markdown]
 # ## 8. Exercises

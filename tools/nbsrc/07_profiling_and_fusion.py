@@ -7,6 +7,8 @@
 # - measure **kernel-launch overhead**: many tiny ops against one big op;
 # - fuse a memory-bound chain (bias + GELU + dropout) by hand and with `torch.compile`, and explain why fusion
 #   helps memory-bound chains and does little for a compute-bound matmul;
+# - fuse around matmuls too: the Q, K and V projections as one matmul, BatchNorm folded into a convolution, and a
+#   fused op's hand-written backward checked with `torch.autograd.gradcheck`;
 # - measure this machine's ceilings (peak matmul FLOP/s per dtype, copy bandwidth), compare them with the
 #   theoretical peak, and place measured ops on the **roofline**: memory- or compute-bound, and at what % of the roof;
 # - read utilisation correctly: what `nvidia-smi`'s GPU-Util measures (and what DCGM and Nsight add), the busy
@@ -15,7 +17,7 @@
 #
 # **Prerequisites:** notebook 04 (the tiny GPT, autocast), notebook 06 (where memory goes).
 #
-# **Estimated time:** 55 min
+# **Estimated time:** 70 min
 #
 # All timings below depend on the machine and on what else runs on it, so their cells are not compared by the
 # tests; the cells assert only facts that hold everywhere (same results, fewer bytes, which side of the ridge).
@@ -27,12 +29,14 @@ import os
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # small machines: compile workers steal the cores
 import matplotlib.pyplot as plt
 import torch
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from labkit import bench, device, models
+from labkit import bench, device, fusion, models
 from labkit import profiling as P
 from labkit import roofline as R
+from labkit import traffic as T
 from labkit.check import check, predict, reveal
-from labkit.exercises.nb07 import H100_BANDWIDTH, H100_BF16_FLOPS, PROFILE_TABLE
+from labkit.exercises.nb07 import DGX_A100, H100_BANDWIDTH, H100_BF16_FLOPS, PROFILE_TABLE
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # one thread: steadier timings on a shared 2-core machine (raise it on your own node)
@@ -235,6 +239,146 @@ print("operations that ran as kernels of their own:", ran)
 assert {"aten::addmm", "aten::relu"} <= set(ran)
 
 # %% [markdown]
+# ### Fusing matmuls: the Q, K and V projections
+#
+# Attention projects the same input three times: `q = x Wq + bq`, `k = x Wk + bk`, `v = x Wv + bv`, three matmuls
+# that each read `x`. Stack the three weight matrices into one `(3d, d)` matrix and it is one matmul, whose output
+# is split into q, k and v. The article reports "about 15 % end-to-end" from this fusion in its Transformer
+# (seed 002 §3.1): the article's own figure, for its model on its GPU. The same computation here, with the weights
+# copied, so both versions must give the same numbers:
+
+# %%
+d = 256
+proj = [torch.nn.Linear(d, d, device=dev) for _ in range(3)]               # q, k, v: three Linear(d, d)
+qkv = torch.nn.Linear(d, 3 * d, device=dev)                                # one Linear(d, 3d)
+with torch.no_grad():
+    qkv.weight.copy_(torch.cat([m.weight for m in proj]))
+    qkv.bias.copy_(torch.cat([m.bias for m in proj]))
+qkv_unfused, qkv_fused = (lambda h: [m(h) for m in proj]), (lambda h: qkv(h).split(d, dim=-1))
+xq = torch.randn(64, d, device=dev)                                        # 64 tokens
+with torch.no_grad():
+    for unf, fus in zip(qkv_unfused(xq), qkv_fused(xq)):
+        torch.testing.assert_close(fus, unf, rtol=1e-5, atol=1e-5)         # only the summation order may differ
+
+# %% [markdown]
+# What changed: the profiler counts the matmul launches (`aten::addmm`), `T.torch_traffic` (notebook 08 uses it
+# too) counts the bytes each op reads, from the tensors it is handed, and `FlopCounterMode` the FLOPs:
+
+# %%
+mm_calls, moved = {}, {}
+with torch.no_grad():
+    for name, f in (("3 x Linear(d, d)", qkv_unfused), ("1 x Linear(d, 3d)", qkv_fused)):
+        prof_qkv = P.profile_steps(lambda f=f: f(xq), steps=1, warmup=0, device=dev)
+        calls = {e.key: e.count for e in prof_qkv.key_averages()}
+        mm_calls[name], moved[name] = calls.get("aten::addmm", 0), T.torch_traffic(f, xq)
+        print(f"{name:<18} {mm_calls[name]} matmul launch(es), reads {moved[name].read / 2**10:4.0f} KiB")
+weights = sum(t.nbytes for t in qkv.parameters())  # the same weights in both: the saving is reading x once
+print(f"weights and biases {weights / 2**10:.0f} KiB either way; x is {xq.nbytes / 2**10:.0f} KiB")
+assert list(mm_calls.values()) == [3, 1]
+assert P.count_flops(lambda: qkv_fused(xq)) == P.count_flops(lambda: qkv_unfused(xq))  # same FLOPs
+assert [m.read for m in moved.values()] == [weights + 3 * xq.nbytes, weights + xq.nbytes]
+
+# %% [markdown]
+# Same FLOPs, two fewer launches, `x` read once instead of three times. The launches saved are a fixed cost, which
+# shrinks next to the matmul's work as the number of tokens grows; the bytes saved (two reads of `x`) grow with the
+# tokens, but so do the FLOPs, and the weights, read either way, are most of the bytes while the tokens are fewer
+# than 3d. The race, for a decoding step (4 tokens) and a long prompt (512 tokens), round-robin, median of 21:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+with torch.no_grad():
+    for n_tok in (4, 512):
+        tq = P.interleaved_times({"3": qkv_unfused, "1": qkv_fused}, torch.randn(n_tok, d, device=dev),
+                                 repeats=21, warmup=3, device=dev)
+        print(f"{n_tok:>3} tokens: three matmuls {tq['3'] * 1e6:7.1f} µs, one {tq['1'] * 1e6:7.1f} µs: the fused "
+              f"projection ran {abs(tq['3'] / tq['1'] - 1):.0%} {'faster' if tq['1'] < tq['3'] else 'slower'}")
+        notes.append((f"QKV fusion, {n_tok} tokens", f"3 matmuls / 1 matmul = {tq['3'] / tq['1']:.2f}"))
+
+# %% [markdown]
+# The lines above say what this machine made of it. On a GPU the fused projection has one more advantage: a
+# `(tokens, 3d)` output has three times as many tiles as a `(tokens, d)` one, so it can keep more of the SMs busy
+# where a small matmul leaves some idle. How much that buys end to end depends on the model's size and on what else the
+# step does, so treat the article's 15 % as one measurement, not a constant: measure it on your model.
+#
+# ### Folding BatchNorm into a convolution
+#
+# In eval mode BatchNorm is a fixed affine map per channel, `y = γ (z − μ) / σ + β` with
+# `σ = sqrt(running_var + eps)`, and a convolution `z = W ∗ x + b` is affine too, so the two fold into one
+# convolution with
+#
+# $$W' = W \cdot \frac{\gamma}{\sigma}, \qquad b' = (b - \mu) \cdot \frac{\gamma}{\sigma} + \beta$$
+#
+# (per output channel). Inference tools (TensorRT, ONNX Runtime) do this among their first graph passes;
+# `torch.nn.utils.fusion.fuse_conv_bn_eval` does it for one pair. A small CNN, whose BatchNorm layers get a scale,
+# a shift and running statistics (five training-mode batches), then switches to eval mode:
+
+# %%
+cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                          torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU()).to(dev)
+with torch.no_grad():
+    for bn_ in (cnn[1], cnn[4]):                                                    # γ and β
+        bn_.weight.uniform_(0.5, 1.5)
+        bn_.bias.uniform_(-0.5, 0.5)
+    for _ in range(5):
+        cnn(torch.randn(16, 3, 16, 16, device=dev) * 2 + 1)                         # μ and σ move
+cnn.eval()
+folded = torch.nn.Sequential(fuse_conv_bn_eval(cnn[0], cnn[1]), cnn[2], fuse_conv_bn_eval(cnn[3], cnn[4]), cnn[5])
+
+# %% [markdown]
+# The folded network against the original (float32, tolerance `1e-5` absolute and relative: only rounding
+# differs; on an Ampere or newer GPU cuDNN would run fp32 convolutions in TF32 by default, whose 10-bit rounding of
+# the folded weights exceeds that, so the check turns it off), its operations as the profiler counts them, and the
+# formula above against the folded layer's weights:
+
+# %%
+img = torch.randn(4, 3, 16, 16, device=dev)
+with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # plain fp32 on a GPU too
+    torch.testing.assert_close(folded(img), cnn(img), rtol=1e-5, atol=1e-5)
+    top = ("aten::conv2d", "aten::batch_norm", "aten::relu")
+    n_ops = {name: sum(e.count for e in P.profile_steps(lambda m=m: m(img), steps=1, warmup=0, device=dev)
+                       .key_averages() if e.key in top) for name, m in (("conv+BN+ReLU", cnn), ("folded", folded))}
+print(f"operations per forward (conv2d, batch_norm, relu): {n_ops}")
+sigma = torch.sqrt(cnn[1].running_var + cnn[1].eps)
+gain = cnn[1].weight / sigma                                                        # γ / σ, per output channel
+torch.testing.assert_close(folded[0].weight, cnn[0].weight * gain.reshape(-1, 1, 1, 1))               # W'
+torch.testing.assert_close(folded[0].bias, (cnn[0].bias - cnn[1].running_mean) * gain + cnn[1].bias)  # b'
+assert n_ops == {"conv+BN+ReLU": 6, "folded": 4}
+
+# %% [markdown]
+# The ReLUs are still ops of their own. Fusing an activation into the convolution needs a compiler or a library
+# kernel: `torch.compile` for inference with Inductor's `freezing` option folds BatchNorm the same way and, on a CPU,
+# asks oneDNN for a convolution that applies the ReLU as it writes its output (a "post-op": the generated code calls
+# `mkldnn._convolution_pointwise(..., 'relu', ...)`); on a GPU, TensorRT and cuDNN's fused convolutions do the
+# same. It is not run here: compiling it would take a good part of this notebook's time budget, for a lesson the
+# GELU chain above already showed.
+#
+# ### A fused op needs its own backward
+#
+# The article warns that a fused op can make the gradient vanish (seed 002 §6.2). The reason: autograd cannot see
+# inside a hand-written fused kernel (CUDA, Triton, notebook 08), so its author writes the backward by hand too, and
+# a forgotten term of the derivative goes unnoticed, since the forward is right. (`torch.compile` is the exception:
+# it derives the backward with autograd before it fuses.) `fusion.fused_bias_gelu` is bias + GELU as one `torch.autograd.Function`;
+# its backward, from the saved `h = x + b` and `u = sqrt(2/π) (h + 0.044715 h³)`, is
+#
+# $$\frac{\partial y}{\partial h} = \tfrac12 (1 + \tanh u) + \tfrac12\, h\, (1 - \tanh^2 u)\,
+# \sqrt{2/\pi}\, (1 + 3 \cdot 0.044715\, h^2),$$
+#
+# and the bias gradient sums it over the rows. `torch.autograd.gradcheck` compares a backward with finite differences
+# of the forward, in float64 (in float32 the differences drown in rounding). It passes the exact backward and
+# fails the typical mistake, a backward that treats `tanh u` as a constant and keeps only the first term:
+
+# %%
+xg = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
+bg = torch.randn(16, dtype=torch.float64, requires_grad=True)
+torch.testing.assert_close(fusion.fused_bias_gelu(xg, bg), torch.nn.functional.gelu(xg + bg, approximate="tanh"))
+exact = torch.autograd.gradcheck(fusion.fused_bias_gelu, (xg, bg))
+buggy = torch.autograd.gradcheck(lambda a_, b_: fusion.fused_bias_gelu(a_, b_, backward="tanh-held-constant"),
+                                 (xg, bg), raise_exception=False)
+print(f"gradcheck: the exact backward {'passes' if exact else 'fails'}; "
+      f"with tanh held constant it {'passes' if buggy else 'fails'}")
+assert exact and not buggy
+
+# %% [markdown]
 # ## 4. This machine's ceilings
 #
 # **Compute:** the best matmul FLOP/s over a few shapes (the "maximum achievable matmul FLOPs": what a real
@@ -267,6 +411,20 @@ for name, pk in peaks.items():
     print("  " + (bench.excess_note(theo, pk.flops_per_s) or "below it, as a measurement should be") + "\n")
     notes.append((f"peak {name}", f"{pk.flops_per_s / 1e9:.0f} of {theo.flops_per_s / 1e9:.0f} GFLOP/s"))
 notes.append(("copy bandwidth", f"{bw.bytes_per_s / 1e9:.1f} GB/s"))
+
+# %% [markdown]
+# **07.peak-formula.** The same formula for a GPU node, from NVIDIA's A100 whitepaper: a DGX A100 holds 8 A100 GPUs,
+# each with 108 SMs at a boost clock of 1410 MHz, and the four tensor cores of an SM together perform 1024 dense FP16
+# fused multiply-adds (FMA) per clock (`DGX_A100`). Its theoretical dense FP16 peak, in FLOP/s
+# (devices × units × clock × FLOPs per unit per cycle)?
+
+# %%
+peak_dgx = ...   # FLOP/s, a Python float
+### BEGIN SOLUTION
+peak_dgx = DGX_A100["gpus"] * DGX_A100["sms_per_gpu"] * DGX_A100["boost_clock_mhz"] * 1e6 \
+    * DGX_A100["dense_fp16_fma_per_sm_per_clock"] * 2   # an FMA is two FLOPs
+### END SOLUTION
+check("07.peak-formula", peak_dgx)
 
 # %% [markdown]
 # ## 5. The roofline
@@ -305,8 +463,8 @@ plt.show()
 # precision speeds matmuls up); LayerNorm, softmax and the GELU chain sit far left (memory-bound: their roof is
 # the bandwidth slope, and only moving fewer bytes helps). Fusion moved the chain *right* (same FLOPs, fewer
 # bytes): that is what fusion does on a roofline. The bounds follow from the intensities and hold on any machine
-# whose ridge point lies between ~2 and ~150 FLOP/byte (CPUs: ~5-30; GPUs: ~100-300, where even the 1024³ fp32
-# matmul is closer to the ridge):
+# whose ridge point lies between ~2 and ~150 FLOP/byte (CPUs: ~5-30; GPUs: ~10-20 on their FP32 cores, ~100-300 on
+# tensor cores, where even the 1024³ fp32 matmul, run in TF32, is closer to the ridge):
 
 # %%
 bounds = {pt.name: pt.bound for pt in points}
@@ -319,6 +477,33 @@ assert compiled_pt.intensity > 10 * next(pt for pt in points if pt.name == "chai
 assert 1 <= compiled_pt.intensity < 2  # "about 1 FLOP per byte, even fused" (section 3)
 for pt in points:  # the intensities are exact: they come from the FLOP and byte model, not the clock
     print(f"{pt.name:<15} {pt.intensity:8.2f} FLOP/byte")
+
+# %% [markdown]
+# > **Common misconception** (seed 002 §7.2): "compute density" should be above 30 %; below that, a kernel is
+# > memory-bound.
+# >
+# > **Why it is wrong:** arithmetic intensity is a ratio of FLOPs to bytes moved, in FLOP/byte, not a percentage,
+# > and no fixed threshold separates memory- from compute-bound. The threshold is the machine's ridge point, its
+# > peak FLOP/s divided by its bandwidth, which differs per machine and per dtype. From the datasheets: an A100
+# > (40 GB, 1.555 TB/s) has its ridge at about 12.5 FLOP/byte in FP32 (19.5 TFLOP/s), about 100 with TF32 tensor
+# > cores (156 TFLOP/s) and about 200 in FP16 (312 TFLOP/s); an H100 at about 295 in bf16. (Read as a utilisation
+# > instead, a kernel's achieved share of the peak FLOP/s, a low figure says the kernel is not compute-bound, not
+# > that memory limits it: it may wait on latency or launches; Nsight Compute shows its memory throughput beside it.)
+# >
+# > **What is true:** compare an op's intensity with the ridge point of the machine and the dtype it runs in. The
+# > cell below computes two intensities from what torch counts (`FlopCounterMode`'s FLOPs, the tensors' bytes) and
+# > puts them on either side of this machine's measured ridge; then it takes one fp32 matmul that is compute-bound
+# > on an A100's FP32 roof and memory-bound on its TF32 roof: same op, same bytes, another threshold.
+
+# %%
+mm_intensity = P.count_flops(lambda: a @ b) / (a.nbytes + b.nbytes + (a @ b).nbytes)  # FlopCounterMode: 2·n³ FLOPs
+add_intensity = a.numel() / (a.nbytes + b.nbytes + (a + b).nbytes)                  # a + b: 1 FLOP per element
+print(f"{n}³ fp32 matmul: {mm_intensity:.1f} FLOP/byte; add: {add_intensity:.3f} FLOP/byte; "
+      f"this machine's fp32 ridge lies {'between them' if add_intensity < ridge < mm_intensity else 'elsewhere'}")
+a256, b256 = a[:256, :256].contiguous(), b[:256, :256].contiguous()
+mm256 = P.count_flops(lambda: a256 @ b256) / (3 * a256.nbytes)                       # ~43 FLOP/byte
+assert add_intensity < ridge < mm_intensity and mm_intensity > 1000 * add_intensity
+assert 19.5e12 / 1.555e12 < mm256 < 156e12 / 1.555e12  # A100: right of the FP32 ridge, left of the TF32 one
 
 # %% [markdown]
 # ## 6. Utilisation, throughput and MFU
@@ -481,8 +666,13 @@ check("07.bound", bounds_h100)
 # - Every op pays a fixed launch/dispatch overhead: many tiny ops are slow out of proportion.
 # - A chain of elementwise ops is memory-bound: fusing it (by hand or with `torch.compile`, whose first call
 #   compiles) cuts the bytes and raises its intensity. A large matmul is compute-bound: fusion gains little there.
+# - Matmuls fuse by stacking weights (Q, K, V: same FLOPs, two fewer launches, the input read once) or by folding
+#   (BatchNorm into the convolution before it, in eval mode: W' = W·γ/σ, b' = (b − μ)·γ/σ + β). A fused op's
+#   backward is written by hand: check it with `gradcheck` in float64 before trusting a loss curve.
 # - The roofline: attainable = min(peak, intensity × bandwidth), with *measured* ceilings. The theoretical peak,
-#   units × frequency × FLOPs/cycle, is an upper bound real jobs reach only part of.
+#   devices × units × frequency × FLOPs per unit per cycle (an FMA is two FLOPs; dense, not sparse), is an upper
+#   bound real jobs reach only part of. Intensity is FLOP/byte, judged against the ridge point of the machine and
+#   dtype, never a fixed percentage.
 # - `python -m labkit.bench peak` prints this machine's measured vs theoretical peaks.
 # - GPU-Util is the share of time *some* kernel runs, not how hard the GPU works: read DCGM's SM/tensor activity,
 #   and judge a run by tokens/s and MFU (model FLOPs ≈ 6 × parameters × tokens, over the peak; 30-50 % is good

@@ -10,7 +10,7 @@
 #
 # **Prerequisites:** notebooks 03 and 04 (loss scaling, AMP, checkpoints).
 #
-# **Estimated time:** 65 min
+# **Estimated time:** 80 min
 #
 # Every run below is real multi-process training: on this machine two CPU processes talking over gloo, on a GPU
 # node the same module with NCCL. Each launch costs a few seconds of process start-up.
@@ -32,6 +32,7 @@ from labkit import device, train
 from labkit.check import check, predict, reveal
 from labkit.dist import LaunchError, launch
 from labkit.exercises.nb09 import simulate_all_reduce
+from labkit.recipes import comm_share
 from labkit.recipes import ddp as ddp_recipe
 
 # %% [markdown]
@@ -233,6 +234,50 @@ assert two["allreduce_calls"] == [12, 12] and two["allreduce_bytes"] == amp["all
 # all-reduces (`--sync-every-micro` runs that way). Gradients stay fp32 under autocast (the weights are fp32), so
 # fp16 compute does not shrink the all-reduce: 136 193 parameters × 4 bytes × 12 steps.
 #
+# **How much of a step is communication, and what does `no_sync()` save?** Seed 000 §1.1 says that synchronising
+# gradients and parameters takes 30-40 % of training time in multi-GPU jobs: the article's figure for its own jobs,
+# which depends on the model, the batch and the links. `labkit.recipes.comm_share` measures it for this MLP, with
+# micro-batch 16 and 4 accumulation steps as in the fp16 run (fp32 here, and no slow rank), trained twice in one
+# launch: all-reducing after every micro-batch, then with `no_sync()`. It runs on CPU ranks with gloo even on a GPU
+# node, because a host clock cannot time work that NCCL queues on a CUDA stream (there, use `torch.profiler` or
+# Nsight Systems). Its communication hook wraps DDP's default
+# all-reduce and reads the clock when DDP hands it a bucket and again when the all-reduce's future completes:
+
+# %%
+print(inspect.getsource(comm_share.timing_hook([], [], {})))
+
+# %%
+comm = launch("labkit.recipes.comm_share", nproc=2, timeout=180, stream=False,
+              args=["--hidden", "256", "--depth", "3", "--batch", "16", "--accum", "4", "--steps", "20"])
+sync, nosync = comm["sync"], comm["no_sync"]
+print("all-reduces per optimizer step without no_sync():", [r["allreduces_per_step"] for r in sync],
+      "| with no_sync():", [r["allreduces_per_step"] for r in nosync], "(rank 0, rank 1)")
+fewer = all(b["comm_s_per_sample_min"] < a["comm_s_per_sample_min"] for a, b in zip(sync, nosync))
+print("all-reduce time per sample (the least-disturbed step) lower with no_sync() on both ranks:", fewer)
+print("same weights either way, up to rounding (largest difference below 1e-5):", comm["param_diff"] < 1e-5)
+assert [r["allreduces_per_step"] for r in sync] == [4, 4] and [r["allreduces_per_step"] for r in nosync] == [1, 1]
+assert all(b["comm_s_per_sample_min"] < a["comm_s_per_sample_min"] for a, b in zip(sync, nosync))
+assert comm["param_diff"] < 1e-5
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for name, runs in [("without no_sync()", sync), ("with no_sync()   ", nosync)]:
+    for rank, r in enumerate(runs):
+        print(f"{name} rank {rank}: step {r['step_s'] * 1e3:5.1f} ms, in all-reduce {r['comm_s'] * 1e3:5.1f} ms "
+              f"({r['share']:.0%} of the step), {r['comm_s_per_sample'] * 1e6:5.1f} µs per sample")
+cut = sync[0]["comm_s_per_sample_min"] / nosync[0]["comm_s_per_sample_min"]
+print(f"here, rank 0: all-reduce took {sync[0]['share']:.0%} of the median step without no_sync() and "
+      f"{nosync[0]['share']:.0%} with it (seed 000 §1.1 quotes 30-40 % for its GPU jobs); in the least-disturbed "
+      f"step, no_sync() {'cut' if cut > 1 else 'raised'} the all-reduce time per sample {max(cut, 1 / cut):.1f}x")
+
+# %% [markdown]
+# The counts are exact: `no_sync()` leaves one all-reduce per optimizer step out of `accum`, whatever the
+# machine. The share is not a constant of data parallelism: it is communication over compute, so it rises with a
+# slower link or a smaller model and falls with a larger micro-batch. On this machine the "link" is loopback TCP
+# between two processes sharing a few cores, and the model is tiny, so compare the shares above with each other
+# rather than with the article's figure. The lesson carries over: accumulating k micro-batches under `no_sync()`
+# divides the number of all-reduces (and the bytes sent per sample) by k, and the weights come out the same.
+#
 # ## 5. The all-reduce benchmark: algbw and busbw
 #
 # For a message of $S$ bytes that takes $t$ seconds, nccl-tests reports
@@ -300,12 +345,13 @@ plt.show()
 # | `NCCL_P2P_DISABLE=1` | forbids direct GPU-to-GPU copies (NVLink/PCIe P2P) inside a node | debugging hangs or corruption suspected on P2P; a big slowdown if left on |
 # | `NCCL_PROTO` | force `LL`, `LL128` or `Simple` | experiments only, like `NCCL_ALGO` |
 # | `NCCL_DEBUG_SUBSYS` | narrows `NCCL_DEBUG` output (`INIT,NET`, `COLL`, ...) | keep INFO logs readable |
-# | `TORCH_NCCL_ASYNC_ERROR_HANDLING` | what the watchdog does when a collective fails or times out: 1 tears the process down, 2 only aborts the communicators, 3 (the default in current torch) tears down without cleaning up first | so a hang becomes an error instead of a stuck job (0 turns that off) |
+# | `TORCH_NCCL_ASYNC_ERROR_HANDLING` | what the watchdog does when a collective fails or times out: 1 aborts the communicators and tears the process down, 2 only aborts the communicators, 3 tears down without cleaning up first. torch's own default is 3, but `torchrun` exports 1 to its ranks when the variable is unset, so the runs of this notebook would get 1 | so a hang becomes an error instead of a stuck job (0 turns that off) |
 # | `TORCH_NCCL_BLOCKING_WAIT=1` | collectives block the CPU and raise on timeout | debugging: the timeout surfaces in the calling line |
-# | `TORCH_NCCL_DUMP_ON_TIMEOUT=1` | on a timeout, dump the flight recorder of recent collectives per rank (with `TORCH_NCCL_TRACE_BUFFER_SIZE`) | find which rank stopped at which collective |
+# | `TORCH_NCCL_DUMP_ON_TIMEOUT=1` | on a timeout, dump the flight recorder of recent collectives per rank (with `TORCH_FR_BUFFER_SIZE`, formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`) | find which rank stopped at which collective |
 # | `NCCL_ALGO` | force `Ring`, `Tree`, ... | experiments only; NCCL's tuner picks per message size |
-# | `NCCL_BUFFSIZE` | bytes per channel buffer (default 4 MiB) | larger can help bandwidth, costs GPU memory |
-# | `NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_NTHREADS` | sockets and threads of the TCP transport (product ≤ 64) | only when there is no RDMA: more streams fill a fast Ethernet link |
+# | `NCCL_BUFFSIZE` | bytes of each channel's buffer per peer (default 4 MiB; 1 MiB when NCCL finds an ARM host CPU) | larger can help bandwidth, costs GPU memory |
+# | `NCCL_MAX_NCHANNELS`, `NCCL_MIN_NCHANNELS` | bound the number of channels NCCL spreads a collective over (explained below); deprecated since NCCL 2.17 in favour of `NCCL_MAX_CTAS`, `NCCL_MIN_CTAS` | leave NCCL's choice; a cap frees GPU blocks for compute at some bandwidth |
+# | `NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_NTHREADS` | sockets per helper thread and helper threads per connection of the socket (TCP) transport between nodes (threads ≤ 16, product ≤ 64) | only when the nodes talk TCP (no InfiniBand/RoCE): more streams fill a fast Ethernet link; unused on IB, and between GPUs joined by NVLink |
 #
 # `nvidia-smi topo -m` prints how GPUs and NICs are connected: `NV#` (NVLink, # links), `PIX`/`PXB` (PCIe
 # switches), `PHB` (through the CPU's PCIe host bridge), `NODE`/`SYS` (across host bridges or CPU sockets).
@@ -314,12 +360,81 @@ plt.show()
 # > **Common misconception** (seed 002 §4.2): `NCCL_BUFFSIZE` defaults to 1 MB, so raising it to 4 MB (with
 # > `NCCL_ALGO=Tree`) speeds up all-reduce.
 # >
-# > **Why it is wrong:** NCCL's default buffer is already 4 MiB (4194304 bytes) per channel, so the suggested value
-# > changes nothing, and forcing `NCCL_ALGO` takes away NCCL's own choice of ring or tree for each message size.
+# > **Why it is wrong:** on an x86 host such as the article's 8×A100 server, NCCL's default buffer is already 4 MiB
+# > (4194304 bytes) per channel, so the suggested value changes nothing. 1 MiB is NCCL's default only when it finds an
+# > ARM host CPU (its source: `DEFAULT_BUFFSIZE` 4 MiB, `DEFAULT_BUFFSIZE_ARM` 1 MiB), a choice NVIDIA made for
+# > those machines. And forcing `NCCL_ALGO` takes away NCCL's own choice of ring or tree for each message size.
 # >
 # > **What is true:** leave both at their defaults until a measurement (nccl-tests' `all_reduce_perf`, or section
 # > 5's benchmark) shows a gain. NCCL's documentation of its environment variables lists the defaults, and
 # > `NCCL_DEBUG=INFO` prints what NCCL chose. A larger buffer costs GPU memory on every channel.
+#
+# > **Common misconception** (seed 000 §4.3): communication overlaps computation once NCCL is tuned for it, by
+# > setting `NCCL_BUFFSIZE` and `NCCL_MAX_NCHANNELS`.
+# >
+# > **Why it is wrong:** neither variable decides *when* an all-reduce starts. NCCL runs a collective when the
+# > framework calls it; `NCCL_BUFFSIZE` sizes the staging buffers of each channel and `NCCL_MAX_NCHANNELS` caps how
+# > many channels one collective is spread over (both below). The overlap comes from DDP: it groups the gradients
+# > into buckets (`bucket_cap_mb`: 25 MiB by default, and then a first bucket of 1 MiB, from the second step on) and
+# > starts each bucket's all-reduce from an autograd hook as soon as all of that bucket's gradients exist, while
+# > backward goes on computing the earlier layers (on a GPU, NCCL runs on its own CUDA stream beside the backward
+# > kernels).
+# >
+# > **What is true:** overlap is decided by the buckets and by the order in which gradients become ready. The cell
+# > below shows it on this machine's CPU ranks: with one bucket the all-reduce starts only once every gradient exists;
+# > with `bucket_cap_mb=0.1` the same MLP has several buckets, and the first all-reduce starts while some parameters
+# > still have no gradient. To change overlap, change `bucket_cap_mb` (and check a profiler trace), not NCCL's buffers.
+#
+# The same launch as in section 4 trained the MLP for 3 steps with `bucket_cap_mb=25` and with `0.1`. Its hook
+# noted, for each bucket of the last step, how many of the model's 8 parameter tensors still had no gradient
+# when the bucket's all-reduce started (DDP builds its buckets anew after the first step, in the order the gradients
+# came):
+
+# %%
+for b in comm["buckets"]:
+    first, last = b["buckets"][0], b["buckets"][-1]
+    print(f"bucket_cap_mb={b['bucket_cap_mb']:g}: {len(b['buckets'])} bucket(s); the first all-reduce started with "
+          f"{first['missing']} of {b['params']} tensors still without a gradient, the last with {last['missing']}")
+for one, many in comm["buckets_per_rank"]:  # both ranks: the same buckets, the same order
+    assert len(one["buckets"]) == 1 and one["buckets"][0]["missing"] == 0  # one bucket waits for every gradient
+    assert len(many["buckets"]) > 1 and many["buckets"][0]["missing"] > 0 == many["buckets"][-1]["missing"]
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for b in comm["buckets"]:
+    spans = ", ".join(f"#{k['index']} {k['start_ms']:.2f}-{k['end_ms']:.2f}" for k in b["buckets"])
+    print(f"bucket_cap_mb={b['bucket_cap_mb']:g}: backward() returned after {b['backward_ms']:.2f} ms; "
+          f"each bucket's all-reduce, in ms from the start of backward(): {spans}")
+
+# %% [markdown]
+# The line above gives, for each bucket, when its all-reduce ran, counted from the start of `backward()` (which
+# returns only after every bucket's all-reduce has finished). With several buckets, bucket 0's all-reduce is on the
+# wire while backward is still computing the first layers' gradients. On a CPU the two share the cores, so little
+# is won; on a GPU the all-reduce runs on the links while the GPU computes, and a step can hide most of it.
+#
+# **Channels and `NCCL_MAX_NCHANNELS`.** NCCL cuts every collective into *channels*. A channel is one ring (or tree)
+# through all the ranks, driven on each GPU by one CUDA block with its own buffers (`NCCL_BUFFSIZE` bytes per peer
+# for the Simple protocol), and it carries its own slice of the message. Running several channels at once is how NCCL
+# fills several NVLinks or network adapters together: the `Channel 00/16` lines of the log below come from a
+# communicator with 16. NCCL picks the number from the topology; `NCCL_MIN_NCHANNELS` and `NCCL_MAX_NCHANNELS` only
+# bound it. Capping it leaves more of the GPU to compute kernels that run at the same time (fewer blocks busy with
+# communication, fewer buffers), and costs bandwidth on large messages. It starts no all-reduce earlier, so it
+# creates no overlap.
+#
+# > **Common misconception** (seed 002 §8.2): for multi-node training, set `NCCL_SOCKET_NTHREADS` to the number of
+# > CPU cores.
+# >
+# > **Why it is wrong:** the variable belongs to NCCL's socket transport, the TCP path between nodes: it is the
+# > number of helper threads per network connection, from 1 to 16 (NCCL lowers a larger value to 16 with a warning),
+# > and `NCCL_SOCKET_NTHREADS` × `NCCL_NSOCKS_PERTHREAD` may not exceed 64 sockets. Over InfiniBand or RoCE, which the
+# > same section recommends (ibverbs), NCCL does not use it at all, nor between GPUs of one node. A node's core count
+# > as its value would be cut to 16 threads per connection, each taking CPU time from the data loader.
+# >
+# > **What is true:** on InfiniBand leave it alone. On nodes linked only by Ethernet, NCCL's defaults depend on the
+# > platform (its documentation: 1 thread with 1 socket in general, more on AWS and Google Cloud network adapters;
+# > recent versions start no helper thread at all on a generic adapter); the same documentation suggests trying 4 of
+# > each on a 100 Gb/s network. Measure with nccl-tests before keeping
+# > any value.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -380,8 +495,50 @@ else:
 # 7. `Init COMPLETE` on every rank means the communicator exists. A job that prints it on some ranks and never on
 #    others is stuck in initialisation (a rank that never arrived, a firewall); a job that prints it everywhere and
 #    then hangs is stuck in a collective: look for the rank that stopped calling (the flight recorder of
-#    `TORCH_NCCL_DUMP_ON_TIMEOUT=1` with `TORCH_NCCL_TRACE_BUFFER_SIZE` > 0, or `TORCH_DISTRIBUTED_DEBUG=DETAIL`, as
+#    `TORCH_NCCL_DUMP_ON_TIMEOUT=1` with `TORCH_FR_BUFFER_SIZE` > 0, or `TORCH_DISTRIBUTED_DEBUG=DETAIL`, as
 #    in notebook 13).
+#
+# > **Common misconception** (seed 002 §4.2, seed 000 §6): on one server with 8 A100 GPUs, NCCL's socket and
+# > InfiniBand settings tune the all-reduce: seed 002 sets `NCCL_NSOCKS_PERTHREAD=4`, seed 000 exports
+# > `NCCL_IB_DISABLE=0` and `NCCL_IB_TIMEOUT=22` for its one 8×A100 node.
+# >
+# > **Why it is wrong:** inside one node NCCL moves data between GPUs with its intra-node transports: P2P over
+# > NVLink or PCIe, or SHM through host memory (line 5 of the log above). The network transports, InfiniBand
+# > (`NCCL_IB_*`) and TCP sockets (`NCCL_NSOCKS_PERTHREAD`, `NCCL_SOCKET_NTHREADS`), are for traffic to other nodes.
+# > NCCL sends traffic between two GPUs of one node through a network adapter only where it computes that the way
+# > through the adapter is faster (some PCIe-only servers; `NCCL_NET_DISABLE_INTRA=1` forbids it), never where
+# > NVLink joins the GPUs. `NCCL_IB_DISABLE=0` is the default anyway, and
+# > `NCCL_IB_TIMEOUT` sets how long an InfiniBand connection waits before it reports an error (22: 17 s per try,
+# > about 2 minutes with the default 7 retries), not how fast it sends.
+# >
+# > **What is true:** on an 8-GPU NVLink/NVSwitch server (SXM GPUs) the all-reduce runs over NVLink, and the socket
+# > and IB settings change nothing there; read `NCCL_DEBUG=INFO`'s `via P2P` lines and `nvidia-smi topo -m` instead.
+# > Those settings start to matter with the second node.
+#
+# > **Common misconception** (seed 000 §5.4): when a multi-GPU job communicates slowly, NCCL has taken TCP where it
+# > should have taken NVLink.
+# >
+# > **Why it is wrong:** between GPUs of one node, NVLink's fallback is not TCP. Without NVLink peer access NCCL uses
+# > PCIe peer-to-peer (`P2P` in the log) or, when the GPUs cannot reach each other directly (P2P disabled, some
+# > virtual machines and containers, PCIe ACS), shared host memory (`via SHM`). NCCL sends intra-node traffic through
+# > a network adapter only when SHM is switched off too (`NCCL_SHM_DISABLE=1`), or on a PCIe server where it
+# > computes that the way through an adapter is faster; never where NVLink joins the GPUs. TCP (`NET/Socket`) is
+# > NCCL's fallback between nodes, instead of InfiniBand.
+# >
+# > **What is true:** name the path from the log: `via P2P` (good), `via SHM` (a slow node-internal path: find out
+# > why P2P is off), `NET/Socket` (multi-node traffic on TCP: check `NCCL_IB_DISABLE` and the RDMA devices).
+#
+# > **Common misconception** (seed 000 §2.3): NCCL relays messages through shared memory by default.
+# >
+# > **Why it is wrong:** SHM is a fallback, not NCCL's default path. Between GPUs of one node NCCL prefers P2P
+# > (NVLink, else PCIe peer-to-peer) and takes SHM only when P2P is impossible, disabled, or not allowed over that
+# > distance, e.g. across CPU sockets (NCCL's documentation of `NCCL_P2P_LEVEL` and `NCCL_SHM_DISABLE`); between nodes it uses InfiniBand or RoCE (with GPUDirect RDMA where the
+# > adapter can reach GPU memory), else TCP sockets, and shared memory plays no part there. Nor does InfiniBand need
+# > to be switched on, as the same paragraph of the article says: NCCL uses it whenever it finds an RDMA adapter
+# > (`NCCL_IB_DISABLE` defaults to 0), and falls back to TCP only when it finds none or is told not to use it.
+# >
+# > **What is true:** on a healthy NVLink node the log says `via P2P` for every channel; `via SHM` there is the
+# > symptom to chase (line 5 of the log above).
 #
 # **The slow-rank effect.** A collective finishes only when the *last* rank arrives, so every step runs at the
 # pace of the slowest rank (a busy node, a thermally throttled GPU, a rank that also writes logs). In the fp16 run
@@ -554,6 +711,9 @@ check("09.average-grads", average_gradients)
 #   the scalers agree because they see all-reduced gradients. bf16 needs no scaler.
 # - `no_sync()` turns accumulation steps into local additions: one synchronisation (one all-reduce per bucket) per
 #   optimizer step.
+# - Communication's share of a step is a property of the job (model, batch, links), not a constant: measure it. The
+#   overlap of all-reduce with backward comes from DDP's buckets (`bucket_cap_mb`), not from NCCL's buffer or channel
+#   settings; `NCCL_IB_*` and the socket settings only matter between nodes.
 # - busbw = algbw × 2(n-1)/n makes all-reduce speed comparable with link bandwidth; small messages are
 #   latency-bound, large ones bandwidth-bound.
 # - NCCL: `NCCL_DEBUG=INFO` first, beware a stray `NCCL_IB_DISABLE=1`, read `nvidia-smi topo -m`. The slowest rank

@@ -415,6 +415,18 @@ assert sum(zds["collectives"]["all_reduce"]["sizes"]) == z["n_params"] + 1  # ev
 # ## 4. Tensor parallelism: a Megatron MLP on 2 ranks
 #
 # **Stretch.**
+#
+# **Two ways to split one model, and their names.** Seed 004 §6.2 calls *model parallelism* placing different layers
+# or modules of a model on different devices, and §6.3 calls *pipeline parallelism* cutting the model into stages
+# that work on different mini-batches at the same time. Both describe one split: whole layers per device, with
+# activations passed from one device to the next. This notebook calls it **pipeline parallelism** (section 5), and
+# §6.3's batches in flight together (GPipe's micro-batches) are what keep its stages busy at once. **Tensor parallelism**, this section, splits
+# *each* layer instead: every rank holds a slice of every weight matrix and the ranks combine partial results inside
+# the layer. The literature uses "model parallelism" for either split, or for both (Megatron-LM's paper calls its
+# tensor split model parallelism), so read which one a text means. The launch's results below show what a rank
+# held: half of every matrix of the block, against the shapes of the whole layers (`torch.nn.Linear`); section 5's
+# first results cell checks that a pipeline stage holds whole layers.
+#
 # A transformer's MLP is Y = GELU(X A) B, with A of d × 4d and B of 4d × d. Megatron splits it so that a
 # whole block needs one all-reduce forward and one backward:
 #
@@ -494,6 +506,9 @@ for rank, r in enumerate(tp["ranks"]):
     print(f"rank {rank} holds w1 {r['held']['w1']}, w2 {r['held']['w2']}, b2 {r['held']['b2']}; "
           f"equal to one process within 1e-5 (relative): {close}")
 assert all(v < 1e-5 for r in tp["ranks"] for v in r["rel"].values())
+fc1, fc2 = torch.nn.Linear(tp["d_model"], tp["hidden"]), torch.nn.Linear(tp["hidden"], tp["d_model"])  # one process
+assert all(r["held"]["w1"] == [fc1.weight.shape[0] // 2, fc1.weight.shape[1]] and
+           r["held"]["w2"] == [fc2.weight.shape[0], fc2.weight.shape[1] // 2] for r in tp["ranks"])  # half of each
 
 # %% [markdown]
 # Not bitwise this time: Y is now summed in two halves and then added, a different order than one matmul.
@@ -635,6 +650,9 @@ print(inspect.getsource(handpar.gpipe_step))
 # The launch ran it with 1, 2, 4 and 8 micro-batches (batch 256), next to the whole model on the whole batch. Loss
 # and gradients agree to fp32 rounding for every m, and the bytes between the stages do not depend on m: m
 # micro-batches of 256/m rows each way.
+# The cell also cuts section 1's MLP into two stages the pipeline way (seed 004 §6.2's "model parallelism"): no
+# parameter sits on both stages, unlike section 4's split of every matrix; what passes from stage 0 to stage 1 is a
+# batch of activations (8 rows × 256 here), and the two stages in a row compute exactly what the whole model does.
 
 # %%
 pp = res["pp"]
@@ -645,6 +663,10 @@ for m, r in pp["runs"].items():
     print(f"m = {m}: loss and gradients equal one process (1e-5): {same}; bytes sent by stage 0 / stage 1: "
           f"{sent[0]:,} / {sent[1]:,} (formula {want['forward']:,} / {want['backward']:,})")
     assert same and sent == [want["forward"], want["backward"]]
+stages, xb = [mlp.net[:4], mlp.net[4:]], torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+h = stages[0](xb)  # section 1's MLP cut in two: what stage 0 would send to stage 1
+shared = {id(p) for p in stages[0].parameters()} & {id(p) for p in stages[1].parameters()}
+assert not shared and h.shape == (8, 256) and torch.equal(stages[1](h), mlp(xb))  # activations cross, not weights
 
 # %% [markdown]
 # The bubble, measured: hooks around each stage module record when its forward and backward run (instrumentation

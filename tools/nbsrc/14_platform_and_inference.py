@@ -9,12 +9,16 @@
 # - reproduce the loader's `undefined symbol` error that a mismatched cuBLAS/cuDNN gives, and diagnose it;
 # - know how a container gets a GPU (NVIDIA Container Toolkit, Apptainer `--nv`);
 # - measure what a checkpoint costs to write, choose how often to write one, and keep a run verifiable;
+# - read a data set from one packed file with an index instead of thousands of small files, and say why a parallel
+#   file system punishes small files;
 # - read speed-up claims with Amdahl's law, and know the GPU-side tools (`nvidia-smi dmon`, Nsight Compute,
-#   TensorRT, energy counters, `NCCL_IB_TIMEOUT`) well enough to use them on a GPU node.
+#   TensorRT, energy counters, `NCCL_IB_TIMEOUT`) well enough to use them on a GPU node;
+# - write a parameter server and a ring all-reduce with send/recv, count the bytes each rank sends, and see why
+#   BatchNorm with local statistics is not the same model on 4 ranks as on one.
 #
 # **Prerequisites:** notebook 04 (the tiny GPT), 07 (profiling, the roofline), 12 (a cluster's nodes and storage).
 #
-# **Estimated time:** 65 min (core 40 min, stretch 25 min)
+# **Estimated time:** 80 min (core 40 min, stretch 40 min)
 #
 # Sections 4, 5, 6 and 8 are **stretch**: containers, checkpoint I/O, the run's lifecycle and the GPU-side tools.
 # A first pass can take the other sections and their exercises; the cells still run in order.
@@ -26,10 +30,12 @@
 
 # %%
 # %matplotlib inline
+import inspect
 import math
 import shutil
 import tempfile
 import warnings
+import zlib
 from pathlib import Path
 
 import torch
@@ -39,7 +45,9 @@ from labkit import lifecycle as L
 from labkit import toolchain as T
 from labkit.check import check, predict, reveal
 from labkit.device import cpu_isa_flags
+from labkit.dist import launch
 from labkit.exercises.nb14 import AMDAHL, YOUNG, hilbert_system
+from labkit.recipes import comm_patterns as comm
 
 torch.set_num_threads(1)  # steadier timings on a shared machine (raise it on your own node)
 WORK = Path(tempfile.mkdtemp(prefix="labkit14-"))  # builds and checkpoints go here; removed at the end
@@ -61,8 +69,9 @@ GCC = T.find_compilers()["gcc"] is not None
 #
 # Each workload leans on a different bottleneck (notebook 00's three). Molecular dynamics spends its time in
 # neighbour exchanges between MPI ranks and in FFTs; fluid dynamics streams large meshes through memory and is
-# bandwidth-bound; training uses all three at once: compute in forward and backward, memory bandwidth in data loading
-# and elementwise ops, the network in gradient synchronisation. Tensor cores, matrix units added to NVIDIA GPUs
+# bandwidth-bound; training uses all three at once: compute in forward and backward, memory bandwidth in elementwise
+# ops and normalisations, the network in gradient synchronisation, and beside them a fourth, the data loader, which
+# waits on storage and on the CPU's decoding rather than on memory (section 5 measures it). Tensor cores, matrix units added to NVIDIA GPUs
 # with Volta (2017, FP16) and given BF16 and TF32 with Ampere (2020), deliver many times the FP32 rate, which is
 # why mixed precision spread from AI into HPC codes too. The same collectives exist on both sides: MPI's `MPI_Allreduce` is DDP's all-reduce, and
 # torch.distributed can even run on MPI where PyTorch was built with it.
@@ -334,6 +343,112 @@ print(f"checkpoint every {every / 60:.0f} min; time spent writing: {L.checkpoint
 assert round(every / 60) == 54 and L.checkpoint_overhead(c_s, every) < 0.02
 
 # %% [markdown]
+# ### Reading data: many small files or one packed file
+#
+# **Run here.** Data sets often arrive as one file per sample: an image, a clip, a JSON document. Seed 004 §2.3
+# advises against piling many small files into a shared directory that many jobs read at once, and suggests packing
+# them, indexing them or converting them to a format read sequentially. The reason is that a file costs more than
+# its bytes. Reading one is a path lookup, an `open` (permissions, a file descriptor), an `fstat`, the `read` and a
+# `close`. On a node's own disk these are system calls, answered in microseconds once the kernel has the directory
+# and the file's inode cached. On a parallel file system (Lustre, GPFS) the open, the stat and every create are
+# requests over the network to the file system's **metadata service** (on Lustre, the metadata servers, MDS), which
+# every job of the cluster shares, while the bytes themselves come from many storage servers in parallel. A million
+# images read in random order is a million metadata round trips per epoch, for every rank that reads.
+#
+# The same 2000 samples of 4 to 12 KiB (about 60 % of that once compressed), stored compressed as images are (JPEG,
+# PNG), once as one file per sample and once packed into a single file with an index of (offset, length) per sample:
+
+# %%
+g = torch.Generator().manual_seed(0)
+samples = [torch.randint(0, 16, (int(n),), generator=g, dtype=torch.uint8).numpy().tobytes()
+           for n in torch.randint(4096, 12289, (2000,), generator=g)]   # 2000 raw samples of 4-12 KiB
+records = [zlib.compress(smp) for smp in samples]                       # what the data set stores
+small = WORK / "small"
+small.mkdir()
+for i, rec in enumerate(records):
+    (small / f"{i:05d}.bin").write_bytes(rec)                           # one file per sample
+index = data.pack_records(records, WORK / "packed.bin")                 # one file, (offset, length) per sample
+print(f"{len(records)} samples, {sum(map(len, samples)) / 2**20:.1f} MiB before compression")
+
+# %% [markdown]
+# One shuffled epoch read both ways. The packed reader opens its file once and then only seeks: the index does
+# the work the directory did.
+
+# %%
+order = torch.randperm(len(records), generator=g).tolist()   # the order a shuffling DataLoader reads in
+
+def epoch_small():       # per sample: path lookup, open, fstat, read, close
+    return [(small / f"{i:05d}.bin").read_bytes() for i in order]
+
+def epoch_packed():      # one open for the epoch, then a seek and a read per sample
+    out = []
+    with open(WORK / "packed.bin", "rb") as f:
+        for i in order:
+            f.seek(index[i][0])
+            out.append(f.read(index[i][1]))
+    return out
+
+# %% [markdown]
+# `data.count_opens()` counts the files opened inside a block, from Python's own audit events (PEP 578: every
+# `open()`, `os.open` and `Path.read_bytes` raises one), the in-process view of what `strace -e trace=openat` shows:
+
+# %%
+with data.count_opens() as opens_small:
+    got_small = epoch_small()
+with data.count_opens() as opens_packed:
+    got_packed = epoch_packed()
+print(f"files opened for one epoch: {opens_small.count} (one file per sample), {opens_packed.count} (packed)")
+assert got_small == got_packed == [records[i] for i in order]   # the same bytes, in the same order
+assert (opens_small.count, opens_packed.count) == (2000, 1)
+
+# %% [markdown]
+# What each costs here, measured in one run (interleaved, median of 5): the two epochs, and beside them two things
+# a loader also does with the same bytes, copying them in memory and decompressing them.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+blob = b"".join(records)
+runs = {"small files": epoch_small, "packed": epoch_packed, "memory copy": lambda: bytearray(blob),
+        "decompress": lambda: [zlib.decompress(rec) for rec in records]}
+ms = {k: t.median * 1e3 for k, t in bench.compare(runs, warmup=1, repeats=5).timings.items()}
+gain = ms["small files"] / ms["packed"]
+print(f"one epoch here: {ms['small files']:.1f} ms from 2000 files ({ms['small files'] / 2:.1f} µs per file), "
+      f"{ms['packed']:.1f} ms from the packed file, {gain:.1f}x {'faster' if gain > 1 else 'slower'}")
+print(f"the same {len(blob) / 2**20:.1f} MiB copied in memory: {ms['memory copy']:.2f} ms; decompressed: "
+      f"{ms['decompress']:.0f} ms")
+assert ms["small files"] > 4 * ms["memory copy"] and ms["decompress"] > 4 * ms["memory copy"]
+
+# %% [markdown]
+# Read the figures with what this machine hides in mind. The files were written a moment ago, so every one of them
+# sits in the kernel's page cache and no disk was touched: the time per file above is system calls and path
+# lookups only. On a shared parallel file system each open and stat is instead a network round trip to the
+# metadata server, queued behind every other job's, so the gap between the two readers there is usually far wider
+# than here. To see where a real loader's time goes, count its system calls on the cluster:
+# `strace -c -f -e trace=openat,newfstatat,statx,read,close python load.py` (with `-f`, its worker processes too).
+#
+# Formats built on the packed idea: WebDataset's tar shards, TFRecord, HDF5, LMDB, Parquet and Arrow files,
+# MosaicML's MDS shards. A shuffle then reads shards in random order and shuffles samples in a buffer, or seeks
+# through an index as above. Convert once, in the data preparation step, and record the packed data set's version
+# (section 6).
+#
+# > **Common misconception** (seed 000 §1.2): in training, the forward and backward passes are compute-bound,
+# > synchronisation is communication-bound, and data loading is the memory-access-bound part (访存密集), the kind of
+# > bottleneck the article relieves with 16-bit formats that halve the bytes moved (its §1.1).
+# >
+# > **Why it is wrong:** the article's 访存 spans GPU memory, host memory and disk (its §1.1), but its remedy acts
+# > on memory bandwidth only, and a loader hands each step megabytes to tens of megabytes, which memory copies in
+# > milliseconds; neither the host's DRAM nor the GPU's HBM is what it waits for. Its time goes to the storage path
+# > (the latency and metadata operations of every file, the throughput of a shared file system) and to the CPU
+# > (decoding JPEGs or compressed records, augmenting, collating), and none of that shrinks when the model computes
+# > in BF16: the files and their decoding stay the same. The remedies are worker processes
+# > (`DataLoader(num_workers=...)`), prefetching, packed files and decoding on the GPU (NVIDIA DALI). The
+# > memory-bound parts of a step are its elementwise operations, normalisations and optimizer updates (notebook 07's
+# > roofline), and those are what 16-bit formats speed up.
+# >
+# > **What is true:** in the cell above, reading the epoch from small files and decompressing it both take more than
+# > 4 times as long as copying the same bytes in memory (the assert; the lines above say by how much here).
+
+# %% [markdown]
 # ## 6. The lifecycle beyond checkpoints
 #
 # **Stretch.**
@@ -491,10 +606,42 @@ assert sum("linear" in o for o in ops) == 2 and any("gelu" in o for o in ops)
 #
 # - a **parameter server** holds the weights; workers push gradients and pull weights. It suits sparse updates
 #   (a recommendation model's embedding rows: each worker touches a few), but the server's link carries everything;
-# - **ring all-reduce** (DDP, NCCL; notebook 09) has no centre: each rank sends and receives 2(n−1)/n of the
-#   gradient bytes whatever n is, which suits dense, medium-sized models;
+# - **ring all-reduce** (DDP, NCCL; notebook 09) has no centre: each rank sends and receives 2(p−1)/p of the gradient
+#   bytes whatever the number of ranks p is, the least any all-reduce can send, so it suits dense gradients of every
+#   size. Its cost is latency: 2(p−1) steps one after another, which is why NCCL also has a tree algorithm for
+#   small messages on many ranks;
 # - **hybrid** schemes split the model: embeddings through a server or all-to-all, dense layers through all-reduce;
 #   NCCL itself is hierarchical, NVLink inside a node and the network across nodes.
+#
+# **Run here**, on 4 gloo ranks in one torchrun launch (`labkit.recipes.comm_patterns`): both written with
+# point-to-point `send`/`recv`, each rank summing 65 536 fp32 values (256 KiB), and compared with `dist.all_reduce`.
+# Rank 0 is the server and contributes its own gradient too. The ring cuts the tensor into p pieces: in the
+# reduce-scatter each rank passes one piece to its right neighbour and adds the one from its left, until every rank
+# holds the full sum of one piece; the all-gather then passes the finished pieces around.
+
+# %%
+print(inspect.getsource(comm.ps_allreduce))
+print(inspect.getsource(comm.ring_allreduce))
+
+# %% [markdown]
+# The bytes each rank sent and received are read from `torch.profiler`'s records of the `send` and `recv` calls
+# (`handpar.recorded_collectives`, notebook 11), not counted by the functions above, and compared with the formulas:
+# the server sends and receives (p−1)·N bytes, a worker N each way; every ring rank 2(p−1)/p·N.
+
+# %%
+cp = launch("labkit.recipes.comm_patterns", nproc=4, timeout=180, stream=False, args=["--device", "cpu"])
+ar, p = cp["allreduce"], cp["world_size"]
+N = ar["bytes"]
+for name in ("ps", "ring"):
+    print(f"{name:>4}: bytes sent by rank 0..{p - 1}: {ar[name]['sent']}, received: {ar[name]['received']}")
+assert ar["ps"]["sent"] == ar["ps"]["received"] == [(p - 1) * N] + [N] * (p - 1)   # the server (p−1)·N, workers N
+assert ar["ring"]["sent"] == ar["ring"]["received"] == [2 * (p - 1) * N // p] * p  # 2(p−1)/p·N on every rank
+assert ar["ps"]["max_rel_diff"] < 1e-5 and ar["ring"]["max_rel_diff"] < 1e-5      # dist.all_reduce's sums
+
+# %% [markdown]
+# With 4 ranks the server moves 3·N each way while a ring rank moves 1.5·N; with 64 ranks, 63·N against under 2·N.
+# The sums agree with `dist.all_reduce`'s up to rounding (the assert allows 1e-5, relative), not necessarily bit for
+# bit: each algorithm may add the four contributions in another order (notebook 02).
 #
 # Three ways to send less: accumulate gradients over several micro-batches before communicating (DDP's
 # `no_sync()`, notebook 09); overlap communication with the backward pass (DDP's buckets, DeepSpeed's
@@ -520,11 +667,38 @@ assert rel(sent_ef) < 0.5 * rel(sent_plain)
 
 # %% [markdown]
 # **BatchNorm across ranks.** BatchNorm normalises with the mean and variance of the batch it sees, which under DDP
-# is each rank's own slice. With a large per-rank batch that is fine, and cheaper; with a small one (detection and
-# segmentation models, a few images per GPU) the statistics get noisy, and `torch.nn.SyncBatchNorm` all-reduces them
-# in every forward pass, at the cost of that extra communication. Transformers use LayerNorm, which normalises each
-# sample on its own: nothing to synchronise.
+# is each rank's own rows: DDP leaves BatchNorm local, and with `broadcast_buffers=True` (its default) copies rank
+# 0's running statistics to the other ranks before each forward. So p ranks with b rows each do not compute what one
+# process with p·b rows computes. The article's "local synchronisation" of the BN layers (seed 002 §4.3), statistics
+# kept per rank or synchronised only within a small group of ranks (`SyncBatchNorm(process_group=...)`), is that
+# trade: less communication, statistics from fewer samples. With a large per-rank batch the difference is small;
+# with a small one (detection and segmentation models, a few images per GPU) the statistics get noisy, and
+# `torch.nn.SyncBatchNorm` exchanges them in every forward pass (an all-gather of each rank's mean, inverse standard
+# deviation and row count) and all-reduces two gradient sums in backward. Transformers
+# use LayerNorm, which normalises each sample on its own: nothing to synchronise.
 #
+# torch runs `SyncBatchNorm` only on GPUs and other accelerators, so the same launch also synchronised the
+# statistics by hand: one all-reduce of the row counts, one of the sums and one of the squared deviations, the last
+# two summing the gradients over ranks in backward as well:
+
+# %%
+print(inspect.getsource(comm.sync_batch_norm))
+
+# %% [markdown]
+# Each rank had b = 4 rows; the reference is one process with all 16. The largest difference from it, over every
+# rank, after one forward and backward:
+
+# %%
+bn = cp["batchnorm"]
+print(f"{p} ranks x {bn['batch_per_rank']} rows, local statistics:",
+      ", ".join(f"{k} {v:.2f}" for k, v in bn["local"].items()))
+print("synchronised statistics, every difference below 1e-5:", max(bn["sync"].values()) < 1e-5)
+print("local running means differ between ranks:", bn["running_mean_differs_between_ranks"])
+print("torch.nn.SyncBatchNorm on CPU tensors:", bn["torch_syncbn"].get("error", "ran"))
+assert min(bn["local"].values()) > 1e-2 and max(bn["sync"].values()) < 1e-5
+assert bn["running_mean_differs_between_ranks"]
+
+# %% [markdown]
 # ### Energy: watts, joules and work per joule
 #
 # Energy efficiency is useful work per joule: tokens or samples per joule, or FLOPs per watt-second. On a GPU,
@@ -662,6 +836,10 @@ check("14.ib-timeout", answer)
 # - Containers carry the user-space stack; the host driver and the GPU come in through the NVIDIA Container Toolkit
 #   (`--gpus all`) or Apptainer (`--nv`); the driver must support the image's CUDA.
 # - Checkpoints: measure the write time, checkpoint about every √(2 × write time × MTBF), keep a manifest of hashes.
+# - Data: pack small files into a few large ones with an index; a loader waits on file metadata and on decoding, not
+#   on memory bandwidth, and a laptop's page cache hides most of what a parallel file system charges per file.
+# - Communication: a parameter server's link carries (p−1)·N each way, a ring rank 2(p−1)/p·N; BatchNorm with
+#   per-rank statistics is not the single large batch, synchronised statistics are.
 # - Bound every promised speed-up with Amdahl's law, from shares measured in one profile.
 #
 # Next: notebook 15 serves a model under load. Notebook 13's clinic is where to practise diagnosing broken runs
