@@ -31,7 +31,7 @@ DS_BUILD_DEPS := ninja packaging psutil py-cpuinfo pydantic hjson msgpack einops
 # What `make lab` installs besides labkit's own dependencies: everything a notebook imports (DeepSpeed for
 # notebooks 10, 11 and 13; Triton for notebook 08). tests/browser/test_notebooks.py runs every learner copy with
 # only these (tests/lab_env.py).
-LAB_EXTRAS  := deepspeed,kernels
+LAB_EXTRAS  := deepspeed,kernels,lowprecision
 
 .PHONY: lab test test-native test-capped test-capped-bf16 lint gpu-check install install-dev notebooks student doctor clean screenshots test-cluster
 

@@ -33,6 +33,7 @@ __all__ = [
     "kernels",
     "lifecycle",
     "memory",
+    "microscaling",
     "models",
     "plots",
     "precision",

@@ -1,9 +1,12 @@
 """Floating-point formats as data, and a hand-written codec to take them apart bit by bit.
 
-Covers FP64, FP32, TF32, FP16, BF16, FP8 E4M3FN and FP8 E5M2. ``decode`` turns a bit pattern into its
-exact value, ``encode`` rounds a number to the nearest pattern (round-to-nearest, ties to even) with the
-format's own overflow rule, and ``fields`` names the sign, exponent and mantissa. Vectorised numpy
-versions (``decode_array``, ``encode_array``, ``round_array``) serve the later notebooks.
+Covers FP64, FP32, TF32, FP16, BF16, FP8 E4M3FN and FP8 E5M2 (notebook 01), and the microscaling
+formats of notebook 17: the scale format E8M0 (``e8m0fnu``: no sign, no mantissa, NaN at 0xFF) and the
+element formats FP6 E2M3/E3M2 and FP4 E2M1 (``e2m3fn``, ``e3m2fn``, ``e2m1fn``: no inf, no NaN).
+``decode`` turns a bit pattern into its exact value, ``encode`` rounds a number to the nearest pattern
+(round-to-nearest, ties to even) with the format's own overflow rule, and ``fields`` names the sign,
+exponent and mantissa. Vectorised numpy versions (``decode_array``, ``encode_array``, ``round_array``)
+serve the later notebooks.
 
 This is teaching code, written for reading; ``tests/test_formats.py`` checks it exhaustively against
 torch casts and ml_dtypes.
@@ -12,6 +15,20 @@ Overflow on E4M3FN is where libraries disagree: E4M3FN has no infinity, and ml_d
 spec's non-saturating mode) turns an overflow into NaN, while torch's cast *saturates* to ±448. Both
 are available here by name: ``encode(x, "e4m3fn", overflow="nan")`` (the default, as ml_dtypes) and
 ``overflow="saturate"`` (as torch).
+
+The microscaling formats, as the OCP MX v1.0 spec and ml_dtypes define them:
+
+- E8M0 (``e8m0fnu``) is a power of two and nothing else: 8 exponent bits, bias 127, no sign bit and no
+  mantissa, so the pattern E stands for 2^(E-127), from 2^-127 (0x00) to 2^127 (0xFE); 0xFF is NaN. It has
+  no zero, no negative numbers and no infinity: ``encode`` gives NaN for 0, negative numbers and -inf (as
+  ml_dtypes; torch's cast drops the sign and maps 0 to 2^-127), rounds a tie between 2^k and 2^(k+1) up
+  (ties to even on the significand 1.1b), sends a positive number below 2^-127 to 2^-127 (the nearest
+  value) and an overflow to NaN (``overflow="saturate"``: to 2^127).
+- FP6 E2M3 (max 7.5), FP6 E3M2 (max 28) and FP4 E2M1 (max 6) use every pattern for a number: no inf, no
+  NaN. Overflow and ±inf saturate to ±max, as ml_dtypes does (and the MX spec asks). NaN has no pattern:
+  ``encode`` refuses it (ValueError) and ``round_to``/``round_array`` return NaN, where ml_dtypes' cast
+  silently writes -0.
+- FP4 E2M1's 16 values: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6} (``FP4_E2M1_VALUES``).
 """
 
 from __future__ import annotations
@@ -28,6 +45,8 @@ from labkit._validate import safe_repr
 
 __all__ = [
     "FORMATS",
+    "FP4_E2M1_VALUES",
+    "MICROSCALING_FORMATS",
     "OVERFLOW_RULES",
     "Fields",
     "FloatFormat",
@@ -57,9 +76,12 @@ class FloatFormat:
     """A binary floating-point format: field widths, bias and how it handles specials and overflow.
 
     ``nan_style`` is "ieee" (all-ones exponent with a non-zero mantissa is NaN, all-ones exponent with
-    a zero mantissa is ±inf) or "fn" (finite-only, as E4M3FN: no inf, and only the all-ones pattern
-    S.1111.111 is NaN, so the top exponent still holds normal numbers).
+    a zero mantissa is ±inf), "fn" (finite-only, as E4M3FN: no inf, and only the all-ones pattern
+    S.1111.111 is NaN, so the top exponent still holds normal numbers; E8M0, with no mantissa, loses its
+    whole top exponent to NaN) or "none" (FP6, FP4: no inf and no NaN, every pattern is a number).
     ``overflow`` is the default rule for values beyond ``max``: "inf", "nan" or "saturate".
+    ``signed`` is False for E8M0, which has no sign bit. A format without mantissa bits (E8M0) has no
+    zero and no subnormals: exponent field 0 stands for 2^-bias.
 
     Introduced in notebook 01.
     """
@@ -67,17 +89,33 @@ class FloatFormat:
     name: str
     exp_bits: int
     man_bits: int
-    nan_style: Literal["ieee", "fn"]
+    nan_style: Literal["ieee", "fn", "none"]
     overflow: Overflow
     description: str
     specials: str
     torch_dtype: str | None = None
     numpy_dtype: str | None = None
+    signed: bool = True
 
     @property
     def total_bits(self) -> int:
-        """Sign + exponent + mantissa bits."""
-        return 1 + self.exp_bits + self.man_bits
+        """Sign (if any) + exponent + mantissa bits."""
+        return int(self.signed) + self.exp_bits + self.man_bits
+
+    @property
+    def sign_bit(self) -> int:
+        """The mask of the sign bit, 0 for an unsigned format (E8M0)."""
+        return 1 << (self.total_bits - 1) if self.signed else 0
+
+    @property
+    def has_nan(self) -> bool:
+        """Whether the format has a NaN pattern (FP6 and FP4 have none)."""
+        return self.nan_style != "none"
+
+    @property
+    def has_subnormals(self) -> bool:
+        """Whether exponent field 0 holds zero and subnormals (not in E8M0, which has no mantissa)."""
+        return self.man_bits > 0
 
     @property
     def bias(self) -> int:
@@ -91,20 +129,21 @@ class FloatFormat:
 
     @property
     def emin(self) -> int:
-        """The exponent of the smallest normal number."""
-        return 1 - self.bias
+        """The exponent of the smallest normal number (E8M0: of its smallest value, 2^-127)."""
+        return 1 - self.bias if self.has_subnormals else -self.bias
 
     @property
     def emax(self) -> int:
         """The exponent of the largest finite number."""
         top = (1 << self.exp_bits) - 1
-        return (top - 1 if self.nan_style == "ieee" else top) - self.bias
+        top_is_special = self.nan_style == "ieee" or (self.nan_style == "fn" and self.man_bits == 0)
+        return (top - 1 if top_is_special else top) - self.bias
 
     @property
     def max_mantissa(self) -> int:
         """The largest mantissa field at exponent ``emax`` (E4M3FN keeps all-ones for NaN)."""
         full = (1 << self.man_bits) - 1
-        return full - 1 if self.nan_style == "fn" else full
+        return full - 1 if self.nan_style == "fn" and self.man_bits > 0 else full
 
     @property
     def max(self) -> float:
@@ -133,9 +172,11 @@ class FloatFormat:
 
     @property
     def nan_bits(self) -> int:
-        """The canonical (quiet, positive) NaN pattern."""
+        """The canonical (quiet, positive) NaN pattern; ValueError for a format without NaN."""
+        if self.nan_style == "none":
+            raise ValueError(f"{self.name} has no NaN: every one of its patterns is a number")
         if self.nan_style == "fn":
-            return (1 << (self.total_bits - 1)) - 1
+            return (1 << (self.exp_bits + self.man_bits)) - 1
         return (((1 << self.exp_bits) - 1) << self.man_bits) | (1 << (self.man_bits - 1))
 
     @property
@@ -149,7 +190,7 @@ class FloatFormat:
         return ((self.emax + self.bias) << self.man_bits) | self.max_mantissa
 
     def __repr__(self) -> str:
-        return f"FloatFormat({self.name}: 1+{self.exp_bits}+{self.man_bits} bits, bias {self.bias})"
+        return f"FloatFormat({self.name}: {int(self.signed)}+{self.exp_bits}+{self.man_bits} bits, bias {self.bias})"
 
 
 FORMATS: dict[str, FloatFormat] = {
@@ -180,8 +221,31 @@ FORMATS: dict[str, FloatFormat] = {
                     "±inf: exponent 11111, mantissa 00; NaN: exponent 11111, mantissa ≠ 0; overflow → inf "
                     "(torch and ml_dtypes agree)",
                     "float8_e5m2", "float8_e5m2"),
+        FloatFormat("e8m0fnu", 8, 0, "fn", "nan",
+                    "E8M0 (OCP MX): the shared scale of an MX block, a power of two 2^(E-127); unsigned, "
+                    "no mantissa",
+                    "no sign, no zero, no inf; NaN only 0xFF; 0 and negatives → NaN, overflow → NaN "
+                    "(ml_dtypes); torch's cast maps 0 to 2^-127 and drops the sign",
+                    "float8_e8m0fnu", "float8_e8m0fnu", signed=False),
+        FloatFormat("e2m3fn", 2, 3, "none", "saturate",
+                    "FP6 E2M3 (OCP MX): MXFP6 element, 2 exponent bits, 3 mantissa bits",
+                    "no inf, no NaN; overflow and ±inf saturate to ±7.5", None, "float6_e2m3fn"),
+        FloatFormat("e3m2fn", 3, 2, "none", "saturate",
+                    "FP6 E3M2 (OCP MX): MXFP6 element, 3 exponent bits, 2 mantissa bits",
+                    "no inf, no NaN; overflow and ±inf saturate to ±28", None, "float6_e3m2fn"),
+        FloatFormat("e2m1fn", 2, 1, "none", "saturate",
+                    "FP4 E2M1 (OCP MX, NVIDIA): MXFP4 and NVFP4 element, 16 values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}",
+                    "no inf, no NaN; overflow and ±inf saturate to ±6 (torch stores pairs: float4_e2m1fn_x2)",
+                    None, "float4_e2m1fn"),
     ]
 }
+
+#: The formats of the OCP Microscaling (MX) spec and NVFP4 (notebook 17): the E8M0 scale and the FP6/FP4 elements.
+MICROSCALING_FORMATS: tuple[str, ...] = ("e8m0fnu", "e2m3fn", "e3m2fn", "e2m1fn")
+
+#: FP4 E2M1's 16 values, in the order of their bit patterns 0x0 ... 0xF (the sign is the top bit).
+FP4_E2M1_VALUES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 _ALIASES = {
     "float64": "fp64", "double": "fp64", "binary64": "fp64",
@@ -192,6 +256,10 @@ _ALIASES = {
     "float8_e4m3fn": "e4m3fn", "fp8_e4m3fn": "e4m3fn", "fp8-e4m3fn": "e4m3fn", "fp8_e4m3": "e4m3fn",
     "e4m3": "e4m3fn", "fp8-e4m3": "e4m3fn",
     "float8_e5m2": "e5m2", "fp8_e5m2": "e5m2", "fp8-e5m2": "e5m2",
+    "float8_e8m0fnu": "e8m0fnu", "e8m0": "e8m0fnu", "fp8_e8m0": "e8m0fnu", "ue8m0": "e8m0fnu",
+    "float6_e2m3fn": "e2m3fn", "e2m3": "e2m3fn", "fp6_e2m3": "e2m3fn",
+    "float6_e3m2fn": "e3m2fn", "e3m2": "e3m2fn", "fp6_e3m2": "e3m2fn",
+    "float4_e2m1fn": "e2m1fn", "e2m1": "e2m1fn", "fp4_e2m1": "e2m1fn", "fp4": "e2m1fn",
 }
 
 
@@ -230,12 +298,16 @@ def _check_overflow(overflow: str | None, f: FloatFormat) -> str:
     if overflow not in OVERFLOW_RULES:
         raise ValueError(f"overflow must be one of {OVERFLOW_RULES} or None, got {safe_repr(overflow)}")
     if overflow == "inf" and not f.has_inf:
-        raise ValueError(f"{f.name} has no infinity; use overflow='nan' or 'saturate'")
+        raise ValueError(f"{f.name} has no infinity; use overflow='nan' or 'saturate'"
+                         if f.has_nan else f"{f.name} has no infinity; use overflow='saturate'")
+    if overflow == "nan" and not f.has_nan:
+        raise ValueError(f"{f.name} has no NaN; use overflow='saturate'")
     return overflow
 
 
 def _split(bits: int, f: FloatFormat) -> tuple[int, int, int]:
-    return bits >> (f.total_bits - 1), (bits >> f.man_bits) & ((1 << f.exp_bits) - 1), bits & ((1 << f.man_bits) - 1)
+    sign = bits >> (f.total_bits - 1) if f.signed else 0
+    return sign, (bits >> f.man_bits) & ((1 << f.exp_bits) - 1), bits & ((1 << f.man_bits) - 1)
 
 
 def _kind(e: int, m: int, f: FloatFormat) -> str:
@@ -243,18 +315,18 @@ def _kind(e: int, m: int, f: FloatFormat) -> str:
     if f.nan_style == "ieee" and e == top:
         return "inf" if m == 0 else "nan"
     if f.nan_style == "fn" and e == top and m == (1 << f.man_bits) - 1:
-        return "nan"
-    if e == 0:
+        return "nan"  # E4M3FN: S.1111.111; E8M0 (no mantissa): 0xFF
+    if e == 0 and f.has_subnormals:
         return "zero" if m == 0 else "subnormal"
-    return "normal"
+    return "normal"  # E8M0's exponent field 0 is 2^-127, a number like any other
 
 
 def decode(bits: int, fmt: FloatFormat | str, *, exact: bool = False) -> float | Fraction:
     """Return the value a bit pattern stands for in ``fmt``: a float, or a Fraction with ``exact=True``.
 
     Every value of these formats is exactly a Python float, so the float is exact too; ``exact=True``
-    is for arithmetic on the value. Inf and NaN are returned as floats in both cases.
-    Introduced in notebook 01.
+    is for arithmetic on the value. Inf and NaN are returned as floats in both cases. E8M0's pattern E
+    is 2^(E-127) (0xFF: NaN). Introduced in notebook 01.
     """
     f = get_format(fmt)
     bits = _check_bits(bits, f)
@@ -305,23 +377,31 @@ def encode(x: Number, fmt: FloatFormat | str, overflow: Overflow | None = None) 
 
     Beyond ``max``, the overflow rule applies: "inf" (IEEE formats), "nan" (E4M3FN as in ml_dtypes) or
     "saturate" (clamp to ±max, as torch's E4M3FN cast does, also for ±inf). NaN becomes the canonical
-    NaN with x's sign bit; signed zeros keep their sign.
-    Introduced in notebook 01.
+    NaN with x's sign bit; signed zeros keep their sign. A format without NaN (FP6, FP4) raises
+    ``ValueError`` for NaN. The unsigned E8M0 has no pattern for 0 or a negative number: they become its
+    NaN, as in ml_dtypes. Introduced in notebook 01 (E8M0, FP6 and FP4 in notebook 17).
     """
     f = get_format(fmt)
     rule = _check_overflow(overflow, f)
     v = _to_fraction(x)
-    sign_bit = 1 << (f.total_bits - 1)
     if isinstance(v, float):  # inf or nan
         neg = math.copysign(1.0, v) < 0
         if math.isnan(v):
-            return f.nan_bits | (sign_bit if neg else 0)
+            if not f.has_nan:
+                raise ValueError(f"{f.name} has no NaN pattern; NaN cannot be encoded (round_to keeps it as NaN)")
+            return f.nan_bits | (f.sign_bit if neg else 0)
+        if neg and not f.signed:
+            return f.nan_bits  # -inf: E8M0 has no negative numbers
         return _overflow_bits(neg, f, rule)
     neg = v < 0 or (v == 0 and isinstance(x, (float, np.floating)) and math.copysign(1.0, float(x)) < 0)
     a = abs(v)
-    s = sign_bit if neg else 0
+    if not f.signed and (neg or a == 0):
+        return f.nan_bits  # E8M0 has no zero and no negative numbers
+    s = f.sign_bit if neg else 0
     if a == 0:
         return s
+    if not f.has_subnormals and a < f.smallest_normal:
+        return s  # E8M0: no zero below its smallest value 2^-127, which is therefore the nearest
     e = a.numerator.bit_length() - a.denominator.bit_length()  # floor(log2 a) or one more
     if Fraction(2) ** e > a:
         e -= 1
@@ -339,7 +419,7 @@ def encode(x: Number, fmt: FloatFormat | str, overflow: Overflow | None = None) 
 
 
 def _overflow_bits(neg: bool, f: FloatFormat, rule: str) -> int:
-    s = (1 << (f.total_bits - 1)) if neg else 0
+    s = f.sign_bit if neg else 0
     if rule == "inf":
         return s | f.inf_bits  # type: ignore[operator]
     if rule == "nan":
@@ -350,10 +430,14 @@ def _overflow_bits(neg: bool, f: FloatFormat, rule: str) -> int:
 def round_to(x: Number, fmt: FloatFormat | str, overflow: Overflow | None = None) -> float:
     """Return ``x`` rounded to ``fmt`` (RNE, the format's overflow rule), as a float.
 
+    NaN stays NaN, also for FP6 and FP4, which have no pattern for it (``encode`` refuses it there).
     Introduced in notebook 01.
     """
     f = get_format(fmt)
-    return float(decode(encode(x, f, overflow), f))
+    rule = _check_overflow(overflow, f)
+    if not f.has_nan and isinstance(x, (float, np.floating)) and math.isnan(x):
+        return math.nan
+    return float(decode(encode(x, f, rule), f))
 
 
 class Fields(NamedTuple):
@@ -373,17 +457,23 @@ class Fields(NamedTuple):
 
     @property
     def bitstring(self) -> str:
-        """The bits as "s|eeeee|mmmmmmmmmm"."""
+        """The bits as "s|eeeee|mmmmmmmmmm" (E8M0, no sign and no mantissa: "eeeeeeee")."""
         f = get_format(self.format)
-        return (f"{self.sign}|{self.exponent:0{f.exp_bits}b}|{self.mantissa:0{f.man_bits}b}")
+        parts = [str(self.sign)] if f.signed else []
+        parts.append(f"{self.exponent:0{f.exp_bits}b}")
+        if f.man_bits:
+            parts.append(f"{self.mantissa:0{f.man_bits}b}")
+        return "|".join(parts)
 
     @property
     def meaning(self) -> str:
-        """The value written out: (-1)^s × 2^(e-bias) × 1.mmm (or 0.mmm for subnormals)."""
+        """The value written out: (-1)^s × 2^(e-bias) × 1.mmm (or 0.mmm for subnormals; E8M0: 2^(e-bias))."""
         f = get_format(self.format)
         mbits = f"{self.mantissa:0{f.man_bits}b}"
         if self.kind in ("nan", "inf"):
             return {"nan": "NaN", "inf": ("-" if self.sign else "+") + "inf"}[self.kind]
+        if not f.man_bits:
+            return f"2^({self.exponent}-{f.bias}) = {_fmt_exact(self.value)}"
         lead = "1" if self.kind == "normal" else "0"
         e = self.exponent if self.kind == "normal" else 1
         return (f"(-1)^{self.sign} × 2^({e}-{f.bias}) × {lead}.{mbits}b = {_fmt_exact(self.value)}")
@@ -422,6 +512,11 @@ def fields(x: Number, fmt: FloatFormat | str, overflow: Overflow | None = None) 
 
 def _step(bits: int, f: FloatFormat, up: bool) -> int:
     """The next pattern towards +inf (up) or -inf (down), on the finite values and infinities."""
+    if not f.signed:  # E8M0: the patterns are in the order of the values
+        nxt = bits + 1 if up else bits - 1
+        if not 0 <= nxt <= f.max_bits:
+            raise ValueError(f"no {f.name} value {'above' if up else 'below'} {decode(bits, f)}")
+        return nxt
     sign_bit = 1 << (f.total_bits - 1)
     mag = bits & (sign_bit - 1)
     neg = bool(bits & sign_bit)
@@ -450,7 +545,13 @@ def next_up(x: Number, fmt: FloatFormat | str) -> float:
 
 def next_down(x: Number, fmt: FloatFormat | str) -> float:
     """Return the largest ``fmt`` value less than ``x`` rounded to ``fmt``. Introduced in notebook 01."""
-    return -next_up(-_to_fraction_or_raise(x), fmt)
+    f = get_format(fmt)
+    if f.signed:
+        return -next_up(-_to_fraction_or_raise(x), f)
+    b = encode(x, f)  # E8M0: no negative values to mirror through
+    if b == f.nan_bits:
+        raise ValueError(f"no {f.name} value below NaN")
+    return float(decode(_step(b, f, False), f))
 
 
 def _to_fraction_or_raise(x: Number) -> Number:
@@ -496,7 +597,8 @@ def neighbours(x: Number, fmt: FloatFormat | str) -> tuple[float | None, float, 
 # --- vectorised numpy versions --------------------------------------------------------------------
 
 def _uint_dtype(f: FloatFormat) -> type:
-    return {8: np.uint8, 16: np.uint16, 19: np.uint32, 32: np.uint32, 64: np.uint64}[f.total_bits]
+    return {4: np.uint8, 6: np.uint8, 8: np.uint8, 16: np.uint16, 19: np.uint32, 32: np.uint32,
+            64: np.uint64}[f.total_bits]
 
 
 def decode_array(bits: np.ndarray, fmt: FloatFormat | str) -> np.ndarray:
@@ -515,17 +617,18 @@ def decode_array(bits: np.ndarray, fmt: FloatFormat | str) -> np.ndarray:
     b = b.astype(np.int64)
     if b.size and (b.min() < 0 or b.max() >= (1 << f.total_bits)):
         raise ValueError(f"bit patterns must lie in [0, {(1 << f.total_bits) - 1:#x}] for {f.name}")
-    s = b >> (f.total_bits - 1)
+    s = b >> (f.total_bits - 1) if f.signed else np.zeros_like(b)
     e = (b >> f.man_bits) & ((1 << f.exp_bits) - 1)
     m = b & ((1 << f.man_bits) - 1)
     frac = m.astype(np.float64) / (1 << f.man_bits)
+    subnormal = (e == 0) & f.has_subnormals
     with np.errstate(over="ignore"):
-        val = np.where(e == 0, np.ldexp(frac, f.emin), np.ldexp(1.0 + frac, (e - f.bias).astype(np.int32)))
+        val = np.where(subnormal, np.ldexp(frac, f.emin), np.ldexp(1.0 + frac, (e - f.bias).astype(np.int32)))
     top = (1 << f.exp_bits) - 1
     if f.nan_style == "ieee":
         val = np.where((e == top) & (m == 0), np.inf, val)
         val = np.where((e == top) & (m != 0), np.nan, val)
-    else:
+    elif f.nan_style == "fn":
         val = np.where((e == top) & (m == (1 << f.man_bits) - 1), np.nan, val)
     return np.where(s == 1, -val, val)
 
@@ -533,7 +636,9 @@ def decode_array(bits: np.ndarray, fmt: FloatFormat | str) -> np.ndarray:
 def round_array(x: np.ndarray, fmt: FloatFormat | str, overflow: Overflow | None = None) -> np.ndarray:
     """Round every element of ``x`` to ``fmt`` (RNE, overflow rule) and return float64 values.
 
-    This is how the workbook emulates TF32 and FP8 on any machine. Introduced in notebook 01.
+    This is how the workbook emulates TF32, FP8, FP6 and FP4 on any machine. NaN stays NaN (also for
+    FP6/FP4, which have no pattern for it); for E8M0, 0 and negative numbers become NaN.
+    Introduced in notebook 01.
     """
     f = get_format(fmt)
     rule = _check_overflow(overflow, f)
@@ -559,6 +664,9 @@ def round_array(x: np.ndarray, fmt: FloatFormat | str, overflow: Overflow | None
     r = np.where(np.isnan(a), np.nan, r)
     if rule == "saturate":
         r = np.where(np.isinf(a), f.max, r)
+    if not f.signed:  # E8M0: nothing below its smallest value, no zero, no negative numbers
+        r = np.where(mag < f.smallest_normal, f.smallest_normal, r)
+        return np.where((a <= 0) | np.isnan(a), np.nan, r)
     return np.copysign(r, a)
 
 
@@ -574,6 +682,8 @@ def encode_array(x: np.ndarray, fmt: FloatFormat | str, overflow: Overflow | Non
     r = round_array(a, f, overflow)
     if f.name == "fp64":
         return r.view(np.uint64).copy()
+    if not f.has_nan and np.isnan(r).any():
+        raise ValueError(f"{f.name} has no NaN pattern; x holds NaN, which cannot be encoded")
     neg = np.signbit(r)
     mag = np.abs(r)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -588,19 +698,22 @@ def encode_array(x: np.ndarray, fmt: FloatFormat | str, overflow: Overflow | Non
     bits = (ef << f.man_bits) | m
     if f.has_inf:
         bits = np.where(np.isinf(mag), f.inf_bits, bits)
-    bits = np.where(np.isnan(mag), f.nan_bits, bits)
-    bits = bits | np.where(neg, 1 << (f.total_bits - 1), 0)
+    if f.has_nan:
+        bits = np.where(np.isnan(mag), f.nan_bits, bits)
+    bits = bits | np.where(neg, f.sign_bit, 0)
     return bits.astype(_uint_dtype(f))
 
 
 def table(names: list[str] | None = None) -> str:
     """Return a fixed-width table of each format's bits, bias, max, smallest normal/subnormal and eps.
 
-    Introduced in notebook 01.
+    ``names=None`` tabulates notebook 01's formats (FP64 to E5M2); name the microscaling formats
+    (``MICROSCALING_FORMATS``) to see them, or pass ``list(FORMATS)`` for all. Introduced in notebook 01.
     """
     if names is not None and (isinstance(names, str) or not isinstance(names, (list, tuple))):
         raise TypeError(f"names must be a list of format names such as ['fp16', 'bf16'], or None, got {safe_repr(names)}")
-    fs = [get_format(n) for n in (names or list(FORMATS))]
+    default = [n for n in FORMATS if n not in MICROSCALING_FORMATS]
+    fs = [get_format(n) for n in (names or default)]
 
     def p2(v: float) -> str:
         k = math.frexp(v)[1] - 1
@@ -608,7 +721,7 @@ def table(names: list[str] | None = None) -> str:
 
     rows = [("format", "s+e+m", "bias", "max", "min normal", "min subnormal", "eps", "digits")]
     for f in fs:
-        rows.append((f.name, f"1+{f.exp_bits}+{f.man_bits}", str(f.bias), f"{f.max:.6g}",
+        rows.append((f.name, f"{int(f.signed)}+{f.exp_bits}+{f.man_bits}", str(f.bias), f"{f.max:.6g}",
                      p2(f.smallest_normal), p2(f.smallest_subnormal), p2(f.eps), f"{f.precision_digits:.1f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))

@@ -67,7 +67,9 @@ def dtype(name: str | torch.dtype) -> torch.dtype:
         raise TypeError(f"expected a dtype name such as 'bf16' or a torch.dtype, got {type(name).__name__}")
     fmt = formats.get_format(name)
     if fmt.torch_dtype is None:
-        raise ValueError(f"{fmt.name} has no torch dtype (it is a math mode on fp32 tensors)")
+        why = ("a math mode on fp32 tensors" if fmt.name == "tf32" else
+               "a sub-byte format that torch stores only packed; labkit.formats and ml_dtypes emulate it")
+        raise ValueError(f"{fmt.name} has no torch dtype ({why})")
     return getattr(torch, fmt.torch_dtype)
 
 

@@ -50,7 +50,9 @@ __all__ = [
 
 #: Bytes per element of the dtypes the workbook uses, by short name.
 DTYPE_BYTES: dict[str, int] = {
-    **{name: (4 if f.torch_dtype is None else f.total_bits // 8) for name, f in _formats.FORMATS.items()},  # tf32: fp32
+    # whole-byte formats only: tf32 is a math mode on fp32 storage (4 bytes); FP6/FP4 pack below a byte (left out)
+    **{name: (4 if f.torch_dtype is None else f.total_bits // 8) for name, f in _formats.FORMATS.items()
+       if name == "tf32" or (f.torch_dtype is not None and f.total_bits % 8 == 0)},
     "int8": 1, "bool": 1,
 }
 

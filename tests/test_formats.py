@@ -166,6 +166,8 @@ def torch_encode(x: np.ndarray, name: str) -> np.ndarray:
 def canon(bits: np.ndarray, name: str) -> np.ndarray:
     """Map every NaN pattern to the canonical positive NaN (libraries differ in NaN payload/sign)."""
     f = F.get_format(name)
+    if not f.has_nan:
+        return bits
     vals = F.decode_array(bits, name)
     return np.where(np.isnan(vals), f.nan_bits, bits)
 
@@ -288,10 +290,12 @@ def test_round_array_matches_scalar():
 
 
 def test_table_lists_every_format():
-    t = F.table()
+    t = F.table(list(F.FORMATS))
     for name in F.FORMATS:
         assert name in t
-    assert "65504" in t and "448" in t and "2^-24" in t
+    assert "65504" in t and "448" in t and "2^-24" in t and "2^-127" in t and "0+8+0" in t
+    default = F.table()  # notebook 01's table: the formats before the microscaling ones, unchanged
+    assert "e5m2" in default and not any(name in default for name in F.MICROSCALING_FORMATS)
 
 
 # --- bad input: clear errors, and nothing else escapes ------------------------------------------------
@@ -344,6 +348,199 @@ def test_encode_is_nearest(x, name):
     v = F.round_to(x, f, overflow="saturate")
     if abs(x) > f.max or math.isinf(x):
         return
+    lo, _, hi = F.neighbours(v, f)
+    err = abs(Fraction(v) - Fraction(x))
+    for n in (lo, hi):
+        if n is not None and math.isfinite(n):
+            assert err <= abs(Fraction(n) - Fraction(x))
+
+
+# --- the microscaling formats (notebook 17): E8M0, FP6 E2M3/E3M2, FP4 E2M1 against ml_dtypes and torch ----
+
+NEW = list(F.MICROSCALING_FORMATS)
+MLD_NEW = {"e8m0fnu": ml_dtypes.float8_e8m0fnu, "e2m3fn": ml_dtypes.float6_e2m3fn,
+           "e3m2fn": ml_dtypes.float6_e3m2fn, "e2m1fn": ml_dtypes.float4_e2m1fn}
+
+
+def mld_decode(bits: np.ndarray, name: str) -> np.ndarray:
+    """ml_dtypes keeps FP6 and FP4 in one byte each, in the low bits."""
+    return bits.astype(np.uint8).view(MLD_NEW[name]).astype(np.float64)
+
+
+def mld_encode(x: np.ndarray, name: str) -> np.ndarray:
+    return x.astype(MLD_NEW[name]).view(np.uint8).astype(np.int64)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_constants_match_ml_dtypes(name):
+    f, fi = F.get_format(name), ml_dtypes.finfo(MLD_NEW[name])
+    assert (f.max, f.smallest_normal, f.smallest_subnormal, f.eps) == (
+        float(fi.max), float(fi.smallest_normal), float(fi.smallest_subnormal), float(fi.eps))
+    assert (f.exp_bits, f.man_bits, f.total_bits) == (fi.nexp, fi.nmant, fi.bits)
+    assert F.get_format(MLD_NEW[name].__name__) is f  # ml_dtypes' name is an alias
+
+
+def test_new_formats_known_figures():
+    e8 = F.get_format("e8m0")
+    assert not e8.signed and e8.bias == 127 and e8.nan_bits == 0xFF and e8.max_bits == 0xFE
+    assert (e8.max, e8.smallest_normal, e8.emin, e8.emax) == (2.0**127, 2.0**-127, -127, 127)
+    assert not e8.has_subnormals and not e8.has_inf and e8.has_nan
+    assert [F.get_format(n).max for n in ("e2m3", "e3m2", "fp4")] == [7.5, 28.0, 6.0]
+    assert [F.get_format(n).emax for n in ("e4m3fn", "e5m2", "e2m3", "e3m2", "e2m1")] == [8, 15, 2, 4, 2]
+    for n in ("e2m3fn", "e3m2fn", "e2m1fn"):
+        f = F.get_format(n)
+        assert f.nan_style == "none" and not f.has_nan and not f.has_inf and f.overflow == "saturate"
+        with pytest.raises(ValueError, match="no NaN"):
+            _ = f.nan_bits
+    assert F.table(["fp4"]).splitlines()[1].split()[:4] == ["e2m1fn", "1+2+1", "1", "6"]
+
+
+def test_fp4_has_sixteen_values():
+    ours = [F.decode(b, "e2m1fn") for b in range(16)]
+    assert same_arrays(ours, F.FP4_E2M1_VALUES)
+    assert same_arrays(ours, mld_decode(np.arange(16), "e2m1fn"))
+    assert sorted({abs(v) for v in ours}) == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_decode_exhaustive_vs_ml_dtypes(name):
+    bits = all_patterns(name)
+    ours = np.array([F.decode(int(b), name) for b in bits])
+    assert same_arrays(ours, mld_decode(bits, name))
+    assert same_arrays(F.decode_array(bits, name), ours)
+    assert np.isnan(ours).sum() == (1 if name == "e8m0fnu" else 0) and not np.isinf(ours).any()
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_encode_roundtrips_every_pattern(name):
+    f = F.get_format(name)
+    for b in all_patterns(name):
+        v = F.decode(int(b), f)
+        assert F.encode(v, f) == b, (name, hex(b), v)
+    vals = F.decode_array(all_patterns(name), f)
+    assert np.array_equal(F.encode_array(vals, f).astype(np.int64), all_patterns(name))
+
+
+def test_e8m0_decode_exhaustive_vs_torch():
+    bits = all_patterns("e8m0fnu")
+    t = torch.from_numpy(bits.astype(np.uint8)).view(torch.float8_e8m0fnu).double().numpy()
+    assert same_arrays(F.decode_array(bits, "e8m0fnu"), t)
+    ti = torch.finfo(torch.float8_e8m0fnu)
+    assert (ti.max, ti.tiny, ti.eps, ti.bits) == (2.0**127, 2.0**-127, 1.0, 8)
+
+
+def new_probe_values(name: str) -> np.ndarray:
+    """probe_values without NaN: FP6 and FP4 have no NaN pattern (tested on its own below)."""
+    with np.errstate(over="ignore"):
+        x = probe_values(name)
+    return x[~np.isnan(x)]
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_encode_matches_ml_dtypes(name):
+    x = new_probe_values(name)
+    ours = np.array([F.encode(float(v), name) for v in x], dtype=np.int64)
+    theirs = mld_encode(x, name)
+    bad = np.nonzero(canon(ours, name) != canon(theirs, name))[0]
+    assert bad.size == 0, [(float(x[i]), hex(ours[i]), hex(theirs[i])) for i in bad[:5]]
+    assert np.array_equal(F.encode_array(x, name).astype(np.int64), ours)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_round_to_matches_ml_dtypes_casts(name):
+    """round_to / round_array on random values of every magnitude, ties, edges, ±inf, ±0 (NaN below)."""
+    rng = np.random.default_rng(17)
+    f = F.get_format(name)
+    lo, hi = math.log2(f.smallest_subnormal) - 4, math.log2(f.max) + 2
+    rand = (rng.choice([-1.0, 1.0], 20000) * np.exp2(rng.uniform(lo, hi, 20000))).astype(np.float32)
+    x = np.concatenate([rand, new_probe_values(name)])
+    theirs = x.astype(MLD_NEW[name]).astype(np.float64)
+    assert same_arrays(F.round_array(x, name), theirs)
+    scalar = np.array([F.round_to(float(v), name) for v in x[::7]])
+    assert same_arrays(scalar, theirs[::7])
+
+
+def test_new_formats_saturation_and_nan_are_stated():
+    inf = np.array([np.inf, -np.inf, 1e30, -1e30], dtype=np.float32)
+    for name, top in (("e2m3fn", 7.5), ("e3m2fn", 28.0), ("e2m1fn", 6.0)):
+        # no inf in FP6/FP4: overflow and ±inf saturate, in ml_dtypes and here
+        assert inf.astype(MLD_NEW[name]).astype(np.float64).tolist() == [top, -top, top, -top]
+        assert F.round_array(inf, name).tolist() == [top, -top, top, -top]
+        assert F.round_to(math.inf, name) == top and F.encode(-math.inf, name) == F.get_format(name).max_bits | (
+            1 << (F.get_format(name).total_bits - 1))
+        # NaN has no pattern: ml_dtypes writes -0 (hiding the NaN); labkit refuses to encode it, keeps it as a value
+        assert np.array([np.nan], np.float32).astype(MLD_NEW[name]).view(np.uint8)[0] == 1 << (
+            F.get_format(name).total_bits - 1)
+        assert math.isnan(F.round_to(math.nan, name)) and np.isnan(F.round_array(np.array([np.nan]), name)[0])
+        with pytest.raises(ValueError, match="no NaN"):
+            F.encode(math.nan, name)
+        with pytest.raises(ValueError, match="no NaN"):
+            F.encode_array(np.array([1.0, np.nan]), name)
+        with pytest.raises(ValueError, match="no NaN"):
+            F.encode(1.0, name, overflow="nan")
+        with pytest.raises(ValueError, match="no infinity"):
+            F.round_to(1.0, name, overflow="inf")
+    # E8M0: overflow is NaN (or 2^127 when saturating); 0, negatives and -inf have no pattern: NaN
+    e8 = [2.0**127 * 1.5, 2.0**128, math.inf, 0.0, -0.0, -1.0, -math.inf, 2.0**-140]
+    theirs = np.array(e8, np.float32).astype(ml_dtypes.float8_e8m0fnu).view(np.uint8).tolist()
+    assert theirs == [F.encode(v, "e8m0fnu") for v in e8] == [0xFF] * 7 + [0x00]
+    assert F.round_to(2.0**128, "e8m0", overflow="saturate") == 2.0**127
+    assert F.round_to(1.5, "e8m0") == 2 and F.round_to(3.0, "e8m0") == 4 and F.round_to(2.9, "e8m0") == 2
+
+
+def test_e8m0_encode_vs_torch_on_normal_numbers():
+    """torch's cast agrees on positive normal fp32 values; it differs where E8M0 has no pattern."""
+    rng = np.random.default_rng(23)
+    x = np.exp2(rng.uniform(-125.5, 127.4, 20000)).astype(np.float32)
+    mids = np.exp2(np.arange(-126, 127, dtype=np.float64)) * 1.5
+    x = np.concatenate([x, mids.astype(np.float32), np.exp2(np.arange(-126, 128.0)).astype(np.float32)])
+    theirs = torch.from_numpy(x).to(torch.float8_e8m0fnu).view(torch.uint8).numpy().astype(np.int64)
+    assert np.array_equal(F.encode_array(x, "e8m0fnu").astype(np.int64), theirs)
+    # the differences, stated in the module docstring: torch drops the sign and maps 0 to 2^-127
+    special = torch.tensor([0.0, -0.0, -1.0, -4.0])
+    assert special.to(torch.float8_e8m0fnu).view(torch.uint8).tolist() == [0, 0, 127, 129]
+    assert [F.encode(v, "e8m0") for v in special.tolist()] == [0xFF] * 4
+
+
+def test_float4_e2m1fn_x2_in_torch_is_a_pair_per_byte():
+    """torch 2.13 has the FP4 dtype only as a packed pair, without casts on the CPU: ml_dtypes is the check."""
+    assert torch.float4_e2m1fn_x2.itemsize == 1
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        torch.tensor([1.0, 2.0]).to(torch.float4_e2m1fn_x2)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_fields_ulp_and_neighbours(name):
+    f = F.get_format(name)
+    vals = F.decode_array(all_patterns(name), f)
+    finite = np.unique(vals[np.isfinite(vals)])
+    for lo, v, hi in zip(finite[:-2], finite[1:-1], finite[2:]):
+        if v == 0:
+            continue
+        assert F.neighbours(v, f) == (lo, v, hi) and F.next_up(v, f) == hi and F.next_down(v, f) == lo
+    assert F.neighbours(f.max, f)[2] is None and F.ulp(f.max, f) == f.max - finite[-2]
+
+
+def test_new_fields_text():
+    e8 = F.fields(0.25, "e8m0")
+    assert (e8.bits, e8.bitstring, e8.kind, e8.unbiased_exponent) == (125, "01111101", "normal", -2)
+    assert e8.meaning == "2^(125-127) = 0.25" and F.fields_from_bits(0, "e8m0").value == 2.0**-127
+    fp4 = F.fields(-3.0, "fp4")
+    assert (fp4.bitstring, fp4.meaning) == ("1|10|1", "(-1)^1 × 2^(2-1) × 1.1b = -3")
+    assert F.fields(0.5, "e2m1").kind == "subnormal" and F.fields_from_bits(0xFF, "e8m0").kind == "nan"
+    assert F.neighbours(2.0**-127, "e8m0") == (None, 2.0**-127, 2.0**-126)
+    with pytest.raises(ValueError):
+        F.next_down(-1.0, "e8m0")
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=st.floats(width=32, allow_nan=False), name=st.sampled_from(NEW))
+def test_new_encode_is_nearest(x, name):
+    """Property: the encoded value is at least as close to x as both of its neighbours."""
+    f = F.get_format(name)
+    if abs(x) > f.max or (not f.signed and x <= 0):
+        return
+    v = F.round_to(x, f)
     lo, _, hi = F.neighbours(v, f)
     err = abs(Fraction(v) - Fraction(x))
     for n in (lo, hi):
