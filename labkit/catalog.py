@@ -59,7 +59,8 @@ NOTEBOOKS: list[Notebook] = [
              "memory that does not drop",
              "exact tensor bytes", "torch.cuda peak memory", "memory", True),
     Notebook("07", "07_profiling_and_fusion", "Profiling and fusion",
-             "torch.profiler, launch overhead, fusion and torch.compile, roofline, utilisation and MFU",
+             "torch.profiler, launch overhead, fusion (QKV projections, Conv+BN folding, a fused op's own backward) "
+             "and torch.compile, the peak formula, roofline, utilisation and MFU",
              "CPU profiler and roofline", "CUDA time columns, GPU roofline", "memory bandwidth", True),
     Notebook("08", "08_triton_kernels", "Fused kernels in Triton",
              "Triton's programming model; writing fused bias+GELU, softmax, LayerNorm kernels and a one-kernel AdamW; "
@@ -67,7 +68,8 @@ NOTEBOOKS: list[Notebook] = [
              "Triton's interpreter (TRITON_INTERPRET=1): real results and byte counts, no timings",
              "compiled Triton, timed against torch eager and torch.compile", "memory bandwidth", True),
     Notebook("09", "09_ddp", "DDP and communication",
-             "data parallelism, all-reduce, gradient accumulation, torchrun from a notebook",
+             "data parallelism, all-reduce, gradient accumulation and communication's share of a step, DDP's "
+             "buckets, the NCCL knobs, torchrun from a notebook",
              "2 ranks on gloo", "NCCL", "communication", True),
     Notebook("10", "10_deepspeed_zero", "DeepSpeed and ZeRO",
              "ZeRO stages 0-3 in bf16/fp16, per-rank memory vs the model, offload",
@@ -88,8 +90,8 @@ NOTEBOOKS: list[Notebook] = [
              "the same CPU-sized cases; the mistakes are the ones GPU jobs make", "all three", True),
     Notebook("14", "14_platform_and_inference", "Platform and toolchain",
              "HPC vs AI (FP64, iterative refinement), one C kernel one flag at a time (-O0 to -march=native, what "
-             "-O2 vectorises), the undefined-symbol error, containers, checkpoint I/O, the run lifecycle, "
-             "Amdahl's law",
+             "-O2 vectorises), the undefined-symbol error, containers, small files vs a packed file, checkpoint "
+             "I/O, the run lifecycle, Amdahl's law, parameter server vs ring and BatchNorm across ranks",
              "full (gcc builds and I/O measured); GPU tools explained",
              "the same cells; nvidia-smi dmon, Nsight Compute, TensorRT, NVML energy on the node", "all three",
              True),
