@@ -19,7 +19,8 @@ __all__ = ["FORMAT_COLORS", "format_ranges", "grad_histogram", "loss_curves", "m
            "scale_history", "value_grid"]
 
 FORMAT_COLORS = {"fp64": "#6d6d6d", "fp32": "#1f77b4", "tf32": "#17becf", "fp16": "#d62728",
-                 "bf16": "#2ca02c", "e4m3fn": "#9467bd", "e5m2": "#ff7f0e"}
+                 "bf16": "#2ca02c", "e4m3fn": "#9467bd", "e5m2": "#ff7f0e", "e8m0fnu": "#8c564b",
+                 "e2m3fn": "#e377c2", "e3m2fn": "#bcbd22", "e2m1fn": "#393b79"}
 
 
 def _axes(ax: Any, figsize: tuple[float, float]) -> Any:
@@ -123,17 +124,22 @@ def relative_spacing(names: Sequence[str] = ("fp32", "bf16", "fp16"), lo: float 
 def value_grid(name: str = "e4m3fn", ax: Any = None) -> Any:
     """Mark every positive finite value of a small format on a log axis, normals and subnormals apart.
 
+    The positive patterns are those below the sign bit; E8M0, which has no sign bit, no zero and no
+    subnormals, has 255 of them (0x00 = 2^-127 to 0xFE = 2^127), all drawn alike.
     Introduced in notebook 01.
     """
     f = F.get_format(name)
     if f.total_bits > 16:
         raise ValueError(f"value_grid draws formats of at most 16 bits; {f.name} has {f.total_bits}")
     ax = _axes(ax, (9, 1.6))
-    v = F.decode_array(np.arange(1, 1 << (f.total_bits - 1)), f)
-    v = v[np.isfinite(v)]
+    patterns = np.arange(1, 1 << (f.total_bits - 1)) if f.signed else np.arange(1 << f.total_bits)
+    v = F.decode_array(patterns, f)
+    v = v[np.isfinite(v) & (v > 0)]
     sub = v < f.smallest_normal
-    ax.vlines(v[sub], 0, 0.6, color="0.6", lw=0.8, label=f"subnormals ({int(sub.sum())})")
-    ax.vlines(v[~sub], 0, 1, color=FORMAT_COLORS.get(f.name, "k"), lw=0.8, label=f"normals ({int((~sub).sum())})")
+    if f.has_subnormals:
+        ax.vlines(v[sub], 0, 0.6, color="0.6", lw=0.8, label=f"subnormals ({int(sub.sum())})")
+    ax.vlines(v[~sub], 0, 1, color=FORMAT_COLORS.get(f.name, "k"), lw=0.8,
+              label=f"normals ({int((~sub).sum())})" if f.has_subnormals else f"values ({int((~sub).sum())})")
     ax.set_xscale("log", base=2)
     ax.set_yticks([])
     ax.set_title(f"Every positive {f.name} value")

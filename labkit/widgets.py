@@ -5,9 +5,12 @@ Introduced in notebook 01.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from typing import Any
+
+import numpy as np
 
 from labkit import formats as F
 from labkit import memory as M
@@ -19,7 +22,8 @@ FIELD_COLORS = {"sign": "#ef9a9a", "exponent": "#a5d6a7", "mantissa": "#90caf9"}
 #: The most GPUs per node and GB per GPU :func:`memory_calculator_report` takes (see its docstring).
 MAX_GPUS_PER_NODE = 1024
 MAX_GPU_GB = 10_000
-EXPLORER_FORMATS = ("fp32", "tf32", "fp16", "bf16", "e4m3fn", "e5m2")
+#: The explorer's formats: notebook 01's, then notebook 17's microscaling scale (E8M0) and elements (FP6, FP4).
+EXPLORER_FORMATS = ("fp32", "tf32", "fp16", "bf16", "e4m3fn", "e5m2", *F.MICROSCALING_FORMATS)
 _ON_COLORS = {"sign": "#e53935", "exponent": "#43a047", "mantissa": "#1e88e5"}
 # ToggleButton styles have no button_color, so the explorer colours its bits with a stylesheet: pale when the
 # bit is 0, strong when it is 1 (JupyterLab marks a pressed ToggleButton with .mod-active).
@@ -42,6 +46,54 @@ def _parse_number(text: str) -> float:
     return float(t)
 
 
+def _field_names(f: F.FloatFormat) -> list[str]:
+    """The fields ``f`` has, most significant first: E8M0 has no sign and no mantissa, only an exponent."""
+    return (["sign"] if f.signed else []) + ["exponent"] + (["mantissa"] if f.man_bits else [])
+
+
+def _bit_field(f: F.FloatFormat, i: int) -> str:
+    """The field of bit ``i`` of ``f``, counted from the most significant bit (0)."""
+    if f.signed and i == 0:
+        return "sign"
+    return "exponent" if i < int(f.signed) + f.exp_bits else "mantissa"
+
+
+def _round_unbounded(value: float, f: F.FloatFormat) -> float:
+    """``value`` rounded to ``f``'s mantissa, with an exponent that cannot overflow: tells overflow from rounding."""
+    wide = dataclasses.replace(f, name=f"{f.name}-wide", exp_bits=max(f.exp_bits, 12), nan_style="ieee",
+                               overflow="inf", signed=True)
+    return F.round_to(value, wide)
+
+
+def _encode_note(value: float, f: F.FloatFormat) -> tuple[int | None, str]:
+    """The pattern ``value`` rounds to in ``f`` (None if it has none), and what the learner should be told.
+
+    The note says why a value did not land where one might expect: E8M0 has no zero, no negative numbers
+    and nothing below 2^-127; FP6 and FP4 have no NaN (None: no pattern) and saturate past their max.
+    """
+    if not f.has_nan and isinstance(value, (float, np.floating)) and math.isnan(value):
+        return None, (f"{f.name} has no NaN: every one of its {1 << f.total_bits} patterns is a number, "
+                      f"so NaN cannot be stored (ml_dtypes' cast writes -0, labkit refuses)")
+    bits = F.encode(value, f)  # TypeError for anything but a real number
+    x = _as_shown(value)
+    if not f.signed and not math.isnan(x):
+        if x == 0:
+            return bits, (f"{f.name} has no zero (no sign, no mantissa: every pattern is 2^(E-{f.bias})): "
+                          f"0 has no pattern and becomes NaN, {f.nan_bits:#x}, as in ml_dtypes")
+        if x < 0:
+            return bits, (f"{f.name} has no sign bit, so no negative numbers: {x!r} becomes NaN, "
+                          f"{f.nan_bits:#x}, as in ml_dtypes")
+        if x < f.smallest_normal:
+            return bits, f"{f.name} has nothing below 2^{f.emin} (and no zero): {x!r} rounds up to 2^{f.emin}"
+    if (math.isfinite(x) and abs(_round_unbounded(value, f)) > f.max) or (math.isinf(x) and not f.has_inf):
+        sign = "-" if x < 0 else ""
+        outcome = {"inf": f"{sign}inf", "nan": "NaN",
+                   "saturate": f"{sign}{F._fmt_exact(f.max)} (it saturates: {f.name} has no inf)"}[f.overflow]
+        top = f"2^{f.emax}" if not f.man_bits else F._fmt_exact(f.max)
+        return bits, f"beyond {f.name}'s largest value {top}: {x!r} becomes {outcome}"
+    return bits, ""
+
+
 def _as_shown(value: float) -> float:
     """``float(value)``; an int beyond a float's range (10**400) is shown as the inf it encodes to."""
     try:
@@ -53,8 +105,12 @@ def _as_shown(value: float) -> float:
 class BitExplorer:
     """Pick a format, click bits or type a number, and see sign/exponent/mantissa, the value and its ulp.
 
-    The state lives in ``bits``; ``set_value``, ``set_bits`` and ``toggle_bit`` change it the same way
-    the widget's buttons and text box do, so tests can drive it without a browser.
+    The formats are ``EXPLORER_FORMATS``: FP32 to FP8, and the microscaling formats E8M0, FP6 and FP4.
+    Only the fields a format has get buttons (E8M0: eight exponent bits, no sign, no mantissa). A value
+    the format cannot hold as typed (0 or a negative number in E8M0, NaN in FP6/FP4, an overflow) is
+    explained in ``note``, shown at the top of the panel. The state lives in ``bits``; ``set_value``,
+    ``set_bits`` and ``toggle_bit`` change it the same way the widget's buttons and text box do, so tests
+    can drive it without a browser.
     Introduced in notebook 01.
     """
 
@@ -64,7 +120,10 @@ class BitExplorer:
         self.fmt = F.get_format(fmt)
         if self.fmt.name not in EXPLORER_FORMATS:
             raise ValueError(f"the explorer shows {', '.join(EXPLORER_FORMATS)}; got {self.fmt.name}")
-        self.bits = F.encode(value, self.fmt)
+        bits, self.note = _encode_note(value, self.fmt)
+        if bits is None:  # NaN in FP6/FP4, which have none: start at 0, and say so
+            bits, self.note = 0, self.note + "; showing 0 instead"
+        self.bits = bits
         self._busy = False
         self.format_picker = W.Dropdown(options=list(EXPLORER_FORMATS), value=self.fmt.name, description="format")
         self.number = W.Text(value=repr(_as_shown(value)), description="number", continuous_update=False,
@@ -88,6 +147,7 @@ class BitExplorer:
         """Show the pattern ``bits`` of the current format."""
         F.decode(bits, self.fmt)  # validates
         self.bits = int(bits)
+        self.note = ""
         self._refresh(update_number=True)
 
     def toggle_bit(self, position: int) -> None:
@@ -97,15 +157,28 @@ class BitExplorer:
         self.set_bits(self.bits ^ (1 << position))
 
     def set_value(self, value: float) -> None:
-        """Round ``value`` to the current format and show it, as typing it does."""
-        self.bits = F.encode(value, self.fmt)
+        """Round ``value`` to the current format and show it, as typing it does.
+
+        A value the format cannot hold is not an error: E8M0 turns 0 and negative numbers into its NaN
+        (as ml_dtypes), FP6/FP4 keep the current bits for NaN, which they lack; ``note`` (shown in the
+        panel) says what happened.
+        """
+        bits, self.note = _encode_note(value, self.fmt)
+        if bits is not None:
+            self.bits = bits
         self._refresh(update_number=False)
 
     def set_format(self, name: str) -> None:
-        """Switch format, keeping the value (rounded to the new format)."""
+        """Switch format, keeping the value (rounded to the new format; NaN becomes 0 where there is none)."""
         value = F.decode(self.bits, self.fmt)
-        self.fmt = F.get_format(name)
-        self.bits = F.encode(value, self.fmt)
+        fmt = F.get_format(name)
+        if fmt.name not in EXPLORER_FORMATS:
+            raise ValueError(f"the explorer shows {', '.join(EXPLORER_FORMATS)}; got {fmt.name}")
+        self.fmt = fmt
+        bits, self.note = _encode_note(value, self.fmt)
+        if bits is None:
+            bits, self.note = 0, self.note + "; showing 0 instead"
+        self.bits = bits
         self._build_buttons()
         self._refresh(update_number=True)
 
@@ -122,15 +195,19 @@ class BitExplorer:
         buttons = []
         for i in range(f.total_bits):
             pos = f.total_bits - 1 - i
-            field = "sign" if i == 0 else ("exponent" if i <= f.exp_bits else "mantissa")
+            field = _bit_field(f, i)
             b = W.ToggleButton(description="0", tooltip=f"{field} bit {pos}",
                                layout=W.Layout(width="26px", padding="0", margin="1px"))
             b.add_class("lk-bit")
             b.add_class(f"lk-{field}")
             b.observe(lambda change, pos=pos: self._on_click(pos, change), names="value")
             buttons.append(b)
-        self.buttons = buttons
+        old, self.buttons = getattr(self, "buttons", []), buttons
         self.bit_box.children = tuple(buttons)
+        for b in old:  # a format switch drops the old buttons: close them, or their models pile up in the kernel
+            b.layout.close()
+            b.style.close()
+            b.close()
 
     def _on_click(self, pos: int, change: dict) -> None:
         if not self._busy:
@@ -165,11 +242,12 @@ class BitExplorer:
 
     def _details_html(self, fl: F.Fields) -> str:
         f = self.fmt
-        s, e, m = fl.bitstring.split("|")
-        colored = "".join(f'<span style="background:{FIELD_COLORS[k]};padding:0 3px;font-family:monospace">'
-                          f"{html.escape(v)}</span>" for k, v in zip(FIELD_COLORS, (s, e, m)))
-        rows = [f"<b>{f.name}</b>: {f.description}", f"bits {colored} &nbsp; kind: <b>{fl.kind}</b>",
-                f"value: {html.escape(fl.meaning)}"]
+        colored = "".join(f'<span style="background:{FIELD_COLORS[k]};padding:0 3px;font-family:monospace" '
+                          f'title="{k}">{html.escape(v)}</span>'
+                          for k, v in zip(_field_names(f), fl.bitstring.split("|"), strict=True))
+        rows = [f"<b>{html.escape(self.note)}</b>"] if self.note else []
+        rows += [f"<b>{f.name}</b>: {html.escape(f.description)}", f"specials: {html.escape(f.specials)}",
+                 f"bits {colored} &nbsp; kind: <b>{fl.kind}</b>", f"value: {html.escape(fl.meaning)}"]
         if fl.kind not in ("nan",):
             below, v, above = F.neighbours(fl.value, f)
             rows.append(f"neighbours: {below!r} &lt; {v!r} &lt; {above!r}")

@@ -30,3 +30,26 @@ def test_plots_draw_what_they_say():
     with pytest.raises(ValueError):
         plots.relative_spacing(lo=3, hi=1)
     plt.close("all")
+
+
+@pytest.mark.parametrize(("name", "dtype", "legend"), [
+    ("e8m0fnu", "float8_e8m0fnu", "values (255)"),  # no sign, no zero, no subnormals: 2^-127 .. 2^127
+    ("e2m3fn", "float6_e2m3fn", "subnormals (7) normals (24)"),
+    ("e3m2fn", "float6_e3m2fn", "subnormals (3) normals (28)"),
+    ("e2m1fn", "float4_e2m1fn", "subnormals (1) normals (6)"),
+])
+def test_value_grid_draws_every_positive_value_of_the_microscaling_formats(name, dtype, legend):
+    """The values drawn are ml_dtypes' positive finite values of the format, no more and no fewer."""
+    import matplotlib.pyplot as plt
+    import ml_dtypes
+    import numpy as np
+
+    ax = plots.value_grid(name)
+    assert " ".join(t.get_text() for t in ax.get_legend().get_texts()) == legend
+    drawn = sorted(float(seg[0][0]) for c in ax.collections for seg in c.get_segments())
+    every = np.arange(256 if name == "e8m0fnu" else 1 << (ml_dtypes.finfo(getattr(ml_dtypes, dtype)).bits - 1))
+    ml = np.array(every, np.uint8).view(getattr(ml_dtypes, dtype)).astype(np.float64)
+    assert drawn == sorted(ml[np.isfinite(ml) & (ml > 0)].tolist())
+    if name == "e2m1fn":
+        assert drawn == [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    plt.close("all")

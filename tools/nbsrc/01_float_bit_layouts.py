@@ -5,7 +5,8 @@
 # - take any floating-point number apart into sign, exponent and mantissa, and put it back together;
 # - read off a format's range (max, smallest normal, smallest subnormal) and precision (eps) from its bit widths;
 # - see why BF16 keeps FP32's range, why FP16 "hears badly", what TF32 is, and how the two FP8 formats differ;
-# - know where torch and ml_dtypes disagree (E4M3FN overflow).
+# - know where torch and ml_dtypes disagree (E4M3FN overflow);
+# - read the newest, smallest formats: FP6 and FP4 elements and the E8M0 scale, which carry MX and NVFP4.
 #
 # **Prerequisites:** notebook 00; binary numbers.
 #
@@ -227,6 +228,55 @@ assert all(map(math.isnan, [F.round_to(v, "e4m3fn", overflow="nan") for v in val
 # that silently becomes 448 hides an overflow; a NaN shouts. That is why FP8 training scales tensors so that
 # their `amax` lands below the max (notebook 05).
 #
+# ## 7. The newest formats: FP6, FP4 and E8M0
+#
+# Below eight bits, the OCP Microscaling (MX) spec adds two 6-bit formats, **FP6 E2M3** (max 7.5) and **FP6 E3M2**
+# (max 28), and a 4-bit one, **FP4 E2M1** (max 6). They have no inf and no NaN: every pattern is a number, and an
+# overflow saturates to ±max. Four bits make 16 patterns, so FP4's values can be listed in full, here by labkit's
+# codec and, independently, by ml_dtypes:
+
+# %%
+fp4 = [F.decode(b, "e2m1fn") for b in range(16)]  # patterns 0000 to 1111; the top bit is the sign
+print("FP4 E2M1:", fp4)
+ml4 = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+assert np.array_equal(fp4, ml4) and np.array_equal(np.signbit(fp4), np.signbit(ml4))  # -0.0 too
+assert F.get_format("e2m3fn").max == float(ml_dtypes.finfo(ml_dtypes.float6_e2m3fn).max) == 7.5
+assert F.get_format("e3m2fn").max == float(ml_dtypes.finfo(ml_dtypes.float6_e3m2fn).max) == 28
+
+# %% [markdown]
+# So few values cannot cover a tensor's range alone: each block of 32 elements (MX) or 16 (NVFP4) shares a scale.
+# MX stores that scale in **E8M0**: eight exponent bits and nothing else. No sign bit, no mantissa, so the pattern
+# E stands for $2^{E-127}$, from $2^{-127}$ (0x00) to $2^{127}$ (0xFE); 0xFF is NaN. E8M0 has **no zero** and no
+# negative numbers: ml_dtypes turns 0 or -4 into NaN (torch's cast gives $2^{-127}$ and 4 instead). Every pattern,
+# checked against both libraries:
+
+# %%
+e8 = F.decode_array(np.arange(256), "e8m0fnu")
+assert np.array_equal(e8[:255], np.ldexp(1.0, np.arange(255) - 127)) and np.isnan(e8[255])  # 2^(E-127)
+ml8 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float64)
+t8 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e8m0fnu).double().numpy()
+assert np.array_equal(e8, ml8, equal_nan=True) and np.array_equal(e8, t8, equal_nan=True)
+assert torch.tensor([0.0, -4.0]).to(torch.float8_e8m0fnu).double().tolist() == [2.0**-127, 4.0]  # torch's cast
+print("0x00 =", e8[0], " 0x7F =", e8[127], " 0xFE =", e8[254], " 0xFF =", e8[255])
+
+# %% [markdown]
+# The explorer above shows all four formats; in E8M0 it has only exponent bits to click, and it says what becomes
+# of a 0 or a negative number typed into it:
+
+# %%
+explorer.set_format("e8m0fnu")
+print(explorer.value_label.value, "| its buttons:", {b.tooltip.split()[0] for b in explorer.buttons})
+explorer.set_value(0); print(explorer.value_label.value, "|", explorer.note)
+assert {b.tooltip.split()[0] for b in explorer.buttons} == {"exponent"} and len(explorer.buttons) == 8
+zero_neg = np.array([0.0, -4.0]).astype(ml_dtypes.float8_e8m0fnu).astype(np.float64)
+assert math.isnan(explorer.value) and np.isnan(zero_neg).all()  # NaN, as ml_dtypes
+explorer.set_format("fp16"); explorer.set_value(1.0)
+
+# %% [markdown]
+# These are the element and scale formats of the microscaling formats in notebook 17 (*The low-precision
+# frontier: FP8 scaling, MX and NVFP4*): MXFP4 and MXFP6 (blocks of 32 with an E8M0 scale) and NVFP4 (FP4 in
+# blocks of 16 with an E4M3 scale, times one FP32 scale per tensor).
+#
 # ## Exercises
 #
 # **1.** The largest finite FP16 value, as a number.
@@ -286,4 +336,6 @@ check("01.bf16-eps", answer)
 #   FP32's range and little precision, TF32 is FP32's range with FP16's mantissa inside tensor cores.
 # - FP8 E4M3FN (max 448, no inf) is for forward tensors, E5M2 (max 57344) for gradients; torch saturates E4M3FN on
 #   overflow where ml_dtypes gives NaN.
+# - FP6 (E2M3, E3M2) and FP4 E2M1 (16 values, max 6) have no inf and no NaN; E8M0 is a bare power of two
+#   $2^{E-127}$ with no sign and no zero: the element and scale formats of MX and NVFP4 (notebook 17).
 # - Next: notebook 02 shows what these limits do to real arithmetic: underflow, overflow, rounding and swamping.
