@@ -70,7 +70,7 @@ lab: $(VENV)/.base
 # says so and does not repeat it (tools/cpu_class.py).
 test: lint test-native test-capped test-capped-bf16
 
-# The GPU acceptance run (notebooks 03-16 on CUDA + every CUDA-only result -> gpu-report.json/.md); on a
+# The GPU acceptance run (notebooks 03-17 on CUDA + every CUDA-only result -> gpu-report.json/.md); on a
 # machine without a CUDA GPU it says so in one line and exits 0.
 gpu-check: $(VENV)/.dev
 	$(BIN)/python tools/gpu_check.py --out .

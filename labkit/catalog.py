@@ -107,6 +107,13 @@ NOTEBOOKS: list[Notebook] = [
              "autograd Functions checked with gradcheck (after notebooks 07 and 08)",
              "Triton's interpreter: real results, byte counts and float64 gradchecks, no timings",
              "compiled Triton, autotuned and timed", "compute (matmul) and memory bandwidth (attention)", True),
+    Notebook("17", "17_low_precision_frontier", "The low-precision frontier: FP8 scaling, MX and NVFP4",
+             "the scaling ladder (per-tensor, rowwise, 1 x 128 blocks, MX, NVFP4) on real activations and gradients, "
+             "an MX shared exponent by hand, matmuls in the formats and FP32 promotion, the tiny GPT trained in "
+             "emulated FP8, MXFP8 and NVFP4 with stochastic rounding and Hadamard rotations (after notebook 05)",
+             "every format emulated exactly in float64: the numbers a GPU gets, no speed",
+             "torchao's float8 training timed against bf16 (FP8 from compute capability 8.9; MX and NVFP4 "
+             "natively on Blackwell)", "compute (matmul) and the bytes of scales", True),
 ]
 
 

@@ -164,8 +164,10 @@ def _as_matrix(x: object) -> torch.Tensor:
         x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor or a numpy array, got {type(x).__name__}")
-    if x.layout != torch.strided or x.device.type == "meta":
-        raise ValueError(f"x must be a dense tensor with values, got layout {x.layout} on {x.device}")
+    if x.layout != torch.strided:
+        raise TypeError(f"x must be a dense (strided) tensor, got layout {x.layout}")
+    if x.device.type == "meta":
+        raise ValueError(f"x must be a tensor with values, got one on {x.device}")
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
     if x.dim() == 0 or x.numel() == 0:
@@ -208,8 +210,8 @@ def block_amax(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
 
     NaN where the block holds a NaN, inf where it holds ±inf. Introduced in notebook 17.
     """
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
-        raise TypeError("x must be a 2-D floating-point torch.Tensor")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point() or x.layout != torch.strided:
+        raise TypeError("x must be a dense (strided) 2-D floating-point torch.Tensor")
     bm, bn = _check_block(x, block)
     rows, cols = x.shape
     return x.abs().reshape(rows // bm, bm, cols // bn, bn).amax(dim=(1, 3))
@@ -286,8 +288,10 @@ def mx_scale_exponent(amax: torch.Tensor, fmt: str = "e4m3fn", scale_rounding: s
     Introduced in notebook 17.
     """
     f = _element_format(fmt)
-    if not isinstance(amax, torch.Tensor) or not amax.is_floating_point():
-        raise TypeError("amax must be a floating-point torch.Tensor")
+    if not isinstance(amax, torch.Tensor) or not amax.is_floating_point() or amax.layout != torch.strided:
+        raise TypeError("amax must be a dense (strided) floating-point torch.Tensor")
+    if amax.device.type == "meta":
+        raise ValueError("amax must be a tensor with values, got one on the meta device")
     if not isinstance(scale_rounding, str):
         raise TypeError(f"scale_rounding must be one of {SCALE_ROUNDINGS}, got {type(scale_rounding).__name__}")
     if scale_rounding not in SCALE_ROUNDINGS:

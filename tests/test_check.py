@@ -777,7 +777,7 @@ MEASURED = {"01.e4m3-overflow": 3.0, "02.fp16-weight": 3.0, "03.collapse": 3.0, 
             "04.autocast-dtypes": {"linear": "fp32", "softmax": "low", "layer_norm": "low", "exp": "low",
                                    "cross_entropy": "low"},
             "05.bf16-vs-tf32": 3.0, "06.amp-saved": 3.0, "00.matmul-vs-add": "add",
-            "07.launch-overhead": "2000 tiny adds", "08.softmax-bytes": 3.0}
+            "07.launch-overhead": "2000 tiny adds", "08.softmax-bytes": 3.0, "17.outlier-spread": 31.0}
 _CALLS = {"naive": 8, "overlap": 8, "bucketed": 3, "ddp": 1}
 #: What rank 0 of each notebook's launch reports, as labkit.dist.launch records it (the launch-based measurements
 #: read it; the stored notebooks, under nbval, check them against the real launches).

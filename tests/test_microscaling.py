@@ -234,8 +234,13 @@ def test_bad_input_is_refused():
         M.nvfp4(x, tensor_scale=1)
     with pytest.raises(TypeError):
         M.scale_bytes_per_element(x)
-    with pytest.raises(ValueError, match="dense"):
+    with pytest.raises(ValueError, match="values"):
         M.rowwise(torch.empty(4, 4, device="meta"))
+    sparse = x.to_sparse()
+    for bad in (lambda: M.mx_scale_exponent(sparse), lambda: M.block_amax(sparse, (1, 32)),
+                lambda: M.mx(sparse), lambda: M.nvfp4(sparse), lambda: M.rowwise(sparse)):
+        with pytest.raises(TypeError, match="dense"):
+            bad()
     assert M.mx(x.numpy()).elements.shape == (4, 64)  # numpy arrays are welcome
 
 

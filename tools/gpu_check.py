@@ -1,11 +1,11 @@
-"""The GPU acceptance run: notebooks 03-16 on a CUDA GPU, plus every CUDA-only result, in one report.
+"""The GPU acceptance run: notebooks 03-17 on a CUDA GPU, plus every CUDA-only result, in one report.
 
     python tools/gpu_check.py [--out DIR] [--notebooks 03,04,...] [--timeout-per-notebook 300] [--budget S]
     make gpu-check
 
 On a machine without a CUDA GPU it says so in one line and exits 0 without running anything. On a GPU it:
 
-1. runs notebooks 03-16 top to bottom with nbclient (in notebooks/, as nbval and JupyterLab do; the stored copies
+1. runs notebooks 03-17 top to bottom with nbclient (in notebooks/, as nbval and JupyterLab do; the stored copies
    are not touched) and records each one's wall time and first error; notebook 08 then runs its Triton kernels
    compiled for the GPU (on a CPU they run in Triton's interpreter);
 2. measures what only a GPU can show, with labkit's own functions:
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ("03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13", "14", "15", "16")
+NOTEBOOKS = ("03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13", "14", "15", "16", "17")
 
 
 def no_gpu_line() -> str | None:
@@ -247,7 +247,7 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path.cwd(), help="folder for gpu-report.json/.md (default: .)")
-    ap.add_argument("--notebooks", default=",".join(NOTEBOOKS), help="number prefixes (default: 03-16)")
+    ap.add_argument("--notebooks", default=",".join(NOTEBOOKS), help="number prefixes (default: 03-17)")
     ap.add_argument("--timeout-per-notebook", type=int, default=300)
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds for the whole run: a notebook is not started once the remainder is below its "

@@ -1,0 +1,269 @@
+"""Exercises of notebook 17 (the low-precision frontier: FP8 scaling, MX and NVFP4). Introduced in notebook 17."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from labkit import formats, microscaling
+from labkit.exercises._core import Exercise, FormatSlip, whole
+from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
+
+__all__ = ["EXERCISES", "RECIPE_CHOICES", "SITUATIONS", "exercise_block", "round_to"]
+
+#: Exercise 17.recipe: situation -> description (the learner sees these and picks from RECIPE_CHOICES).
+SITUATIONS: dict[str, str] = {
+    "a100": "Pretraining a transformer on A100s (Ampere).",
+    "l40s": "Fine-tuning on L40S GPUs (Ada), whose matmuls are large enough for FP8 to pay.",
+    "h100-simple": "Fine-tuning on H100s; the activations have no outliers and you want the simplest FP8 recipe.",
+    "h100-outliers": "Pretraining on H100s; outlier channels in the activations make one scale per tensor or per "
+                     "row too coarse.",
+    "b200-fp8": "Pretraining on B200s in 8 bits, with scales finer than one per tensor.",
+    "b200-fp4": "Pretraining on B200s where the highest matmul throughput matters most.",
+}
+_ANSWERS: dict[str, str] = {"a100": "bf16", "l40s": "fp8-tensor", "h100-simple": "fp8-tensor",
+                            "h100-outliers": "fp8-blockwise", "b200-fp8": "mxfp8", "b200-fp4": "nvfp4"}
+#: The names the learner may use.
+RECIPE_CHOICES: tuple[str, ...] = ("bf16", "fp8-tensor", "fp8-blockwise", "mxfp8", "nvfp4")
+_WHY = {
+    "a100": "an A100 has no FP8 tensor cores: bf16.",
+    "l40s": "Ada has FP8 tensor cores with per-tensor scales, and no block scales.",
+    "h100-simple": "per-tensor current scaling is torchao's default and the simplest FP8 recipe on Hopper.",
+    "h100-outliers": "1 x 128 / 128 x 128 blocks with FP32 scales confine an outlier; Hopper's tensor cores do not "
+                     "apply block scales, so the kernels do (DeepSeek-V3, with FP32 promotion).",
+    "b200-fp8": "Blackwell's tensor cores apply MX block scales themselves: MXFP8.",
+    "b200-fp4": "NVFP4, the 4-bit format with the finer blocks and the E4M3 scales, and its recipe's tricks.",
+}
+_RECIPE_WHY = ("MX on a Hopper GPU: the H100's tensor cores multiply FP8 but know nothing of E8M0 block scales; "
+               "MX (and NVFP4) run natively only on Blackwell. On Hopper, finer scales are applied by the kernel "
+               "around the tensor-core instruction, with FP32 scales per block.")
+
+
+def _grade_recipe(answer: object) -> tuple[bool, str]:
+    if not isinstance(answer, dict):
+        return False, FormatSlip("Give a dict {situation: recipe}, with a key for every entry of SITUATIONS.")
+    missing = [k for k in SITUATIONS if k not in answer]
+    if missing:
+        return False, f"Missing situations: {missing}."
+    wrong = []
+    for k, want in _ANSWERS.items():
+        v = answer[k]
+        name = v.strip().lower() if isinstance(v, str) else v
+        if name not in RECIPE_CHOICES:
+            return False, FormatSlip(f"{k}: {v!r} is not one of {RECIPE_CHOICES}.")
+        if name != want:
+            wrong.append((k, name))
+    if any(k in ("h100-outliers", "h100-simple", "l40s") and v in ("mxfp8", "nvfp4") for k, v in wrong):
+        return False, _RECIPE_WHY
+    if wrong:
+        return False, f"Reconsider: {', '.join(k for k, _ in wrong)}."
+    return True, " ".join(_WHY.values())
+
+
+def exercise_block(seed: int = 17) -> torch.Tensor:
+    """Return the 32 values of exercise 17.mx-scale: one MX block, float64. Introduced in notebook 17."""
+    g = torch.Generator().manual_seed(whole("seed", seed, 0))
+    x = torch.randn(32, generator=g, dtype=torch.float64)
+    return x * (0.23 / x.abs().max())  # amax 0.23: 1.84 x 2^-3, a mantissa above E2M1's 1.5
+
+
+def round_to(v: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Round every value of ``v`` to ``fmt`` (nearest, ties to even, saturating), in float64.
+
+    The codec of ``labkit.formats`` on a tensor. Introduced in notebook 17.
+    """
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"v must be a torch.Tensor, got {type(v).__name__}")
+    return torch.from_numpy(np.asarray(formats.round_array(v.detach().double().numpy(), fmt, overflow="saturate")))
+
+
+# ---- 17.mx-scale: MXFP4 (E2M1 elements, emax 2) ----------------------------------------------------------
+def _mx_scale(x: torch.Tensor, rounding: str, fmt: str = "e2m1fn") -> float:
+    return 2.0 ** int(microscaling.mx_scale_exponent(x.abs().max().reshape(1), fmt, rounding))
+
+
+_NO_EMAX = ("That power of two is the block's amax rounded down, 2^floor(log2(amax)): it maps amax to about 1. The "
+            "scale must bring amax up to the top of E2M1's range, so subtract E2M1's emax (the exponent of its "
+            "largest value) from the exponent.")
+_CEIL = ("That is the rounded-up scale (RCEIL, the MXFP8 recipe's choice), ceil(log2(amax / max)). The OCP spec rounds "
+         "the exponent down: floor(log2(amax)) minus the element format's emax. For this block the two differ, which "
+         "is the point.")
+_FP32 = ("That is an FP32 scale, amax / max (or its inverse): MX stores only a power of two, the E8M0 byte. Round "
+         "the exponent, not the ratio.")
+_E4M3_EMAX = ("That is the scale for MXFP8 E4M3 (emax 8). The exercise asks for MXFP4: E2M1's largest value has a "
+              "smaller exponent.")
+
+
+def _grade_mx_scale(answer: object) -> tuple[bool, str]:
+    got = as_number(answer)
+    if got is None or isinstance(answer, bool):
+        return False, FormatSlip("Give the scale as a number, e.g. 2.0 ** -3.")
+    x = exercise_block()
+    want = _mx_scale(x, "floor")
+    amax = float(x.abs().max())
+    if got == want:
+        return True, (f"amax / scale = {amax / want:.2f}, above E2M1's 6: under the spec's rule this block's largest "
+                      "element saturates; rounded up, the scale would be twice as large.")
+    k = math.log2(want)
+    if got == 2.0 ** math.floor(math.log2(amax)):
+        return False, _NO_EMAX
+    if got == _mx_scale(x, "rceil"):
+        return False, _CEIL
+    if got == _mx_scale(x, "floor", "e4m3fn"):
+        return False, _E4M3_EMAX
+    if got > 0 and any(math.isclose(got, v, rel_tol=1e-6) for v in (amax / 6, 6 / amax, amax / 448, 448 / amax)):
+        return False, _FP32
+    if got == 1 / want:
+        return False, "Upside down: x = element x scale, so the scale is small when the values are small."
+    if got == k:
+        return False, "That is the exponent k; the scale is the power of two it stands for."
+    if got == k + 127:
+        return False, "That is the E8M0 byte that stores the scale (k + 127); give the scale itself."
+    return False, ""
+
+
+# ---- 17.nvfp4-block --------------------------------------------------------------------------------------
+_NVFP4_WHY = ("The block scale is left in full precision: NVFP4 stores it as E4M3, so round amax / 6 / tensor_scale "
+              "to E4M3 before you divide by it. Otherwise your elements fit a scale the format cannot store.")
+
+
+def _reference_nvfp4_block(x: torch.Tensor, tensor_scale: float) -> torch.Tensor:
+    block_scale = round_to(x.abs().max() / 6 / tensor_scale, "e4m3fn")
+    return round_to(x / (block_scale * tensor_scale), "e2m1fn") * block_scale * tensor_scale
+
+
+def _wrong_nvfp4_block(x: torch.Tensor, tensor_scale: float) -> torch.Tensor:
+    block_scale = x.abs().max() / 6 / tensor_scale
+    return round_to(x / (block_scale * tensor_scale), "e2m1fn") * block_scale * tensor_scale
+
+
+def _with_scale(scale_of: Any) -> Any:
+    def f(x: torch.Tensor, t: float) -> torch.Tensor:
+        s = scale_of(x, t)
+        return round_to(x / (s * t), "e2m1fn") * s * t
+    return f
+
+
+_NVFP4_MISTAKES = (
+    (_with_scale(lambda x, t: round_to(x.abs().max() / 448 / t, "e4m3fn")),
+     "The block scale maps the block's amax onto 448, E4M3's largest value: but the elements are E2M1, whose largest "
+     "value is what the block's amax must land on. (448 belongs to the tensor scale, which is given.)"),
+    (lambda x, t: (lambda s: round_to(x / s, "e2m1fn") * s)(round_to(x.abs().max() / 6, "e4m3fn")),
+     "The tensor scale is missing: NVFP4's block scale is stored relative to it (amax / 6 / tensor_scale), and "
+     "decoding multiplies by both."),
+)
+
+
+def _grade_nvfp4_block(fn: object) -> tuple[bool, str] | None:
+    if not callable(fn):
+        return False, FormatSlip("Give the function nvfp4_block itself (no call, no parentheses).")
+    g = torch.Generator().manual_seed(2026)
+    for trial in range(6):
+        x = torch.randn(4, 16, generator=g, dtype=torch.float64) * 10.0 ** float(trial - 3)
+        x[trial % 4, trial] *= 30.0  # an outlier in one block
+        q = microscaling.nvfp4(x)
+        want = q.dequantise()
+        for r in range(4):
+            got = fn(x[r].clone(), q.tensor_scale)
+            if got is None or got is ...:
+                return None
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != (16,):
+                return False, FormatSlip("Return a tensor of the block's 16 decoded values.")
+            if not torch.allclose(got.double(), want[r], rtol=1e-6, atol=0):
+                if torch.allclose(_wrong_nvfp4_block(x[r], q.tensor_scale), got.double(), rtol=1e-9, atol=0):
+                    return False, _NVFP4_WHY
+                for mistake, why in _NVFP4_MISTAKES:
+                    if torch.allclose(mistake(x[r], q.tensor_scale), got.double(), rtol=1e-9, atol=0):
+                        return False, why
+                return False, (f"Block with amax {float(x[r].abs().max()):.3g}: expected {want[r][:4].tolist()}..., "
+                               f"got {got.double()[:4].tolist()}...")
+    return True, "Two scales, two roundings: the block scale to E4M3, the elements to E2M1, each saturating."
+
+
+# ---- 17.outlier-spread: predict, then run ---------------------------------------------------------------
+_SPREAD_WHY = ("That counts every value that shares the outlier's scale, as if a larger scale re-rounded them all. An MX "
+               "scale is a power of two: dividing by it only shifts the exponent, so a neighbour that stays in "
+               "E4M3's normal range keeps exactly its mantissa bits. Only the neighbours pushed down into the "
+               "subnormals change.")
+
+
+def _grade_spread(answer: object) -> tuple[bool, str]:
+    got = pair(answer)
+    if got is None:
+        return False, NOT_A_PAIR
+    pred, result = (as_number(v) for v in got)
+    if pred is None or pred < 0:
+        return False, FormatSlip("Predict a count, a number such as 100.")
+    if result is None or result < 0:
+        raise ValueError(f"the measured count must be a number, got {got[1]!r}")
+    if abs(pred - result) <= max(2.0, result / 2):
+        return True, (f"Measured: {result:g}. Only the outlier's own block gets a new scale, a larger power of two: its "
+                      "neighbours keep their mantissas unless the shift pushes them below E4M3's smallest normal.")
+    if pred >= 31:
+        return False, _SPREAD_WHY + f" (Measured: {result:g}.)"
+    return False, (f"Measured: {result:g}. Which neighbours does a larger power-of-two scale push out of E4M3's normal "
+                   "range? Those are the ones that change.")
+
+
+def _measure_spread() -> float:
+    """How many other values of a seeded 384 x 256 tensor one outlier changes under MXFP8, scale rounded up (exact)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(384, 256, generator=g, dtype=torch.float64)
+    spiked = x.clone()
+    spiked[5, 40] = 1e4
+    diff = (microscaling.mx(x, scale_rounding="rceil").dequantise()
+            != microscaling.mx(spiked, scale_rounding="rceil").dequantise())
+    diff[5, 40] = False
+    return float(diff.sum())
+
+
+EXERCISES = [
+    Exercise("17.mx-scale", "The E8M0 shared scale of exercise_block() for MXFP4 (E2M1), by the OCP spec's rule.",
+             _grade_mx_scale,
+             "The scale is a power of two chosen from the block's largest magnitude, so that it lands at the top of "
+             "the element format's range.",
+             method="Take amax = x.abs().max(); its exponent is floor(log2(amax)). Write the element format's largest "
+                    "value as a mantissa times 2^emax: subtract emax from amax's exponent, and the scale is 2 to "
+                    "that power.",
+             solution="amax = 0.23, floor(log2(0.23)) = -3; E2M1's largest value 6 = 1.5 x 2^2, emax = 2: k = -5, "
+                      "scale = 2.0 ** -5 (amax / scale = 7.36 > 6: the largest element saturates; rounding up would "
+                      "give 2 ** -4).",
+             kind="compute", wrong_why=_NO_EMAX,
+             reference=_mx_scale(exercise_block(), "floor"),
+             wrong=2.0 ** math.floor(math.log2(float(exercise_block().abs().max())))),
+    Exercise("17.nvfp4-block", "Write nvfp4_block(x, tensor_scale): quantise 16 values to NVFP4 and decode them.",
+             _grade_nvfp4_block,
+             "Two scales multiply: the tensor's and the block's. Which one does the block store, in which format, "
+             "and which value of E2M1 should the block's amax land on?",
+             method="Divide the block's amax by E2M1's largest value and by the tensor scale, round that to E4M3: the "
+                    "block scale. Divide x by block scale times tensor scale, round to E2M1 (saturating), and "
+                    "multiply back by both scales.",
+             solution="block_scale = round_to(x.abs().max() / 6 / tensor_scale, 'e4m3fn')\n"
+                      "elements = round_to(x / (block_scale * tensor_scale), 'e2m1fn')\n"
+                      "return elements * block_scale * tensor_scale",
+             kind="implement", wrong_why=_NVFP4_WHY,
+             reference=_reference_nvfp4_block, wrong=_wrong_nvfp4_block),
+    Exercise("17.recipe", "For each entry of SITUATIONS, choose one of RECIPE_CHOICES.", _grade_recipe,
+             "Ask of each: which GPU generation, and does it apply block scales in the tensor cores?",
+             method="Ampere has no FP8. Ada and Hopper multiply FP8 with scales applied around the instruction (per "
+                    "tensor or row by cuBLAS, finer blocks by your own kernels). Blackwell's tensor cores read MX "
+                    "and NVFP4 block scales themselves.",
+             solution="a100 bf16, l40s fp8-tensor, h100-simple fp8-tensor, h100-outliers fp8-blockwise, b200-fp8 "
+                      "mxfp8, b200-fp4 nvfp4",
+             kind="design", wrong_why=_RECIPE_WHY,
+             reference=dict(_ANSWERS), wrong={**_ANSWERS, "h100-outliers": "mxfp8"}),
+    Exercise("17.outlier-spread", "Predict how many other values of the activation one outlier changes under MXFP8.",
+             _grade_spread,
+             "Which values share a scale with the outlier in an MX tensor?",
+             method="Find the values that share the outlier's scale (an MX block runs along the last dimension), "
+                    "then ask what dividing by a larger power of two does to a number's mantissa, and when it does "
+                    "something more.",
+             solution="Only a few (8 here): the outlier's block gets a scale about 2^12 larger, and of its 31 neighbours only "
+                      "those divided below 2^-6 (E4M3's smallest normal) lose mantissa bits; the rest are shifted "
+                      "exactly. No other block's scale moves.",
+             kind="predict", wrong_why=_SPREAD_WHY,
+             reference=(8, 8.0), wrong=(31, 8.0), measure=_measure_spread),
+]
