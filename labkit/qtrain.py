@@ -16,7 +16,7 @@ wgrad      dW = dy^T x     dy^T, x^T                the T tokens
 
 ``qmm(a, b, recipe)`` returns ``Q(a) @ Q(b)^T`` with ``Q`` one of the ``RECIPES``, the quantisers of
 :mod:`labkit.microscaling` applied along the last dimension of each operand; the products are summed
-in the operands' dtype. Run in float64 (as notebook 17 does), the sum of the dequantised products is
+in the operands' dtype (float32 operands in float64, so that a GPU's TF32 mode cannot round them again). Run in float64 (as notebook 17 does), the sum of the dequantised products is
 exact to about 2^-50, so the only error left is the quantisation's (in a low-precision dtype such as bf16 the
 dequantised values are rounded once more, to that dtype): what a tensor core with an FP32
 accumulator computes, bar the accumulator's own rounding (notebook 17, section 4). The emulation is as
@@ -91,7 +91,8 @@ def stochastic_round(v: torch.Tensor, fmt: str, generator: torch.Generator | Non
     _, e = torch.frexp(torch.where(torch.isfinite(a), a, 1.0))
     step = torch.ldexp(torch.ones_like(a), (e.long() - 1).clamp(min=f.emin) - f.man_bits)  # spacing at |v|
     steps = a / step  # exact: a power-of-two rescale
-    u = torch.rand(a.shape, generator=generator, dtype=torch.float64).to(a.device)  # drawn on the CPU generator
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    u = torch.rand(a.shape, generator=generator, dtype=torch.float64, device=gen_device).to(a.device)
     r = (torch.floor(steps) + (u < steps - torch.floor(steps)).double()) * step
     r = torch.where(torch.isnan(a), a, r.clamp(max=f.max))
     return torch.copysign(r, v.double()).to(v.dtype)
@@ -170,6 +171,8 @@ def qmm(a: torch.Tensor, b: torch.Tensor, recipe: str, *, grad_a: bool = False, 
         b = (b.reshape(b.shape[0], -1, n) @ rotation.to(b)).reshape(b.shape)
     qa = quantise(a, recipe, grad=grad_a, stochastic=stochastic and grad_a, generator=generator)
     qb = quantise(b, recipe, grad=grad_b, stochastic=stochastic and grad_b, generator=generator)
+    if a.dtype == torch.float32:  # summed in float64: no TF32 on a GPU, no reduced-precision reduction
+        return (qa.double() @ qb.double().t()).float()
     return qa @ qb.t()
 
 
@@ -220,7 +223,10 @@ class QLinear(nn.Module):
 
     Holds the original layer's weight and bias (the same Parameters, in high precision: the optimizer
     keeps master weights as in every FP8/FP4 recipe); only the matmuls' operands are quantised. The bias
-    is added in high precision. Introduced in notebook 17.
+    is added in high precision. Every K must fit the recipe's blocks: the layer's in and out features, and the
+    number of tokens in a batch (wgrad sums over them), multiples of 32 for MXFP8 and of 16 for NVFP4 and the
+    Hadamard rotation. Runs on any device (the quantisers compute on the CPU and hand the result back).
+    Introduced in notebook 17.
     """
 
     def __init__(self, linear: nn.Linear, cfg: QuantConfig) -> None:

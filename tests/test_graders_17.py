@@ -9,27 +9,37 @@ import torch
 
 from labkit.check import evaluate
 from labkit.exercises import get_exercise
-from labkit.exercises.nb17 import exercise_block, round_to
+from labkit.exercises.nb17 import exercise_blocks, round_to
 
 
 def _verdict(ex_id, answer):
     return evaluate(ex_id, answer)
 
 
-def test_mx_scale_rejects_the_rceil_the_unshifted_and_the_fp32_scales():
-    amax = float(exercise_block().abs().max())
-    right = 2.0 ** (math.floor(math.log2(amax)) - 2)  # MXFP4: E2M1's 6 = 1.5 x 2^2
+def test_mx_scale_rejects_the_rceil_the_unshifted_the_ratio_and_the_fp32_scales():
+    amax = [float(b.abs().max()) for b in exercise_blocks()]
+    right = [2.0 ** (math.floor(math.log2(a)) - 2) for a in amax]  # MXFP4: E2M1's 6 = 1.5 x 2^2
     assert _verdict("17.mx-scale", right).status == "correct"
-    k = math.floor(math.log2(amax)) - 2
-    for wrong, says in ((2.0 ** math.ceil(math.log2(amax / 6)), "RCEIL"),
-                        (2.0 ** math.floor(math.log2(amax)), "emax"),
-                        (2.0 ** (math.floor(math.log2(amax)) - 8), "MXFP8"),
-                        (amax / 6, "FP32"), (6 / amax, "FP32"), (1 / right, "Upside down"),
-                        (k, "exponent"), (k + 127, "byte")):
+    assert _verdict("17.mx-scale", tuple(right)).status == "correct"
+    k = [math.log2(r) for r in right]
+    wrongs = {
+        "RCEIL": [2.0 ** math.ceil(math.log2(a / 6)) for a in amax],
+        "emax": [2.0 ** math.floor(math.log2(a)) for a in amax],
+        "MXFP8": [2.0 ** (math.floor(math.log2(a)) - 8) for a in amax],
+        "log2(amax / 6)": [2.0 ** math.floor(math.log2(a / 6)) for a in amax],
+        "rounds log2": [2.0 ** round(math.log2(a / 6)) for a in amax],
+        "FP32": [a / 6 for a in amax],
+        "Upside down": [1 / r for r in right],
+        "exponents": k,
+        "E8M0 bytes": [x + 127 for x in k],
+    }
+    for says, wrong in wrongs.items():
         v = _verdict("17.mx-scale", wrong)
-        assert v.status != "correct" and says in v.message, (wrong, v.message)
-    assert _verdict("17.mx-scale", right * 2).status != "correct"
-
+        assert v.status == "wrong", (says, wrong, v.message)
+        assert says.split()[0] in v.message or says == "rounds log2" and "log2(amax / 6)" in v.message, (says, v.message)
+    v = _verdict("17.mx-scale", [right[0], right[1] * 2])
+    assert v.status == "wrong" and "Block 2" in v.message
+    assert _verdict("17.mx-scale", right[0]).status != "correct"  # one number is a slip of form, not a verdict
 
 
 def _nvfp4(scale_of, elements_of=None):

@@ -193,8 +193,29 @@ def cuda_results() -> dict[str, Any]:
                 "bf16_cast_round_to_nearest": rne, "flash_attention_matches_sdpa": fa_ok, "checks": checks,
                 "timings": timing}
 
+    def qtrain_on_cuda() -> dict[str, Any]:
+        # notebook 17's emulated recipes on CUDA tensors: the same numbers as on the CPU, and torchao's float8 timed
+        from labkit import qtrain
+
+        same = {}
+        for recipe in qtrain.RECIPES:
+            for tricks in ((False, False), (True, True)) if recipe == "nvfp4" else ((False, False),):
+                grads = []
+                for d in ("cpu", dev):
+                    torch.manual_seed(0)
+                    lin = torch.nn.Linear(64, 32).double()
+                    q = qtrain.QLinear(lin, qtrain.QuantConfig(recipe, *tricks, seed=3)).to(d)
+                    x = torch.randn(64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(d)
+                    x.requires_grad_()
+                    q(x).pow(2).sum().backward()
+                    grads.append((x.grad.cpu(), lin.weight.grad.cpu()))
+                same[f"{recipe}{' +SR+RHT' if tricks[0] else ''}"] = all(
+                    torch.allclose(a, b, rtol=1e-12, atol=0) for a, b in zip(*grads))
+        return {"ok": all(same.values()), "cpu_equals_cuda": same, "float8_training": qtrain.float8_speedup()}
+
     guarded("amp_speedup", amp_speedup)
     guarded("triton_kernels", triton_kernels)
+    guarded("qtrain_on_cuda", qtrain_on_cuda)
     return out
 
 

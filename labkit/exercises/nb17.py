@@ -12,7 +12,7 @@ from labkit import formats, microscaling
 from labkit.exercises._core import Exercise, FormatSlip, whole
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 
-__all__ = ["EXERCISES", "RECIPE_CHOICES", "SITUATIONS", "exercise_block", "round_to"]
+__all__ = ["EXERCISES", "RECIPE_CHOICES", "SITUATIONS", "exercise_blocks", "round_to"]
 
 #: Exercise 17.recipe: situation -> description (the learner sees these and picks from RECIPE_CHOICES).
 SITUATIONS: dict[str, str] = {
@@ -21,7 +21,7 @@ SITUATIONS: dict[str, str] = {
     "h100-simple": "Fine-tuning on H100s; the activations have no outliers and you want the simplest FP8 recipe.",
     "h100-outliers": "Pretraining on H100s; outlier channels in the activations make one scale per tensor or per "
                      "row too coarse.",
-    "b200-fp8": "Pretraining on B200s in 8 bits, with scales finer than one per tensor.",
+    "b200-fp8": "Pretraining on B200s in 8 bits, with block scales that the tensor cores apply themselves.",
     "b200-fp4": "Pretraining on B200s where the highest matmul throughput matters most.",
 }
 _ANSWERS: dict[str, str] = {"a100": "bf16", "l40s": "fp8-tensor", "h100-simple": "fp8-tensor",
@@ -63,11 +63,19 @@ def _grade_recipe(answer: object) -> tuple[bool, str]:
     return True, " ".join(_WHY.values())
 
 
-def exercise_block(seed: int = 17) -> torch.Tensor:
-    """Return the 32 values of exercise 17.mx-scale: one MX block, float64. Introduced in notebook 17."""
+#: The two blocks' amaxes: 1.84 x 2^-3 (a mantissa above E2M1's 1.5: the spec's rule and RCEIL differ) and
+#: 1.03 x 2^-1 (just above a power of two: the spec's rule and floor(log2(amax / 6)) or its rounding differ).
+_AMAXES = (0.23, 0.515)
+
+
+def exercise_blocks(seed: int = 17) -> torch.Tensor:
+    """Return the two MX blocks of exercise 17.mx-scale, one per row: shape (2, 32), float64.
+
+    Introduced in notebook 17.
+    """
     g = torch.Generator().manual_seed(whole("seed", seed, 0))
-    x = torch.randn(32, generator=g, dtype=torch.float64)
-    return x * (0.23 / x.abs().max())  # amax 0.23: 1.84 x 2^-3, a mantissa above E2M1's 1.5
+    x = torch.randn(2, 32, generator=g, dtype=torch.float64)
+    return x * (torch.tensor(_AMAXES, dtype=torch.float64) / x.abs().amax(1)).unsqueeze(1)
 
 
 def round_to(v: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -93,35 +101,49 @@ _CEIL = ("That is the rounded-up scale (RCEIL, the MXFP8 recipe's choice), ceil(
          "is the point.")
 _FP32 = ("That is an FP32 scale, amax / max (or its inverse): MX stores only a power of two, the E8M0 byte. Round "
          "the exponent, not the ratio.")
-_E4M3_EMAX = ("That is the scale for MXFP8 E4M3 (emax 8). The exercise asks for MXFP4: E2M1's largest value has a "
+_E4M3_EMAX = ("Those are the scales for MXFP8 E4M3 (emax 8). The exercise asks for MXFP4: E2M1's largest value has a "
               "smaller exponent.")
+_RATIO_FLOOR = ("That rounds log2(amax / 6), the ratio to E2M1's largest value. The spec subtracts emax, the exponent of "
+                "the largest value, from amax's own exponent: floor first, then subtract. The two agree for some blocks "
+                "(the first one here) and not for others (the second).")
+
+
+def _rules(rule: Any) -> list[float]:
+    return [rule(float(b.abs().max())) for b in exercise_blocks()]
 
 
 def _grade_mx_scale(answer: object) -> tuple[bool, str]:
-    got = as_number(answer)
-    if got is None or isinstance(answer, bool):
-        return False, FormatSlip("Give the scale as a number, e.g. 2.0 ** -3.")
-    x = exercise_block()
-    want = _mx_scale(x, "floor")
-    amax = float(x.abs().max())
+    if isinstance(answer, torch.Tensor):
+        answer = answer.tolist()
+    if not isinstance(answer, (list, tuple)) or len(answer) != 2:
+        return False, FormatSlip("Give a list of two scales, one per block (row) of exercise_blocks().")
+    got = [as_number(v) for v in answer]
+    if any(v is None or isinstance(v, bool) for v in got) or any(isinstance(v, bool) for v in answer):
+        return False, FormatSlip("Give each scale as a number, e.g. 2.0 ** -3.")
+    want = [_mx_scale(b, "floor") for b in exercise_blocks()]
     if got == want:
-        return True, (f"amax / scale = {amax / want:.2f}, above E2M1's 6: under the spec's rule this block's largest "
-                      "element saturates; rounded up, the scale would be twice as large.")
-    k = math.log2(want)
-    if got == 2.0 ** math.floor(math.log2(amax)):
-        return False, _NO_EMAX
-    if got == _mx_scale(x, "rceil"):
-        return False, _CEIL
-    if got == _mx_scale(x, "floor", "e4m3fn"):
-        return False, _E4M3_EMAX
-    if got > 0 and any(math.isclose(got, v, rel_tol=1e-6) for v in (amax / 6, 6 / amax, amax / 448, 448 / amax)):
-        return False, _FP32
-    if got == 1 / want:
-        return False, "Upside down: x = element x scale, so the scale is small when the values are small."
-    if got == k:
-        return False, "That is the exponent k; the scale is the power of two it stands for."
-    if got == k + 127:
-        return False, "That is the E8M0 byte that stores the scale (k + 127); give the scale itself."
+        amax = [float(b.abs().max()) for b in exercise_blocks()]
+        return True, (f"amax / scale = {amax[0] / want[0]:.2f} and {amax[1] / want[1]:.2f}: the first lands above "
+                      "E2M1's 6, so under the spec's rule that block's largest element saturates; rounded up, its "
+                      "scale would be twice as large.")
+    mistakes = (
+        (_rules(lambda a: 2.0 ** math.floor(math.log2(a))), _NO_EMAX),
+        ([_mx_scale(b, "rceil") for b in exercise_blocks()], _CEIL),
+        ([_mx_scale(b, "floor", "e4m3fn") for b in exercise_blocks()], _E4M3_EMAX),
+        (_rules(lambda a: 2.0 ** math.floor(math.log2(a / 6))), _RATIO_FLOOR),
+        (_rules(lambda a: 2.0 ** round(math.log2(a / 6))), _RATIO_FLOOR),
+        (_rules(lambda a: a / 6), _FP32), (_rules(lambda a: 6 / a), _FP32),
+        ([1 / w for w in want], "Upside down: x = element x scale, so the scale is small when the values are small."),
+        ([math.log2(w) for w in want], "Those are the exponents k; the scales are the powers of two they stand for."),
+        ([math.log2(w) + 127 for w in want], "Those are the E8M0 bytes that store the scales (k + 127); give the "
+                                             "scales themselves."),
+    )
+    for values, why in mistakes:
+        if all(g is not None and math.isclose(g, v, rel_tol=1e-9) for g, v in zip(got, values)):
+            return False, why
+    right = [g == w for g, w in zip(got, want)]
+    if any(right):
+        return False, f"Block {right.index(False) + 1} is not right yet (the other one is)."
     return False, ""
 
 
@@ -221,19 +243,21 @@ def _measure_spread() -> float:
 
 
 EXERCISES = [
-    Exercise("17.mx-scale", "The E8M0 shared scale of exercise_block() for MXFP4 (E2M1), by the OCP spec's rule.",
+    Exercise("17.mx-scale", "The E8M0 shared scales of the two blocks of exercise_blocks() for MXFP4 (E2M1), by the "
+             "OCP spec's rule.",
              _grade_mx_scale,
              "The scale is a power of two chosen from the block's largest magnitude, so that it lands at the top of "
              "the element format's range.",
              method="Take amax = x.abs().max(); its exponent is floor(log2(amax)). Write the element format's largest "
                     "value as a mantissa times 2^emax: subtract emax from amax's exponent, and the scale is 2 to "
                     "that power.",
-             solution="amax = 0.23, floor(log2(0.23)) = -3; E2M1's largest value 6 = 1.5 x 2^2, emax = 2: k = -5, "
-                      "scale = 2.0 ** -5 (amax / scale = 7.36 > 6: the largest element saturates; rounding up would "
-                      "give 2 ** -4).",
+             solution="E2M1's largest value 6 = 1.5 x 2^2, emax = 2. Block 1: amax = 0.23, floor(log2(0.23)) = -3, "
+                      "k = -5, scale 2.0 ** -5 (amax / scale = 7.36 > 6: its largest element saturates; rounding up "
+                      "would give 2 ** -4). Block 2: amax = 0.515, floor(log2(0.515)) = -1, k = -3, scale 2.0 ** -3. "
+                      "scales = [2.0 ** -5, 2.0 ** -3]",
              kind="compute", wrong_why=_NO_EMAX,
-             reference=_mx_scale(exercise_block(), "floor"),
-             wrong=2.0 ** math.floor(math.log2(float(exercise_block().abs().max())))),
+             reference=[_mx_scale(b, "floor") for b in exercise_blocks()],
+             wrong=_rules(lambda a: 2.0 ** math.floor(math.log2(a)))),
     Exercise("17.nvfp4-block", "Write nvfp4_block(x, tensor_scale): quantise 16 values to NVFP4 and decode them.",
              _grade_nvfp4_block,
              "Two scales multiply: the tensor's and the block's. Which one does the block store, in which format, "
@@ -255,7 +279,7 @@ EXERCISES = [
                       "mxfp8, b200-fp4 nvfp4",
              kind="design", wrong_why=_RECIPE_WHY,
              reference=dict(_ANSWERS), wrong={**_ANSWERS, "h100-outliers": "mxfp8"}),
-    Exercise("17.outlier-spread", "Predict how many other values of the activation one outlier changes under MXFP8.",
+    Exercise("17.outlier-spread", "Predict how many other values of a Gaussian tensor one outlier changes under MXFP8.",
              _grade_spread,
              "Which values share a scale with the outlier in an MX tensor?",
              method="Find the values that share the outlier's scale (an MX block runs along the last dimension), "
