@@ -64,7 +64,8 @@ lab: $(VENV)/.base
 	$(BIN)/python -m labkit workspace --dir $(WORKSPACE)
 	$(BIN)/jupyter lab --no-browser --ip 127.0.0.1 --port $(PORT) --ServerApp.root_dir=. --ContentsManager.preferred_dir=$(WORKSPACE) $(ALLOW_ROOT)
 
-# Lint, everything on this CPU, then every notebook again (strict nbval) with the CPU capped to the laptop class,
+# Lint, everything on this CPU (the Chinese edition in notebooks/zh too), then every English notebook again (strict
+# nbval) with the CPU capped to the laptop class,
 # and the class-dependent notebooks in the browser capped to the AVX512-BF16 class. A cap only lowers the class:
 # where this CPU is not above a cap's class, the native run has already tested that class, and the capped pass
 # says so and does not repeat it (tools/cpu_class.py).
@@ -89,7 +90,7 @@ test-native: $(VENV)/.dev
 test-capped: $(VENV)/.dev
 	@if $(BIN)/python tools/cpu_class.py --above $(CPU_CLASS); then \
 	  env $(CPU_CAP) MPLBACKEND=Agg LABKIT_EXPECT_CPU_CLASS=$(CPU_CLASS) $(BIN)/python -m pytest -p no:cacheprovider $(XDIST) \
-	    tests/test_cpu_cap.py::test_this_run_is_the_class_it_claims notebooks $(NBVAL_ARGS) $(PYTEST_ARGS); \
+	    tests/test_cpu_cap.py::test_this_run_is_the_class_it_claims notebooks --ignore=notebooks/zh $(NBVAL_ARGS) $(PYTEST_ARGS); \
 	else echo "test-capped: the native run was already the $(CPU_CLASS) class (or below): not repeated"; fi
 
 test-capped-bf16: $(VENV)/.dev

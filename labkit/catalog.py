@@ -7,9 +7,11 @@ Regenerate the README's blocks with ``python tools/readme.py`` (it also writes t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["NOTEBOOKS", "Notebook", "available", "markdown_table"]
+__all__ = ["NOTEBOOKS", "Notebook", "available", "markdown_table", "missing"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,20 @@ NOTEBOOKS: list[Notebook] = [
 def available() -> list[Notebook]:
     """Return the notebooks that exist in this version of the workbook. Introduced in notebook 00."""
     return [n for n in NOTEBOOKS if n.available]
+
+
+def missing(folder: str | os.PathLike = ".") -> list[str]:
+    """Return the file names of the available notebooks that are not in ``folder``.
+
+    A translated edition lives in a language folder under notebooks/ (``notebooks/zh``) and may not have every
+    notebook yet: there, a notebook also counts as present in the parent folder, where the English edition is.
+    Introduced in notebook 00.
+    """
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a path (str or Path), got {type(folder).__name__}")
+    here = Path(folder).resolve()
+    places = [here] + ([here.parent] if here.parent.name == "notebooks" else [])
+    return [n.filename for n in available() if not any((p / n.filename).exists() for p in places)]
 
 
 def markdown_table(notebooks: list[Notebook] | None = None) -> str:

@@ -12,6 +12,20 @@
 #
 # **Estimated time:** 35 min
 
+# %% [markdown] lang="zh" en="60e059fbdd3f"
+# # 01 · 浮点数的位布局：FP32、TF32、FP16、BF16、FP8
+#
+# **学习目标**
+# - 把任意浮点数拆成符号位、指数位和尾数位，再把它拼回去；
+# - 从位宽直接读出一种格式的范围（max、最小正规数、最小次正规数）和精度（eps）；
+# - 理解 BF16 为什么保留了 FP32 的范围、FP16 为什么“耳背”、TF32 是什么，以及两种 FP8 格式有何不同；
+# - 知道 torch 与 ml_dtypes 在哪里结果不一致（E4M3FN 上溢）；
+# - 看懂最新、最小的格式：FP6、FP4 元素格式和 E8M0 缩放因子，MX 和 NVFP4 正是建立在它们之上。
+#
+# **前置知识：** notebook 00；二进制数。
+#
+# **预计用时：** 35 分钟
+
 # %%
 # %matplotlib inline
 import math
@@ -38,6 +52,18 @@ from labkit.check import check, predict, reveal
 #
 # `labkit.formats` is a small hand-written codec for all of this, tested bit for bit against torch and ml_dtypes.
 
+# %% [markdown] lang="zh" en="11ef3ee03447"
+# ## 1. 三个字段
+#
+# 对于*正规数*（指数字段 $E$ 既不全为 0，也不全为 1），一个有 $e$ 个指数位、$m$ 个尾数位的二进制浮点数表示的值是
+#
+# $$x = (-1)^{s} \times 2^{E - \text{bias}} \times 1.M_2, \qquad \text{bias} = 2^{e-1}-1$$
+#
+# 当 $E = 0$ 时，前导的 1 变成 0，指数停留在最小值：这就是**次正规数**（非规格化数），它们填补了最小正规数与零之间的空隙。
+# 全 1 的指数用来表示 ±inf 和 NaN（E4M3FN 例外，见下文）。
+#
+# `labkit.formats` 是一个手写的小型编解码器，实现了上面的全部规则，并与 torch 和 ml_dtypes 逐位对照测试过。
+
 # %%
 fl = F.fields(-1.5, "fp16")
 print(fl.bitstring, "  kind:", fl.kind)
@@ -46,7 +72,10 @@ assert (fl.sign, fl.exponent, fl.mantissa) == (1, 15, 0b1000000000)
 assert torch.tensor(-1.5, dtype=torch.float16).view(torch.int16).item() & 0xFFFF == fl.bits == 0xBE00
 
 # %% [markdown]
-# The same value in each format: the exponent field grows with the bias, the mantissa is cut to its width.
+# The same value in each format: the exponent field grows with the bias, the mantissa is rounded to its width.
+
+# %% [markdown] lang="zh" en="24c5af53ce58"
+# 同一个值在各种格式中的编码：指数字段随偏置（bias）增大而增大，尾数则舍入到该格式的位宽。
 
 # %%
 for name in ["fp32", "tf32", "fp16", "bf16", "e4m3fn", "e5m2"]:
@@ -61,11 +90,21 @@ assert F.round_to(0.1, "fp32") == float(np.float32(0.1)) and F.round_to(0.1, "bf
 # - **smallest normal** = $2^{1-\text{bias}}$; **smallest subnormal** = $2^{1-\text{bias}-m}$;
 # - **eps** (the gap after 1.0) = $2^{-m}$: about $\log_{10} 2^{m+1}$ significant decimal digits.
 
+# %% [markdown] lang="zh" en="d2a9ca3509dd"
+# ## 2. 由位宽推出范围与精度
+#
+# - **max** = $(2 - 2^{-m}) \times 2^{2^e - 2 - \text{bias}}$（适用于 IEEE 风格的格式）；
+# - **最小正规数** = $2^{1-\text{bias}}$；**最小次正规数** = $2^{1-\text{bias}-m}$；
+# - **eps**（1.0 之后的间隔）= $2^{-m}$：约合 $\log_{10} 2^{m+1}$ 位有效十进制数字。
+
 # %%
 print(F.table())
 
 # %% [markdown]
 # The facts below are the ones that matter in the rest of the workbook. Each is checked against torch and ml_dtypes.
+
+# %% [markdown] lang="zh" en="a693a8b18c63"
+# 下面这些事实在本教程的后续内容中都很重要，每一条都与 torch 和 ml_dtypes 做了核对。
 
 # %%
 fp16, bf16, fp32 = F.get_format("fp16"), F.get_format("bf16"), F.get_format("fp32")
@@ -86,6 +125,10 @@ plt.show()
 # between $2^{-m-1}$ and $2^{-m}$. In the subnormals the spacing stays fixed, so relative precision collapses
 # on the way to zero.
 
+# %% [markdown] lang="zh" en="771b9d5a05a7"
+# 精度是*相对*的：在相邻两个 2 的幂之间，数值等距分布，因此 `ulp(x)/x` 在 $2^{-m-1}$ 与 $2^{-m}$ 之间呈锯齿状变化。
+# 进入次正规数区间后，间距固定不变，于是在趋近零的过程中，相对精度急剧崩塌。
+
 # %%
 plots.relative_spacing(lo=-30, hi=17)
 plt.show()
@@ -96,6 +139,12 @@ plt.show()
 # Pick a format, click bits, or type a number (`0.1`, `65504`, `2^-24`, `inf`) and press Enter. Sign bits are red,
 # exponent bits green, mantissa bits blue. The panel shows the exact value, its neighbours and its ulp.
 
+# %% [markdown] lang="zh" en="39beebeb7979"
+# ## 3. 位浏览器
+#
+# 选一种格式，点击各个位，或者输入一个数（`0.1`、`65504`、`2^-24`、`inf`）后按 Enter。符号位显示为红色，
+# 指数位为绿色，尾数位为蓝色。面板会显示精确值、它的两个相邻值以及它的 ulp。
+
 # %%
 explorer = widgets.bit_explorer("fp16", 1.0)
 explorer
@@ -103,6 +152,10 @@ explorer
 # %% [markdown]
 # The explorer can be driven from code as well. Clicking the top exponent bit of 1.0 in FP16 gives the all-ones
 # exponent, which is infinity; typing 65519 rounds to the largest finite value, and 65520 overflows.
+
+# %% [markdown] lang="zh" en="ce4550c9ea31"
+# 浏览器也可以用代码来操作。在 FP16 中，点击 1.0 的最高指数位，指数就变成全 1，也就是无穷大；
+# 输入 65519 会舍入到最大有限值，而 65520 则会上溢。
 
 # %%
 explorer.set_value(1.0)
@@ -122,6 +175,13 @@ explorer.set_value(1.0)
 # BF16's largest finite value and become inf, and FP32 subnormals below 2^-133 (BF16's smallest subnormal) lose
 # their bits: from 2^-134 down they flush to 0.
 
+# %% [markdown] lang="zh" en="5995142c3d6e"
+# ## 4. BF16 保留了 FP32 的范围；FP16 “耳背”
+#
+# BF16 其实就是 FP32 的高 16 位（经过舍入）：指数同样是 8 位，所以范围几乎相同，尾数却只有 7 位。
+# 说“几乎”，是因为在范围的两端，舍入会带来影响。大于约 3.3961e38 的 FP32 值会向上舍入，越过 BF16 的最大有限值而变成 inf；
+# 小于 2^-133（BF16 的最小次正规数）的 FP32 次正规数则会丢掉有效位：从 2^-134 往下，它们都变成 0。
+
 # %%
 x = 1 / 3
 b32, b16 = F.encode(x, "fp32"), F.encode(x, "bf16")
@@ -140,6 +200,11 @@ assert as_bf16[2] == 2.0**-133 and as_bf16[3] == 0.0      # the smallest bf16 su
 # narrow dynamic range, it **doesn't hear quiet sounds** (small gradients flush to zero) and **clips loud ones**
 # (activations above 65504 become inf). BF16 hears everything FP32 hears, just less precisely.
 
+# %% [markdown] lang="zh" en="a44c86e89555"
+# FP16 的位分配正好反过来：10 个尾数位（比 BF16 更精细），但只有 5 个指数位。它就像一只动态范围很窄的耳朵：
+# **听不见轻声**（小梯度下溢为 0），**遇到大声就削波**（超过 65504 的激活值变成 inf）。
+# BF16 能听见 FP32 听得见的一切，只是听得没那么精确。
+
 # %%
 for v in [1e-8, 3e-5, 70000.0, 1 + 2**-9]:
     print(f"{v!r:>22}  fp16 -> {F.round_to(v, 'fp16')!r:<24} bf16 -> {F.round_to(v, 'bf16')!r}")
@@ -155,6 +220,14 @@ assert F.round_to(1 + 2**-9, "fp16") == 1 + 2**-9 and F.round_to(1 + 2**-9, "bf1
 # FP32 *inputs* to 1+8+10 bits inside the tensor cores and accumulates in FP32. PyTorch's default is off; NVIDIA's
 # NGC containers turn it on. Notebook 05 measures what that costs in accuracy.
 
+# %% [markdown] lang="zh" en="730d1b6027cc"
+# ## 5. TF32：FP32 的范围加 10 位尾数，只存在于张量核心内部
+#
+# TF32 不是一种存储格式：张量在显存中仍然是 FP32。在 Ampere 及之后的 NVIDIA GPU 上，设置
+# `torch.backends.cuda.matmul.allow_tf32 = True`（或 `torch.set_float32_matmul_precision("high")`）后，
+# 矩阵乘法会在张量核心（Tensor Core）内部把 FP32 *输入*舍入为 1+8+10 位，并以 FP32 累加。PyTorch 默认关闭这一功能，
+# NVIDIA 的 NGC 容器则默认打开。notebook 05 会测量它在精度上的代价。
+
 # %%
 tf32 = F.get_format("tf32")
 # FP32's range (torch's own float32 limits), FP16's precision (torch's own float16 epsilon):
@@ -165,6 +238,9 @@ assert F.round_to(1 / 3, "tf32") == F.round_to(1 / 3, "fp16")  # same mantissa, 
 
 # %% [markdown]
 # What your device does with TF32 (the flags exist everywhere; only NVIDIA tensor cores act on them):
+
+# %% [markdown] lang="zh" en="fd81543281a6"
+# 你的设备如何处理 TF32（这些开关在任何设备上都存在，但只有 NVIDIA 的张量核心会真正据此行事）：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -181,6 +257,13 @@ print("TF32 is used by matmuls on this device" if caps.tier.startswith("cuda") a
 # keep one more binade of normals: max 448, 3 mantissa bits. **E5M2** is IEEE-like: max 57344, inf, only 2 mantissa
 # bits, and the wider range gradients need.
 
+# %% [markdown] lang="zh" en="cb3deecacf0a"
+# ## 6. FP8：前向传播用 E4M3FN，梯度用 E5M2
+#
+# 只有 8 位时，所有位模式都可以一一列出。**E4M3FN**（“finite，只有 S.1111.111 是 NaN”）放弃了无穷大，
+# 换来多一个二进制数量级（binade）的正规数：最大值 448，3 个尾数位。**E5M2** 与 IEEE 格式类似：最大值 57344，
+# 有 inf，只有 2 个尾数位，但具备梯度所需的更宽范围。
+
 # %%
 fig, axes = plt.subplots(2, 1, figsize=(9, 3.2), sharex=True)
 plots.value_grid("e4m3fn", ax=axes[0]); plots.value_grid("e5m2", ax=axes[1])
@@ -193,6 +276,10 @@ print("finite positive values:", int(np.isfinite(pos("e4m3fn")).sum()), "in E4M3
 # **Predict, then run.** E4M3FN's largest finite value is 448, and it has no infinity. What does torch give for
 # `torch.tensor(500.0).to(torch.float8_e4m3fn).float()`? (A number: `448.0`, `math.inf`, `math.nan`, ...)
 
+# %% [markdown] lang="zh" en="1effbdcb1a70"
+# **先预测，再运行。** E4M3FN 的最大有限值是 448，而且它没有无穷大。那么对于
+# `torch.tensor(500.0).to(torch.float8_e4m3fn).float()`，torch 会给出什么？（填一个数，例如 `448.0`、`math.inf`、`math.nan` 等）
+
 # %%
 prediction = ...
 ### BEGIN SOLUTION
@@ -202,6 +289,9 @@ predict("01.e4m3-overflow", prediction)
 
 # %% [markdown]
 # Four values through torch's cast and through ml_dtypes':
+
+# %% [markdown] lang="zh" en="e0965698fe52"
+# 把四个值分别交给 torch 和 ml_dtypes 做类型转换：
 
 # %% tags=["workspace-clear"]
 vals = np.array([300.0, 464.0, 500.0, np.inf], dtype=np.float32)
@@ -215,6 +305,12 @@ reveal("01.e4m3-overflow", t[2])  # torch's answer for 500.0
 # spec's non-saturating mode) makes it NaN. torch's cast **saturates** to ±448, even for inf, since torch 2.13 (the
 # oldest release labkit admits); before it, eager casts gave NaN like ml_dtypes, so the same line of code changed
 # its answer between releases. E5M2 has inf, and both libraries agree. labkit exposes both rules by name:
+
+# %% [markdown] lang="zh" en="953b24560f0f"
+# **库与库之间的分歧。** E4M3FN 没有无穷大，那么上溢时应该得到什么？ml_dtypes（以及 OCP 规范中的非饱和模式）给出 NaN。
+# torch 的转换则会**饱和**到 ±448，连 inf 也不例外；这是从 torch 2.13（labkit 允许的最低版本）开始的行为。
+# 在此之前，eager 模式下的转换和 ml_dtypes 一样给出 NaN，所以同一行代码在不同版本间给出了不同的答案。
+# E5M2 有 inf，两个库的结果一致。labkit 把两种规则都按名字提供出来：
 
 # %%
 for rule in ("saturate", "nan"):
@@ -235,6 +331,17 @@ assert all(map(math.isnan, [F.round_to(v, "e4m3fn", overflow="nan") for v in val
 # overflow saturates to ±max. Four bits make 16 patterns, so FP4's values can be listed in full, here by labkit's
 # codec and, independently, by ml_dtypes:
 
+# %% [markdown] lang="zh" en="3d1dd35bd3b7"
+# 464 恰好位于 448 与下一个“本应存在”的值 480 的正中间，在两个库中都按“向偶数舍入”得到 448。
+# 一个悄无声息变成 448 的值会掩盖上溢，而 NaN 则会大声报警。这就是为什么 FP8 训练要对张量做缩放，
+# 让它们的 `amax` 落在最大值之下（notebook 05）。
+#
+# ## 7. 最新的格式：FP6、FP4 与 E8M0
+#
+# 在 8 位以下，OCP 微缩放（MX）规范新增了两种 6 位格式 **FP6 E2M3**（最大值 7.5）和 **FP6 E3M2**（最大值 28），
+# 以及一种 4 位格式 **FP4 E2M1**（最大值 6）。它们没有 inf，也没有 NaN：每个位模式都是一个数，上溢时饱和到 ±max。
+# 4 位只有 16 种位模式，所以 FP4 的取值可以完整列出；下面分别用 labkit 的编解码器和 ml_dtypes 独立列出：
+
 # %%
 fp4 = [F.decode(b, "e2m1fn") for b in range(16)]  # patterns 0000 to 1111; the top bit is the sign
 print("FP4 E2M1:", fp4)
@@ -250,6 +357,12 @@ assert F.get_format("e3m2fn").max == float(ml_dtypes.finfo(ml_dtypes.float6_e3m2
 # negative numbers: ml_dtypes turns 0 or -4 into NaN (torch's cast gives $2^{-127}$ and 4 instead). Every pattern,
 # checked against both libraries:
 
+# %% [markdown] lang="zh" en="bb459e928a98"
+# 这么少的取值，单靠自身覆盖不了一个张量的范围：所以每 32 个元素（MX）或 16 个元素（NVFP4）共享一个缩放因子。
+# MX 用 **E8M0** 存储这个缩放因子：8 个指数位，别无其他。没有符号位，也没有尾数，所以位模式 E 表示 $2^{E-127}$，
+# 范围从 $2^{-127}$（0x00）到 $2^{127}$（0xFE）；0xFF 是 NaN。E8M0 **没有零**，也没有负数：ml_dtypes 会把 0 或 -4
+# 变成 NaN（torch 的转换则分别给出 $2^{-127}$ 和 4）。下面逐一检查所有位模式，并与两个库核对：
+
 # %%
 e8 = F.decode_array(np.arange(256), "e8m0fnu")
 assert np.array_equal(e8[:255], np.ldexp(1.0, np.arange(255) - 127)) and np.isnan(e8[255])  # 2^(E-127)
@@ -262,6 +375,9 @@ print("0x00 =", e8[0], " 0x7F =", e8[127], " 0xFE =", e8[254], " 0xFF =", e8[255
 # %% [markdown]
 # The explorer above shows all four formats; in E8M0 it has only exponent bits to click, and it says what becomes
 # of a 0 or a negative number typed into it:
+
+# %% [markdown] lang="zh" en="d899954dc564"
+# 上面的位浏览器支持这四种格式；在 E8M0 中它只有指数位可以点击，并且会说明输入 0 或负数时会得到什么：
 
 # %%
 explorer.set_format("e8m0fnu")
@@ -281,6 +397,15 @@ explorer.set_format("fp16"); explorer.set_value(1.0)
 #
 # **1.** The largest finite FP16 value, as a number.
 
+# %% [markdown] lang="zh" en="c42656a35b8c"
+# 这些就是 notebook 17（*The low-precision frontier: FP8 scaling, MX and NVFP4*）中各种微缩放格式所用的元素格式和缩放因子格式：
+# MXFP4 和 MXFP6（每 32 个元素一块，配一个 E8M0 缩放因子），以及 NVFP4（FP4 元素每 16 个一块，配一个 E4M3 缩放因子，
+# 再乘以每个张量一个的 FP32 缩放因子）。
+#
+# ## 练习
+#
+# **1.** FP16 的最大有限值，以数值形式给出。
+
 # %%
 answer = ...
 ### BEGIN SOLUTION
@@ -290,6 +415,9 @@ check("01.fp16-max", answer)
 
 # %% [markdown]
 # **2.** Decode the BF16 pattern `0x4049` by hand (sign, exponent, mantissa) and give its value.
+
+# %% [markdown] lang="zh" en="42ff883d4a87"
+# **2.** 手工解码 BF16 位模式 `0x4049`（符号位、指数位、尾数位），并给出它的值。
 
 # %%
 answer = ...
@@ -301,6 +429,9 @@ check("01.decode-bf16", answer)
 # %% [markdown]
 # **3.** Give the fields `(sign, exponent field, mantissa field)` of -2.5 in FP16, as integers.
 
+# %% [markdown] lang="zh" en="bd4b667bfccd"
+# **3.** 以整数形式给出 -2.5 在 FP16 中的各个字段 `(sign, exponent field, mantissa field)`（符号、指数字段、尾数字段）。
+
 # %%
 answer = (..., ..., ...)
 ### BEGIN SOLUTION
@@ -311,6 +442,9 @@ check("01.fp16-fields", answer)
 # %% [markdown]
 # **4.** The largest finite E4M3FN value: pattern `0 1111 110` (why not `0 1111 111`?).
 
+# %% [markdown] lang="zh" en="a189d58d226f"
+# **4.** E4M3FN 的最大有限值：位模式为 `0 1111 110`（为什么不是 `0 1111 111`？）。
+
 # %%
 answer = ...
 ### BEGIN SOLUTION
@@ -320,6 +454,9 @@ check("01.e4m3-max", answer)
 
 # %% [markdown]
 # **5.** BF16's machine epsilon (the gap between 1.0 and the next BF16 value).
+
+# %% [markdown] lang="zh" en="40ba0549938d"
+# **5.** BF16 的机器精度（机器 ε），即 1.0 与下一个 BF16 值之间的间隔。
 
 # %%
 answer = ...
@@ -336,6 +473,18 @@ check("01.bf16-eps", answer)
 #   FP32's range and little precision, TF32 is FP32's range with FP16's mantissa inside tensor cores.
 # - FP8 E4M3FN (max 448, no inf) is for forward tensors, E5M2 (max 57344) for gradients; torch saturates E4M3FN on
 #   overflow where ml_dtypes gives NaN.
-# - FP6 (E2M3, E3M2) and FP4 E2M1 (16 values, max 6) have no inf and no NaN; E8M0 is a bare power of two
+# - FP6 (E2M3, E3M2) and FP4 E2M1 (15 distinct values, max 6) have no inf and no NaN; E8M0 is a bare power of two
 #   $2^{E-127}$ with no sign and no zero: the element and scale formats of MX and NVFP4 (notebook 17).
 # - Next: notebook 02 shows what these limits do to real arithmetic: underflow, overflow, rounding and swamping.
+
+# %% [markdown] lang="zh" en="de9c1391e6f8"
+# ## 小结
+#
+# - 浮点数的值为：符号 × 2^(指数 − 偏置) × 1.尾数；在零附近，次正规数去掉了前导的 1。
+# - 指数位换来**范围**，尾数位换来**精度**：FP16 精度尚可但范围很窄；BF16 拥有 FP32 的范围，但精度很低；
+#   TF32 则是在张量核心内部使用 FP32 的范围加上 FP16 的尾数。
+# - FP8 E4M3FN（最大值 448，没有 inf）用于前向张量，E5M2（最大值 57344）用于梯度；E4M3FN 上溢时，torch 会饱和，
+#   而 ml_dtypes 给出 NaN。
+# - FP6（E2M3、E3M2）和 FP4 E2M1（15 个不同的值，最大值 6）没有 inf，也没有 NaN；E8M0 是一个单纯的 2 的幂
+#   $2^{E-127}$，没有符号，也没有零：它们是 MX 和 NVFP4 的元素格式与缩放因子格式（notebook 17）。
+# - 下一步：notebook 02 会展示这些限制给实际运算带来的后果：下溢、上溢、舍入和大数吃小数。
