@@ -292,23 +292,27 @@ def native_formats(caps: object) -> str:
     return f"{name} (compute capability {cc[0]}.{cc[1]}): {native}."
 
 
-def float8_speedup(dim: int = 4096, tokens: int = 8192, recipe: str = "tensorwise", repeats: int = 10) -> str:
+def float8_speedup(dim: int = 4096, tokens: int = 8192, recipe: str = "tensorwise", repeats: int = 10,
+                   caps: object = None) -> str:
     """On a CUDA GPU with FP8 (compute capability 8.9+), time one training step of a 4-layer MLP in bf16
     and with torchao's ``convert_to_float8_training`` (both compiled), and return the speed-up as a line.
 
     Times the GPU with CUDA events (``labkit.bench.compare``), medians of ``repeats`` after warm-up. On
     Blackwell too it times per-tensor (or rowwise) FP8, not MXFP8: torchao's MX training is a prototype.
-    Needs torchao (``pip install labkit[lowprecision]``); returns why it did not run otherwise.
-    Introduced in notebook 17.
+    Needs torchao (``pip install labkit[lowprecision]``); returns why it did not run otherwise. ``caps`` is
+    ``labkit.device.capabilities()`` (read if not given). Introduced in notebook 17.
     """
     from labkit import bench
+    from labkit import device as dev_gate
 
-    if not torch.cuda.is_available():
+    caps = dev_gate.capabilities() if caps is None else caps
+    cc, name = getattr(caps, "cuda_capability", None), getattr(caps, "device_name", "this GPU")
+    if getattr(caps, "device_type", None) != "cuda" or cc is None:
         return "float8 training needs a CUDA GPU: not run here."
     if getattr(torch.version, "hip", None):
         return "a ROCm GPU: torchao's float8 training is timed here on NVIDIA GPUs only."
-    if torch.cuda.get_device_capability() < (8, 9):
-        return f"{torch.cuda.get_device_name()} has no FP8 tensor cores: float8 training not run."
+    if cc < (8, 9):
+        return f"{name} has no FP8 tensor cores: float8 training not run."
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
@@ -328,8 +332,8 @@ def float8_speedup(dim: int = 4096, tokens: int = 8192, recipe: str = "tensorwis
         steps = {n: (lambda m=m: m(x).float().pow(2).mean().backward()) for n, m in models.items()}
         cmp = bench.compare(steps, warmup=3, repeats=repeats, device=dev)
     except Exception as e:  # a compile or kernel failure is a result to report, not a crash of the notebook
-        return f"float8 training did not run on {torch.cuda.get_device_name()}: {type(e).__name__}: {e}"
+        return f"float8 training did not run on {name}: {type(e).__name__}: {e}"
     t_bf16, t_fp8 = (cmp.timings[n].median for n in steps)
-    return (f"{torch.cuda.get_device_name()}: a training step of 4 linear layers {dim} x {dim}, {tokens} tokens: "
+    return (f"{name}: a training step of 4 linear layers {dim} x {dim}, {tokens} tokens: "
             f"bf16 {t_bf16 * 1e3:.2f} ms, float8 {recipe} {t_fp8 * 1e3:.2f} ms (medians of {repeats}, CUDA events): "
             f"{t_bf16 / t_fp8:.2f}x")

@@ -189,6 +189,8 @@ def test_native_formats_reads_the_compute_capability():
         qtrain.native_formats("cuda")
 
 
-def test_float8_speedup_says_why_it_did_not_run_without_a_gpu(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a GPU machine runs it for real: make gpu-check
-    assert "CUDA GPU" in qtrain.float8_speedup()
+def test_float8_speedup_says_why_it_did_not_run_without_a_gpu():
+    def caps(device_type, cc):  # a GPU machine runs it for real: make gpu-check
+        return types.SimpleNamespace(device_type=device_type, cuda_capability=cc, device_name="X")
+    assert "CUDA GPU" in qtrain.float8_speedup(caps=caps("cpu", None))
+    assert "no FP8 tensor cores" in qtrain.float8_speedup(caps=caps("cuda", (8, 0)))

@@ -137,8 +137,8 @@ def _grade_flops(pair: object) -> tuple[bool, str]:
 
 def _measure_flops_winner() -> str:
     """The race of 00.matmul-vs-add, run again: a 512 x 512 fp32 matmul against an add of two 16 MB fp32 vectors on
-    the CPU, FLOP/s from the median of 5 timings after a warm-up each; a factor of 2 either way is 'about the same'
-    (the notebook's rule)."""
+    the CPU on one thread, FLOP/s from the median of 5 timings after a warm-up each; a factor of 2 either way is
+    'about the same' (the notebook's rule)."""
     import statistics
     import time
 
@@ -155,7 +155,12 @@ def _measure_flops_winner() -> str:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    mm, add = 2 * 512**3 / median_time(lambda: a @ a), big.numel() / median_time(lambda: big + big)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the notebook's race: one core each
+    try:
+        mm, add = 2 * 512**3 / median_time(lambda: a @ a), big.numel() / median_time(lambda: big + big)
+    finally:
+        torch.set_num_threads(threads)
     return "matmul" if mm > 2 * add else "add" if add > 2 * mm else "about the same"
 
 

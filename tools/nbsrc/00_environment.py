@@ -266,6 +266,7 @@ def median_time(fn, repeats: int = 7) -> float:
         t0 = time.perf_counter(); fn(); ts.append(time.perf_counter() - t0)
     return float(np.median(ts))
 
+torch.set_num_threads(1)  # one core each: a fair race, and one that a busy shared node cannot tip over
 a = torch.randn(512, 512); big = torch.randn(16 * 2**20 // 4)
 t_mm, t_copy, t_add = (median_time(f) for f in (lambda: a @ a, lambda: big.clone(), lambda: big + big))
 flops_mm, flops_add = 2 * 512**3 / t_mm, big.numel() / t_add

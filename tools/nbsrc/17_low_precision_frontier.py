@@ -495,7 +495,7 @@ assert rht["rotated"] < 0.95 * rht["plain"]
 # NBVAL_IGNORE_OUTPUT
 print(qtrain.native_formats(caps))
 if caps.device_type == "cuda":
-    print(qtrain.float8_speedup())
+    print(qtrain.float8_speedup(caps=caps))
 
 # %% [markdown]
 # ## 7. Exercises
