@@ -260,3 +260,12 @@ def test_every_notebook_source_passes_the_lint(nblint):
     root = Path(__file__).resolve().parents[1]
     findings = [str(f) for path in sorted((root / "tools" / "nbsrc").glob("[0-9][0-9]_*.py")) for f in nblint.lint(path)]
     assert findings == []
+
+
+def test_a_translated_cell_is_left_to_its_english_partner(nblint):
+    """A Chinese partner (lang="zh") says what its English cell says: only the English is linted, and the partner
+    sitting between it and the timing cell does not hide the English sentence from the check."""
+    sentence = "Each later token costs about as much as the first."
+    zh = '# %% [markdown] lang="zh" en="0123456789ab"\n# 之后每个 token 的代价与第一个差不多。\n'
+    assert flagged(nblint, markdown(sentence), zh, TTFT_CELL) == [sentence]
+    assert [c.kind for c in cells_of(nblint, markdown(sentence), zh, TTFT_CELL)] == ["markdown", "code"]

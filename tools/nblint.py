@@ -178,6 +178,7 @@ _OVERRIDDEN = ("quoted fact", "general")
 _CODE_SPAN = re.compile(r"`[^`]*`")
 _MATH = re.compile(r"\$\$.*?\$\$|\$[^$]*\$", re.S)
 _LINK = re.compile(r"\]\([^)]*\)|<https?://[^>]*>|https?://\S+")
+_LANG = re.compile(r'\blang="\w+"')
 _HEADER = re.compile(r"^# %%(?=\s|$)(?:\s+\[(?P<kind>\w+)\])?(?P<meta>.*)$")
 _TAGS = re.compile(r"tags\s*=\s*\[(?P<tags>[^\]]*)\]")
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')*_]*\s+(?=[\"'(*_`$]*[A-Z0-9])")
@@ -229,7 +230,8 @@ class Finding:
 def parse_cells(text: str, notebook: str = "", path: str = "") -> list[Cell]:
     """Split percent-format text (``# %%`` code cells, ``# %% [markdown]`` cells) into :class:`Cell` objects.
 
-    Markdown lines lose their ``# `` (or bare ``#``) prefix; trailing blank lines of a cell are dropped.
+    Markdown lines lose their ``# `` (or bare ``#``) prefix; trailing blank lines of a cell are dropped. Translated
+    prose cells (``lang="zh"``) are left out: they say what their English cell says, which is linted.
     """
     cells: list[Cell] = []
     kind, meta, start, body = "code", "", 1, []
@@ -239,6 +241,8 @@ def parse_cells(text: str, notebook: str = "", path: str = "") -> list[Cell]:
             body.pop()
         if not body and not meta and start == 1:
             return  # nothing before the first header
+        if kind == "markdown" and _LANG.search(meta):
+            return  # a translation (tools/nbbuild.py): its English cell, linted here, carries the same sentences
         m = _TAGS.search(meta)
         tags = set(re.findall(r"[\"']([^\"']+)[\"']", m.group("tags"))) if m else set()
         first = next((ln.strip() for ln in body if ln.strip()), "")
