@@ -771,9 +771,9 @@ _LOCK_TIMEOUT_S = 5.0
 
 
 def _reference_folder(folder: Path) -> bool:
-    """Whether ``folder`` is a checkout's ``notebooks/`` (or a translated edition's ``notebooks/zh``): the reference
-    notebooks, which hold the solutions."""
-    if folder.parent.name == "notebooks" and folder.name == "zh":
+    """Whether ``folder`` is a checkout's ``notebooks/`` or a language folder in it (a translated edition, such as
+    ``notebooks/zh``): the reference notebooks, which hold the solutions."""
+    if folder.parent.name == "notebooks":
         folder = folder.parent
     root = folder.parent
     return folder.name == "notebooks" and (root / "labkit" / "exercises").is_dir() and (root / "tools" / "nbsrc").is_dir()

@@ -91,6 +91,7 @@ __all__ = [
     "mx_scale_exponent",
     "nvfp4",
     "per_tensor",
+    "round_tensor",
     "rowwise",
     "scale_bytes_per_element",
 ]
@@ -137,13 +138,16 @@ class Quantised:
         formats.get_format(self.element_format)
         formats.get_format(self.scale_format)
 
+    def element_scales(self) -> torch.Tensor:
+        """Each element's scale (block scale × tensor scale), float64, in the elements' shape."""
+        cols = self.elements.shape[-1] if self.elements.dim() else 1
+        s = _expand(self.scales.to(torch.float64), self.block)
+        s = s * (1.0 if self.tensor_scale is None else self.tensor_scale)
+        return s.reshape(-1, cols).reshape(self.elements.shape)
+
     def dequantise(self) -> torch.Tensor:
         """Return element × block scale (× tensor scale), exactly, as float64 in the input's shape."""
-        cols = self.elements.shape[-1] if self.elements.dim() else 1
-        e = self.elements.to(torch.float64).reshape(-1, cols)
-        s = _expand(self.scales.to(torch.float64), self.block)
-        out = e * s * (1.0 if self.tensor_scale is None else self.tensor_scale)
-        return out.reshape(self.elements.shape)
+        return self.elements.to(torch.float64) * self.element_scales()
 
     def element_codes(self) -> np.ndarray:
         """The elements' bit patterns in ``element_format`` (labkit.formats.encode_array)."""
@@ -222,9 +226,20 @@ def _expand(s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     return s.repeat_interleave(block[0], dim=0).repeat_interleave(block[1], dim=1)
 
 
+def round_tensor(v: torch.Tensor, fmt: str | formats.FloatFormat) -> torch.Tensor:
+    """Round every value of ``v`` to ``fmt``: nearest, ties to even, saturating at ±max; float64 on the CPU.
+
+    The codec of ``labkit.formats`` on a tensor (NaN stays NaN). Introduced in notebook 17.
+    """
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"v must be a torch.Tensor, got {type(v).__name__}")
+    f = formats.get_format(fmt) if isinstance(fmt, str) else fmt
+    return torch.from_numpy(np.asarray(formats.round_array(v.detach().cpu().double().numpy(), f, overflow="saturate")))
+
+
 def _round_elements(v: torch.Tensor, f: formats.FloatFormat) -> torch.Tensor:
-    """Round to the element format: nearest, ties to even, saturating at ±max."""
-    return torch.from_numpy(formats.round_array(v.double().numpy(), f, overflow="saturate")).float()
+    """round_tensor, stored as float32 (every element and scale format fits float32 exactly)."""
+    return round_tensor(v, f).float()
 
 
 def _quantise(x2: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],

@@ -137,17 +137,9 @@ def quantise(x: torch.Tensor, recipe: str, *, grad: bool = False, stochastic: bo
     else:
         q = microscaling.nvfp4(x)
     if stochastic:  # the same scales; the scaled values x / scale rounded up or down at random
-        s = _block_scale(q)
+        s = q.element_scales()
         return (stochastic_round(x.detach().cpu().double() / s, q.element_format, generator) * s).to(**back)
     return q.dequantise().to(**back)
-
-
-def _block_scale(q: microscaling.Quantised) -> torch.Tensor:
-    """Each element's scale (block scale × tensor scale), in the shape of the elements, float64."""
-    cols = q.elements.shape[-1]
-    s = q.scales.double().repeat_interleave(q.block[0], 0).repeat_interleave(q.block[1], 1)
-    s = s * (1.0 if q.tensor_scale is None else q.tensor_scale)
-    return s.reshape(-1, cols).reshape(q.elements.shape)
 
 
 def qmm(a: torch.Tensor, b: torch.Tensor, recipe: str, *, grad_a: bool = False, grad_b: bool = False,

@@ -593,6 +593,11 @@ def test_where_the_record_lives(tmp_path, monkeypatch):
     for d in (ref, tmp_path / "co" / "labkit" / "exercises", tmp_path / "co" / "tools" / "nbsrc"):
         d.mkdir(parents=True)
     assert C.progress_path(ref) is None, "the reference notebooks record nothing"
+    for lang in ("zh", "ja"):  # any translated edition's language folder is reference notebooks too
+        (ref / lang).mkdir()
+        assert C.progress_path(ref / lang) is None, lang
+    (ref / "zh" / "deeper").mkdir()
+    assert C.progress_path(ref / "zh" / "deeper") is not None, "only notebooks/ and its language folders"
     monkeypatch.setenv(C.PROGRESS_ENV, str(tmp_path / "mine.json"))
     assert C.progress_path(ws) == tmp_path / "mine.json" and C.progress_path(ref) is None
     monkeypatch.setenv(C.PROGRESS_ENV, "off")

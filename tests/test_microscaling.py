@@ -118,6 +118,31 @@ def test_dequantise_is_close_and_exact_arithmetic(make):
     assert torch.equal(q.dequantise(), d)
 
 
+@pytest.mark.parametrize("name,make", [("blockwise", lambda x: M.blockwise(x, (4, 32))), ("mx", lambda x: M.mx(x)),
+                                       ("nvfp4", lambda x: M.nvfp4(x))])
+def test_element_scales_are_each_elements_block_scale(name, make):
+    x = torch.randn(3, 8, 64, generator=torch.Generator().manual_seed(5))  # leading dims flattened into rows
+    q = make(x)
+    s = q.element_scales()
+    assert s.shape == x.shape and s.dtype == torch.float64
+    bm, bn = q.block
+    for r, c in [(0, 0), (5, 63), (23, 31), (17, 40)]:  # by hand: the scale of the block holding (r, c)
+        want = float(q.scales[r // bm, c // bn]) * (q.tensor_scale or 1.0)
+        assert s.reshape(-1, 64)[r, c].item() == want
+    assert torch.equal(q.dequantise(), q.elements.double() * s)
+
+
+@pytest.mark.parametrize("fmt", M.ELEMENT_FORMATS)
+def test_round_tensor_is_the_ml_dtypes_cast_saturated(fmt):
+    x = sample().double().clamp(-1e4, 1e4)
+    top = float(ml_dtypes.finfo(MLD[fmt]).max)
+    want = torch.from_numpy(x.clamp(-top, top).numpy().astype(MLD[fmt]).astype(np.float64))
+    got = M.round_tensor(x, fmt)
+    assert got.dtype == torch.float64 and same(got, want)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        M.round_tensor([1.0], fmt)
+
+
 # --- stated behaviour: zeros, an outlier, a subnormal amax, NaN and inf -----------------------------------
 
 ALL = [("per-tensor", lambda x: M.per_tensor(x)), ("rowwise", lambda x: M.rowwise(x)),

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 
-from labkit import formats, microscaling
+from labkit import microscaling
 from labkit.exercises._core import Exercise, FormatSlip, whole
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 
@@ -78,14 +77,7 @@ def exercise_blocks(seed: int = 17) -> torch.Tensor:
     return x * (torch.tensor(_AMAXES, dtype=torch.float64) / x.abs().amax(1)).unsqueeze(1)
 
 
-def round_to(v: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Round every value of ``v`` to ``fmt`` (nearest, ties to even, saturating), in float64.
-
-    The codec of ``labkit.formats`` on a tensor. Introduced in notebook 17.
-    """
-    if not isinstance(v, torch.Tensor):
-        raise TypeError(f"v must be a torch.Tensor, got {type(v).__name__}")
-    return torch.from_numpy(np.asarray(formats.round_array(v.detach().double().numpy(), fmt, overflow="saturate")))
+round_to = microscaling.round_tensor  # the name the exercises use: the codec of labkit.formats on a tensor
 
 
 # ---- 17.mx-scale: MXFP4 (E2M1 elements, emax 2) ----------------------------------------------------------

@@ -449,7 +449,7 @@ print(f"wgrad error: nearest {err(rne):.4f}; stochastic, one draw {err(sr[0]):.4
       f"{err(sr[:16].mean(0)):.4f}, of 256 {err(sr.mean(0)):.4f}")
 assert err(sr.mean(0)) < err(rne) / 2 < err(sr[0]) / 2  # noisier alone, far closer on average
 q = mx.nvfp4(dy.t())  # what is left: the elements clamped at ±6, which no rounding undoes
-per = q.scales.double().repeat_interleave(16, 1) * q.tensor_scale
+per = q.element_scales()  # each element's scale: its block's E4M3 scale × the FP32 tensor scale
 assert abs(err(sr.mean(0)) / err(((dy.t() / per).clamp(-6, 6) * per) @ x_in) - 1) < 0.15
 
 # %% [markdown]
