@@ -6,8 +6,11 @@ TORCH       ?= torch==2.13.0
 # auto: CPU build unless an NVIDIA GPU is present; or pypi, cpu, cu128, rocm6.4, or an index URL
 TORCH_INDEX ?= auto
 PORT        ?= 8888
-# make lab's workspace: your copies of the notebooks, a git-ignored folder inside the checkout
-WORKSPACE   ?= work
+# The edition make lab opens: en, or zh (the Chinese edition, with JupyterLab in Chinese). Default: zh in a Chinese
+# locale (LC_ALL, LC_MESSAGES or LANG starting with zh), else en.
+LAB_LANG    ?= $(if $(filter zh%,$(or $(LC_ALL),$(LC_MESSAGES),$(LANG))),zh,en)
+# make lab's workspace: your copies of the notebooks, a git-ignored folder inside the checkout (one per edition)
+WORKSPACE   ?= $(if $(filter zh,$(LAB_LANG)),work-zh,work)
 NBVAL_ARGS  ?= --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 PYTEST_ARGS ?=
 # make test runs on 2 pytest-xdist workers, by groups (tests/conftest.py: a notebook's nbval cells, a file, a
@@ -59,10 +62,16 @@ install-dev: $(VENV)/.dev
 # ones copy in new notebooks and put a changed notebook's new version beside your copy (NN_x.updated.ipynb),
 # never over your edits. JupyterLab serves the checkout, so work/'s links reach the reference notebooks/, and
 # opens in work/.
+# The Chinese UI for this run only: JupyterLab's user settings come from .lab-settings/zh (git-ignored), whose
+# translation setting picks the zh_CN language pack; your own JupyterLab settings are not touched.
+LAB_UI = $(if $(filter zh,$(LAB_LANG)),JUPYTERLAB_SETTINGS_DIR="$(CURDIR)/.lab-settings/zh",)
+
 lab: $(VENV)/.base
 	@if [ -n "$(ALLOW_ROOT)" ]; then echo "make lab: running as root (uid 0), so JupyterLab gets --allow-root"; fi
-	$(BIN)/python -m labkit workspace --dir $(WORKSPACE)
-	$(BIN)/jupyter lab --no-browser --ip 127.0.0.1 --port $(PORT) --ServerApp.root_dir=. --ContentsManager.preferred_dir=$(WORKSPACE) $(ALLOW_ROOT)
+	@case "$(LAB_LANG)" in en|zh) ;; *) echo "make lab: LAB_LANG must be en or zh, not '$(LAB_LANG)'"; exit 2;; esac
+	$(BIN)/python -m labkit workspace --dir $(WORKSPACE) --lang $(LAB_LANG)
+	@if [ "$(LAB_LANG)" = zh ]; then $(BIN)/python -m labkit lab-settings --lang zh --dir .lab-settings/zh; fi
+	$(LAB_UI) $(BIN)/jupyter lab --no-browser --ip 127.0.0.1 --port $(PORT) --ServerApp.root_dir=. --ContentsManager.preferred_dir=$(WORKSPACE) $(ALLOW_ROOT)
 
 # Lint, everything on this CPU (the Chinese edition in notebooks/zh too), then every English notebook again (strict
 # nbval) with the CPU capped to the laptop class,

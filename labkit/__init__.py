@@ -28,6 +28,7 @@ __all__ = [
     "fp8",
     "fusion",
     "handpar",
+    "i18n",
     "inference",
     "kernelbench",
     "kernels",

@@ -36,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
                               "overwrites your edits (make lab runs it)")
     wsp.add_argument("--root", default=".", help="the workbook checkout (default: .)")
     wsp.add_argument("--dir", default=None, help="the workspace folder (default: ROOT/work)")
+    wsp.add_argument("--lang", default="en", choices=["en", "zh"],
+                     help="the edition to copy: en (notebooks/) or zh (notebooks/zh/, the Chinese edition)")
+    lbs = sub.add_parser("lab-settings", help="write a JupyterLab settings folder whose UI language is the edition's "
+                                              "(make lab LAB_LANG=zh uses it for that run)")
+    lbs.add_argument("--lang", required=True, choices=["en", "zh"])
+    lbs.add_argument("--dir", required=True, help="the settings folder (JUPYTERLAB_SETTINGS_DIR)")
     prg = sub.add_parser("progress", help="show which exercises you have solved (your local progress record)")
     prg.add_argument("--file", default=None,
                      help="the progress record (default: the workspace's, or ./work's, else your per-user file)")
@@ -58,6 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         prg.error("--to goes with --export")
     if args.cmd == "workspace":
         return _workspace(args)
+    if args.cmd == "lab-settings":
+        from labkit.workspace import lab_settings
+
+        try:
+            print(f"lab-settings: {lab_settings(args.lang, args.dir)}")
+        except (ValueError, OSError) as e:
+            print(f"python -m labkit lab-settings: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     if args.cmd == "progress":
         return _progress(args)
     if args.cmd == "student-build":
@@ -107,7 +122,7 @@ def _workspace(args: argparse.Namespace) -> int:
     from labkit.workspace import update_workspace
 
     try:
-        rep = update_workspace(args.root, args.dir)
+        rep = update_workspace(args.root, args.dir, args.lang)
     except (ValueError, OSError) as e:
         print(f"python -m labkit workspace: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -119,21 +134,30 @@ def _workspace(args: argparse.Namespace) -> int:
 def _progress(args: argparse.Namespace) -> int:
     """Run ``progress``: the per-notebook view of the progress record (``--json``: the record itself).
 
-    Without ``--file`` and ``LABKIT_PROGRESS``, run from the checkout it reads the workspace ``./work``'s record.
+    Without ``--file`` and ``LABKIT_PROGRESS``, run from the checkout it reads the workspace's record: ``./work``'s,
+    or ``./work-zh``'s (the Chinese edition's, which it then reports in Chinese); with both, the locale's.
     Introduced in notebook 00.
     """
     import os
     from pathlib import Path
 
-    from labkit import check
-    from labkit.workspace import DEFAULT_DIR, MARKER, PROGRESS_FILE, find_workspace
+    from labkit import check, i18n
+    from labkit.i18n import gettext as _
+    from labkit.workspace import EDITION_DIRS, MARKER, PROGRESS_FILE, find_workspace
 
     path: Path | None
+    here = [Path(d) for d in EDITION_DIRS.values() if (Path(d) / MARKER).is_file()]
     if args.file is not None:
         path = Path(args.file).expanduser()
-    elif (not os.environ.get(check.PROGRESS_ENV, "").strip() and find_workspace() is None
-          and (Path(DEFAULT_DIR) / MARKER).is_file()):
-        path = (Path(DEFAULT_DIR) / PROGRESS_FILE).absolute()
+    elif not os.environ.get(check.PROGRESS_ENV, "").strip() and find_workspace() is None and here:
+        # run from the checkout: its workspace; with both editions', the one of the locale's language
+        named = next((v for v in (os.environ.get(k, "") for k in (i18n.LANG_ENV, "LC_ALL", "LC_MESSAGES", "LANG"))
+                      if v.strip()), "")
+        want = EDITION_DIRS.get(i18n.normalise(named) or "en")
+        chosen = next((d for d in here if d.name == want), here[0])
+        path = (chosen / PROGRESS_FILE).absolute()
+        if not os.environ.get(i18n.LANG_ENV, "").strip():
+            i18n.set_language(i18n.edition_of(chosen))
     else:
         path = check.progress_path()
     if args.export:
@@ -159,9 +183,10 @@ def _progress(args: argparse.Namespace) -> int:
         print(json.dumps({"file": None if path is None else str(path), "exercises": record}, indent=1))
         return 0
     if path is None:
-        print("No progress record here (the reference notebooks, or LABKIT_PROGRESS=off).")
+        print(_("No progress record here (the reference notebooks, or LABKIT_PROGRESS=off)."))
     else:
-        print(f"Your progress (recorded in {path}):" if record else f"No exercise checked yet (record: {path}).")
+        print(_("Your progress (recorded in {file}):").format(file=path) if record else
+              _("No exercise checked yet (record: {file}).").format(file=path))
     print(check.format_progress(record))
     return 0
 

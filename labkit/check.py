@@ -52,6 +52,8 @@ from typing import Any
 from labkit._validate import safe_repr
 from labkit.exercises import NOT_GIVEN, Exercise, all_exercises, get_exercise, number_grader
 from labkit.exercises._core import NOT_MEASURED, FormatSlip
+from labkit.i18n import N_, tidy
+from labkit.i18n import gettext as _
 
 __all__ = [
     "NOT_GIVEN",
@@ -278,8 +280,8 @@ def _borrowed(ex: Exercise, answer: Any) -> bool:
 
 
 def _borrowed_message(ex: Exercise) -> str:
-    return (f"{ex.id}: that is labkit's own answer, not yours: write yours and check it again. (Your progress "
-            "notes that you have seen this exercise's solution.)")
+    return _("{id}: that is labkit's own answer, not yours: write yours and check it again. (Your progress "
+             "notes that you have seen this exercise's solution.)").format(id=ex.id)
 
 
 def _judge(ex: Exercise, answer: Any) -> tuple[str, str, bool]:
@@ -312,13 +314,15 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line if line.strip() else "" for line in text.strip("\n").splitlines())
 
 
-_SOLUTION_LABEL = "The worked solution"
+_SOLUTION_LABEL = N_("The worked solution")
+#: The verdicts, as a message names them (translated where shown).
+_VERDICT_WORDS = (N_("correct"), N_("wrong"), N_("not attempted"))
 
 
 def _ladder(ex: Exercise) -> list[tuple[str, str]]:
     """The help a wrong answer climbs, with its labels: the hint, the method, the worked solution (the empty
     ones left out)."""
-    return [(label, text.strip()) for label, text in (("Hint", ex.hint), ("Hint 2, the method", ex.method),
+    return [(label, text.strip()) for label, text in ((N_("Hint"), ex.hint), (N_("Hint 2, the method"), ex.method),
                                                       (_SOLUTION_LABEL, ex.solution)) if text.strip()]
 
 
@@ -334,33 +338,36 @@ def _hint(ex: Exercise, level: int) -> str:
     """
     ladder = _ladder(ex)
     if not ladder:
-        return f" See the reference notebook, {_reference_notebook(ex)}."
+        return " " + _("See the reference notebook, {notebook}.").format(notebook=_reference_notebook(ex))
     label, text = ladder[min(level, len(ladder)) - 1]
     if label == _SOLUTION_LABEL:
-        return f" {label}:\n{_indent(text)}"
+        return f" {_(label)}:\n{_indent(_(text))}"
     more = ""
     if level > 1 and label == ladder[-1][0] and not ex.solution.strip():
-        more = f" (The reference notebook, {_reference_notebook(ex)}, shows the answer.)"
-    return f" {label}: {text}{more}"
+        more = " " + _("(The reference notebook, {notebook}, shows the answer.)").format(
+            notebook=_reference_notebook(ex))
+    return f" {_(label)}: {_(text)}{more}"
 
 
 def _message(ex: Exercise, status: str, detail: str, typical: bool, level: int) -> str:
     if status == "not attempted":
         if detail == _STUB:
-            return (f"{ex.id}: not attempted yet. Your function still returns nothing; "
-                    "fill in its body and run the cell again.")
-        return f"{ex.id}: not attempted yet. Replace the `...` and run the cell again."
+            return _("{id}: not attempted yet. Your function still returns nothing; "
+                     "fill in its body and run the cell again.").format(id=ex.id)
+        return _("{id}: not attempted yet. Replace the `...` and run the cell again.").format(id=ex.id)
     if status == "correct":
-        msg = f"{ex.id}: correct."
+        msg = _("{id}: correct.").format(id=ex.id)
         if ex.success or detail:
-            msg += " " + (ex.success or detail)
+            msg += " " + (_(ex.success) if ex.success else _(detail))
         return msg
     if detail.startswith(_RAISED):
-        return f"{ex.id}: your answer raised {detail.removeprefix(_RAISED)}.{_hint(ex, level)}"
+        return _("{id}: your answer raised {error}.").format(id=ex.id, error=detail.removeprefix(_RAISED)) + _hint(
+            ex, level)
     if isinstance(detail, FormatSlip):
-        return f"{ex.id}: {detail} (Not counted as a wrong answer.)"
-    msg = f"{ex.id}: not quite."
-    why = ex.wrong_why.strip() if typical else ""
+        return _("{id}: {message} (Not counted as a wrong answer.)").format(id=ex.id, message=_(detail))
+    msg = _("{id}: not quite.").format(id=ex.id)
+    why = _(ex.wrong_why.strip()) if typical else ""  # the grader's message may be the same text, translated
+    detail = _(detail)
     if why:
         msg += " " + why
     if detail and not (why and (detail in why or why in detail)):
@@ -378,7 +385,7 @@ def evaluate(exercise_id: str, answer: Any) -> Verdict:
     """
     ex = get_exercise(exercise_id)
     status, detail, typical = _judge(ex, answer)
-    return Verdict(status, _message(ex, status, detail, typical, 1))
+    return Verdict(status, tidy(_message(ex, status, detail, typical, 1)))
 
 
 def _escalated(ex: Exercise, answer: Any) -> tuple[Verdict, bool, bool]:
@@ -394,12 +401,12 @@ def _escalated(ex: Exercise, answer: Any) -> tuple[Verdict, bool, bool]:
     if status == "wrong" and counts:
         level = _WRONG[ex.id] = _WRONG.get(ex.id, 0) + 1
     shown = status == "wrong" and counts and _shows_solution(ex, level)
-    return Verdict(status, _message(ex, status, detail, typical, level)), shown, counts
+    return Verdict(status, tidy(_message(ex, status, detail, typical, level))), shown, counts
 
 
 def _say(text: str) -> None:
     # lone surrogates (from an answer's text) cannot be encoded for printing: show them escaped
-    print(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+    print(tidy(text).encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def check(exercise_id: str, answer: Any) -> None:
@@ -439,18 +446,22 @@ def solution(exercise_id: str) -> None:
     """
     ex = get_exercise(exercise_id)
     if ex.solution.strip():
-        _say(f"{ex.id} ({ex.prompt}) The worked solution:\n{_indent(ex.solution)}")
+        _say(_("{id} ({prompt}) The worked solution:").format(id=ex.id, prompt=_(ex.prompt))
+             + f"\n{_indent(_(ex.solution))}")
     else:
-        parts = [f"Hint: {ex.hint.strip()}"] + ([f"The method: {ex.method.strip()}"] if ex.method.strip() else [])
-        _say(f"{ex.id} ({ex.prompt}) No worked solution is written out for this exercise. {' '.join(parts)} "
-             f"The reference notebook, {_reference_notebook(ex)}, shows the answer.")
+        parts = [_("Hint: {hint}").format(hint=_(ex.hint.strip()))] + (
+            [_("The method: {method}").format(method=_(ex.method.strip()))] if ex.method.strip() else [])
+        _say(_("{id} ({prompt}) No worked solution is written out for this exercise. {hints} The reference notebook, "
+               "{notebook}, shows the answer.").format(id=ex.id, prompt=_(ex.prompt), hints=" ".join(parts),
+                                                       notebook=_reference_notebook(ex)))
     _record(ex.id, None, solution_seen=True)
 
 
 def _predict_exercise(exercise_id: str) -> Exercise:
     ex = get_exercise(exercise_id)
     if ex.kind != "predict":
-        raise ValueError(f"{exercise_id} is not a predict-then-run exercise (kind {ex.kind!r}); use check()")
+        raise ValueError(_("{id} is not a predict-then-run exercise (kind {kind}); use check()").format(
+            id=exercise_id, kind=repr(ex.kind)))
     return ex
 
 
@@ -469,7 +480,8 @@ def predict(exercise_id: str, prediction: Any) -> None:
     _LATE.discard(ex.id)
     if contains_ellipsis(prediction):
         _RESULTS.setdefault(ex.id, "not attempted")
-        print(f"… {ex.id}: not attempted yet. Replace the `...` with your prediction and run the cell again.")
+        _say("… " + _("{id}: not attempted yet. Replace the `...` with your prediction and run the cell again.").format(
+            id=ex.id))
         return
     if _borrowed(ex, prediction):
         _RESULTS.setdefault(ex.id, "not attempted")
@@ -479,16 +491,18 @@ def predict(exercise_id: str, prediction: Any) -> None:
     slip = _prediction_slip(ex, prediction)
     if slip is not None:  # said now, before any result is shown; a corrected prediction is then still on time
         _RESULTS.setdefault(ex.id, "not attempted")
-        _say(f"… {ex.id}: {slip} Nothing recorded: correct your prediction and run this cell again.")
+        _say("… " + _("{id}: {message} Nothing recorded: correct your prediction and run this cell again.").format(
+            id=ex.id, message=slip))
         return
     _PREDICTIONS[ex.id] = prediction
     shown = repr(prediction)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     if ex.id in _REVEALED:
         _LATE.add(ex.id)
-        _say(f"✎ {ex.id}: prediction recorded ({shown}), after the result was shown: it will not be counted.")
+        _say("✎ " + _("{id}: prediction recorded ({shown}), after the result was shown: it will not be counted.").format(
+            id=ex.id, shown=shown))
         return
-    _say(f"✎ {ex.id}: prediction recorded ({shown}). Now run the next cell.")
+    _say("✎ " + _("{id}: prediction recorded ({shown}). Now run the next cell.").format(id=ex.id, shown=shown))
 
 
 def _prediction_slip(ex: Exercise, prediction: Any) -> str | None:
@@ -499,14 +513,15 @@ def _prediction_slip(ex: Exercise, prediction: Any) -> str | None:
     ref = ex.reference
     if not (isinstance(ref, tuple) and len(ref) == 2):
         return None
-    status, detail, _ = _judge(ex, (prediction, ref[1]))
+    status, detail, _typical = _judge(ex, (prediction, ref[1]))
     if status != "wrong":
         return None
     if isinstance(detail, FormatSlip):
-        return str(detail)
+        return _(str(detail))
     if detail.startswith(_RAISED):
         kind = detail[len(_RAISED):].split(":", 1)[0].strip()
-        return f"this prediction cannot be compared with a measurement (the comparison raised {kind})."
+        return _("this prediction cannot be compared with a measurement (the comparison raised {error}).").format(
+            error=kind)
     return None
 
 
@@ -524,29 +539,29 @@ def reveal(exercise_id: str, result: Any) -> Verdict:
     ex = _predict_exercise(exercise_id)
     if ex.id in _PREDICTIONS and ex.id in _LATE:
         first = _REVEALED[ex.id]
-        _say(f"… {ex.id}: recorded after the result was shown: not counted. The verdict on your first prediction "
-             f"stands: {first}.")
-        return Verdict(first, f"{ex.id}: recorded after the result was shown: not counted.")
+        _say("… " + _("{id}: recorded after the result was shown: not counted. The verdict on your first prediction "
+                      "stands: {verdict}.").format(id=ex.id, verdict=_(first)))
+        return Verdict(first, _("{id}: recorded after the result was shown: not counted.").format(id=ex.id))
     if ex.measure is not None and ex.id in _PREDICTIONS:  # nothing to grade without a prediction: no experiment
         try:
             measured = ex.measure()
         except Exception as exc:  # the experiment failed: grade nothing rather than the value handed in
             measured = exc
         if measured is NOT_MEASURED or isinstance(measured, Exception):
-            why = ("the experiment it grades has not run in this kernel yet: run the cell above that makes it "
-                   "(the launch), then this one again" if measured is NOT_MEASURED else
-                   f"labkit could not repeat the experiment ({safe_repr(measured)})")
+            why = (_("the experiment it grades has not run in this kernel yet: run the cell above that makes it "
+                     "(the launch), then this one again") if measured is NOT_MEASURED else
+                   _("labkit could not repeat the experiment ({error})").format(error=safe_repr(measured)))
             _RESULTS.setdefault(ex.id, "not attempted")
-            _say(f"… {ex.id}: {why}. Nothing graded; your prediction is kept.")
+            _say("… " + _("{id}: {why}. Nothing graded; your prediction is kept.").format(id=ex.id, why=why))
             return Verdict("not attempted", f"{ex.id}: {why}.")
         if not _same_measurement(result, measured):
-            _say(f"⚠ {ex.id}: the cell handed reveal() {_short(result)}, but the experiment gives {_short(measured)}; "
-                 "the verdict uses the measurement.")
+            _say("⚠ " + _("{id}: the cell handed reveal() {given}, but the experiment gives {measured}; the verdict "
+                          "uses the measurement.").format(id=ex.id, given=_short(result), measured=_short(measured)))
         result = measured
     shown, counts = False, False
     if ex.id not in _PREDICTIONS:
-        verdict = Verdict("not attempted", f"{ex.id}: not attempted yet. Record a prediction in the cell above "
-                                           "(replace its `...`), run it, then run this cell again.")
+        verdict = Verdict("not attempted", _("{id}: not attempted yet. Record a prediction in the cell above "
+                                             "(replace its `...`), run it, then run this cell again.").format(id=ex.id))
     else:
         verdict, shown, counts = _escalated(ex, (_PREDICTIONS[ex.id], result))
     mark = {"correct": "✓", "wrong": "✗", "not attempted": "…"}[verdict.status]
@@ -955,7 +970,7 @@ def format_progress(record: dict[str, dict[str, Any]]) -> str:
         raise TypeError("record must be the dict that load_progress() returns: {exercise id: {...}}")
     from labkit.catalog import NOTEBOOKS
 
-    titles = {n.number: n.title for n in NOTEBOOKS}
+    titles = {n.number: _(n.title) for n in NOTEBOOKS}
     known = all_exercises()
     by_nb: dict[str, list[str]] = {}
     for ex_id in known:
@@ -969,20 +984,21 @@ def format_progress(record: dict[str, dict[str, Any]]) -> str:
             entry = record.get(ex_id, {})
             status = entry.get("status") if isinstance(entry.get("status"), str) else None
             if status == "correct":
-                marks.append(f"✓ {ex_id}" + (" (after the solution)" if entry.get("solved_after_solution") is True
-                                             else ""))
+                marks.append(f"✓ {ex_id}" + (" " + _("(after the solution)")
+                                             if entry.get("solved_after_solution") is True else ""))
             elif status == "wrong":
                 marks.append(f"✗ {ex_id}")
         solved = sum(1 for m in marks if m.startswith("✓"))
         solved_all += solved
         head = f"{nb} {titles.get(nb, '')}".strip()
-        lines.append(f"{head:<{width}}  {solved} of {len(ids)} solved" + (f"   {'  '.join(marks)}" if marks else ""))
+        lines.append(f"{head:<{width}}  " + _("{solved} of {total} solved").format(solved=solved, total=len(ids))
+                     + (f"   {'  '.join(marks)}" if marks else ""))
     other = sorted(k for k, v in record.items() if k not in known and isinstance(v.get("status"), str)
                    and v["status"] in ("correct", "wrong"))
     if other:
-        lines.append("no longer in the workbook: " + ", ".join(other))
+        lines.append(_("no longer in the workbook: {ids}").format(ids=", ".join(other)))
     total = sum(len(v) for v in by_nb.values())
-    lines.append(f"Solved {solved_all} of {total} exercises.")
+    lines.append(_("Solved {solved} of {total} exercises.").format(solved=solved_all, total=total))
     return "\n".join(lines)
 
 
@@ -994,20 +1010,20 @@ def progress(path: str | Path | None = None) -> None:
     """
     file = _record_arg(path)
     if file is None and _here_is_reference():
-        _say("The reference notebooks (notebooks/, with the solutions) record no progress. Work in your workspace, "
-             "work/ (make lab opens it): your checks are recorded there, and this cell, run there, lists them "
-             "(so does `python -m labkit progress`).")
+        _say(_("The reference notebooks (notebooks/, with the solutions) record no progress. Work in your workspace, "
+               "work/ (make lab opens it): your checks are recorded there, and this cell, run there, lists them "
+               "(so does `python -m labkit progress`)."))
         return
     if file is None:
-        _say(f"No progress is recorded here: {PROGRESS_ENV}=off.")
+        _say(_("No progress is recorded here: {env}=off.").format(env=PROGRESS_ENV))
         return
     try:
         record = load_progress(file)
     except ValueError as e:
-        _say(f"Your progress record cannot be shown: {e}")
+        _say(_("Your progress record cannot be shown: {error}").format(error=e))
         return
-    _say(f"Your progress (recorded in {file}):" if record else
-         f"No exercise checked yet (your progress will be recorded in {file}).")
+    _say(_("Your progress (recorded in {file}):").format(file=file) if record else
+         _("No exercise checked yet (your progress will be recorded in {file}).").format(file=file))
     _say(format_progress(record))
 
 

@@ -10,7 +10,11 @@ import importlib.metadata as md
 import os
 import platform
 import sys
+import unicodedata
 from typing import Any
+
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = ["ENV_PREFIXES", "ENV_VARS", "format_report", "report", "seed_everything"]
 
@@ -26,7 +30,7 @@ _PACKAGES = ("torch", "numpy", "ml_dtypes", "matplotlib", "ipywidgets", "jupyter
 
 
 def _yes_fast(computes: bool, fast: bool) -> str:
-    return "no" if not computes else ("yes (native)" if fast else "yes (emulated, slow)")
+    return _("no") if not computes else (_("yes (native)") if fast else _("yes (emulated, slow)"))
 
 
 def _version(pkg: str) -> str | None:
@@ -99,6 +103,14 @@ _DEVICE_KEYS = ("device", "device_name", "tier", "gpu_count", "bf16", "bf16_fast
                 "fp8_matmul", "cpu_isa", "cpu_capability", "cpu_class")
 
 
+def _row(label: str, value: str, width: int = 14) -> str:
+    """One line of the report: the label in the learner's language, padded to ``width`` columns (a CJK character
+    takes two), then the value."""
+    shown = _(label)
+    cols = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in shown)
+    return shown + " " * max(width - cols, 1) + value
+
+
 def format_report(r: dict[str, Any] | None = None) -> str:
     """Return the report as aligned text (the same text ``python -m labkit doctor`` prints).
 
@@ -114,28 +126,32 @@ def format_report(r: dict[str, Any] | None = None) -> str:
     d = r["device"]
     if not all(k in d for k in _DEVICE_KEYS):
         raise ValueError(f"r['device'] must be Capabilities.as_dict() (with {', '.join(_DEVICE_KEYS)})")
-    lines = ["labkit doctor", "=" * 13, f"python        {r['python']}  ({r['executable']})",
-             f"platform      {r['platform']}"]
-    lines.append("packages      " + ", ".join(f"{k} {v}" for k, v in r["versions"].items() if v))
+    yes, no = _("yes"), _("no")
+    lines = ["labkit doctor", "=" * 13, _row(N_("python"), f"{r['python']}  ({r['executable']})"),
+             _row(N_("platform"), r["platform"])]
+    lines.append(_row(N_("packages"), ", ".join(f"{k} {v}" for k, v in r["versions"].items() if v)))
     missing = [k for k, v in r["versions"].items() if not v]
     if missing:
-        lines.append("not installed " + ", ".join(missing))
-    lines += [f"torch CUDA    {r['torch_cuda'] or 'none (CPU build)'}   NCCL {r['nccl'] or '-'}   "
-              f"cuDNN {r['cudnn'] or '-'}",
-              f"device        {d['device']} ({d['device_name']}), tier {d['tier']}, GPUs {d['gpu_count']}",
-              f"autocast      bf16 {_yes_fast(d['bf16'], d['bf16_fast'])}, fp16 {_yes_fast(d['fp16'], d['fp16_fast'])}, "
-              f"default {d['autocast_dtype']}",
-              f"TF32          matmul {d['tf32_matmul']}, cudnn {d['tf32_cudnn']}, "
-              f"float32_matmul_precision {d['float32_matmul_precision']!r}",
-              f"fp8           dtypes {'yes' if d['fp8_dtypes'] else 'no'}, "
-              f"matmul {'yes' if d['fp8_matmul'] else 'no (needs CUDA capability >= 8.9)'}",
-              f"CPU ISA       {' '.join(d['cpu_isa']) or '-'} (torch kernels: {d['cpu_capability']}; "
-              f"class {d['cpu_class']})",
-              "threads       " + ", ".join(f"{k} {v}" for k, v in r["threads"].items()),
-              "seeds         " + ", ".join(f"{k} {v}" for k, v in r["seeds"].items())]
+        lines.append(_row(N_("not installed"), ", ".join(missing)))
+    lines += [_row(N_("torch CUDA"), f"{r['torch_cuda'] or _('none (CPU build)')}   NCCL {r['nccl'] or '-'}   "
+                   f"cuDNN {r['cudnn'] or '-'}"),
+              _row(N_("device"), _("{device} ({name}), tier {tier}, GPUs {gpus}").format(
+                  device=d["device"], name=d["device_name"], tier=d["tier"], gpus=d["gpu_count"])),
+              _row(N_("autocast"), _("bf16 {bf16}, fp16 {fp16}, default {default}").format(
+                  bf16=_yes_fast(d["bf16"], d["bf16_fast"]), fp16=_yes_fast(d["fp16"], d["fp16_fast"]),
+                  default=d["autocast_dtype"])),
+              _row(N_("TF32"), f"matmul {d['tf32_matmul']}, cudnn {d['tf32_cudnn']}, "
+                   f"float32_matmul_precision {d['float32_matmul_precision']!r}"),
+              _row(N_("fp8"), _("dtypes {dtypes}, matmul {matmul}").format(
+                  dtypes=yes if d["fp8_dtypes"] else no,
+                  matmul=yes if d["fp8_matmul"] else _("no (needs CUDA capability >= 8.9)"))),
+              _row(N_("CPU ISA"), _("{isa} (torch kernels: {capability}; class {cls})").format(
+                  isa=" ".join(d["cpu_isa"]) or "-", capability=d["cpu_capability"], cls=d["cpu_class"])),
+              _row(N_("threads"), ", ".join(f"{k} {v}" for k, v in r["threads"].items())),
+              _row(N_("seeds"), ", ".join(f"{k} {v}" for k, v in r["seeds"].items()))]
     if r["env"]:
-        lines.append("environment")
+        lines.append(_("environment"))
         lines += [f"  {k}={v}" for k, v in r["env"].items()]
     else:
-        lines.append("environment   (no NCCL_*/SLURM_*/CUDA_VISIBLE_DEVICES/OMP_NUM_THREADS set)")
+        lines.append(_row(N_("environment"), _("(no NCCL_*/SLURM_*/CUDA_VISIBLE_DEVICES/OMP_NUM_THREADS set)")))
     return "\n".join(lines)

@@ -233,7 +233,9 @@ def round_tensor(v: torch.Tensor, fmt: str | formats.FloatFormat) -> torch.Tenso
     """
     if not isinstance(v, torch.Tensor):
         raise TypeError(f"v must be a torch.Tensor, got {type(v).__name__}")
-    f = formats.get_format(fmt) if isinstance(fmt, str) else fmt
+    f = formats.get_format(fmt)  # a format name or FloatFormat; anything else is refused here
+    if v.device.type == "meta":
+        raise ValueError("v is a meta tensor: it has no values to round")
     return torch.from_numpy(np.asarray(formats.round_array(v.detach().cpu().double().numpy(), f, overflow="saturate")))
 
 

@@ -35,12 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit._validate import safe_repr
+from labkit.i18n import LANGUAGES, translate
 
-__all__ = ["DEFAULT_DIR", "MARKER", "PROGRESS_FILE", "WorkspaceReport", "find_workspace", "update_workspace",
-           "updated_name", "workspace_notebook"]
+__all__ = ["DEFAULT_DIR", "EDITION_DIRS", "LAB_LOCALES", "MARKER", "PROGRESS_FILE", "WorkspaceReport", "find_workspace",
+           "lab_settings", "update_workspace", "updated_name", "workspace_notebook"]
 
 #: Where ``make lab`` puts the workspace, relative to the checkout (git-ignored).
 DEFAULT_DIR = "work"
+#: ``make lab``'s workspace of each edition (``make lab LAB_LANG=zh``: ``work-zh``), relative to the checkout.
+EDITION_DIRS = {"en": DEFAULT_DIR, "zh": "work-zh"}
 #: The file at the top of a workspace: what wrote it, and the SHA-256 of every file it copied.
 MARKER = ".labkit-workspace"
 #: The learner's progress record inside a workspace (written by :mod:`labkit.check`).
@@ -145,7 +148,7 @@ def _link(dest: Path, target: Path) -> str:
         return target.as_posix()
 
 
-def workspace_notebook(path: str | Path, reference_link: str | None = None) -> bytes:
+def workspace_notebook(path: str | Path, reference_link: str | None = None, lang: str = "en") -> bytes:
     """Return the workspace copy of the reference notebook at ``path`` (notebook JSON bytes).
 
     It is the student copy (:mod:`labkit.student`: solution blocks removed, those cells' outputs cleared, every
@@ -153,7 +156,8 @@ def workspace_notebook(path: str | Path, reference_link: str | None = None) -> b
     whose output shows a check's verdict (a ``reveal(...)`` after a measurement: its ✓ would tell the answer),
     and a first markdown cell (tagged ``workspace-note``) that says where the reference notebook is: ``reference_link``
     (default: ``../notebooks/<name>``). Made from a student tree's notebooks, which hold no solution, the copy is
-    the same and the first cell links to the notebook as handed out. Introduced in notebook 00.
+    the same and the first cell links to the notebook as handed out. The note is in ``lang`` (the edition's
+    language, labkit.i18n). Introduced in notebook 00.
     """
     from labkit.student import _student_notebook
 
@@ -173,12 +177,15 @@ def workspace_notebook(path: str | Path, reference_link: str | None = None) -> b
         "cell_type": "markdown",
         "id": "workspace-note",
         "metadata": {"tags": [NOTE_TAG]},
-        "source": (f"> **Your copy** of this notebook, in your workspace: edit and run it freely; `make lab` never "
-                   f"overwrites it (a newer version arrives beside it as `{updated_name(src.name)}`). "
-                   f"Each exercise's `check(...)` gives a hint, then the method, then the worked solution; "
-                   f"`python -m labkit progress` lists what you have solved. "
-                   + (f"The reference notebook, with the solutions and every output: [{src.name}]({link})."
-                      if removed else f"The notebook as it was handed out: [{src.name}]({link}).")),
+        "source": ("> " + translate("**Your copy** of this notebook, in your workspace: edit and run it freely; "
+                                    "`make lab` never overwrites it (a newer version arrives beside it as "
+                                    "`{updated}`). Each exercise's `check(...)` gives a hint, then the method, then "
+                                    "the worked solution; `python -m labkit progress` lists what you have solved.",
+                                    lang).format(updated=updated_name(src.name)) + " "
+                   + (translate("The reference notebook, with the solutions and every output: [{name}]({link}).",
+                                lang) if removed else
+                      translate("The notebook as it was handed out: [{name}]({link}).", lang)).format(
+                          name=src.name, link=link)),
     }
     if not (cells and cells[0].get("id") == note["id"]):
         cells.insert(0, note)
@@ -386,7 +393,55 @@ def _check_places(root: Path, dest: Path) -> None:
                              f"would pick the copies up; choose a folder such as {root / DEFAULT_DIR}")
 
 
-def update_workspace(root: str | Path = ".", dest: str | Path | None = None) -> WorkspaceReport:
+def _marker_edition(dest: Path) -> str:
+    """The edition an existing workspace was made from (``"en"`` for a marker that names none)."""
+    try:
+        doc = json.loads((dest / MARKER).read_text())
+    except (OSError, ValueError):
+        return "en"
+    lang = doc.get("lang", "en") if isinstance(doc, dict) else "en"
+    return lang if isinstance(lang, str) else "en"
+
+
+def _edition_notebooks(root: Path, lang: str) -> list[Path]:
+    """The reference notebooks of an edition: ``notebooks/<lang>/NN_*.ipynb``, and the English one for any notebook
+    the edition does not have yet."""
+    english = sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")) if (root / "notebooks").is_dir() else []
+    if lang == "en":
+        return english
+    return [root / "notebooks" / lang / p.name if (root / "notebooks" / lang / p.name).is_file() else p
+            for p in english]
+
+
+#: JupyterLab's UI language per edition: the language pack's locale (jupyterlab-language-pack-zh-CN).
+LAB_LOCALES = {"en": "en", "zh": "zh_CN"}
+_TRANSLATION_SETTINGS = Path("@jupyterlab") / "translation-extension" / "plugin.jupyterlab-settings"
+
+
+def lab_settings(lang: str, folder: str | Path) -> Path:
+    """Write a JupyterLab user-settings folder whose UI language is ``lang``'s; return the settings file written.
+
+    ``make lab LAB_LANG=zh`` runs JupyterLab with ``JUPYTERLAB_SETTINGS_DIR`` set to this folder, so the Chinese
+    UI is chosen for that run only and the learner's own settings are not touched. Other settings already in the
+    file are kept. Introduced in notebook 00.
+    """
+    if not isinstance(lang, str) or lang not in LAB_LOCALES:
+        raise ValueError(f"lang must be one of {', '.join(LAB_LOCALES)}, got {safe_repr(lang)}")
+    target = _path_arg(folder, "folder") / _TRANSLATION_SETTINGS
+    doc: dict = {}
+    if target.is_file():
+        try:
+            found = json.loads(target.read_text(encoding="utf-8"))
+            doc = found if isinstance(found, dict) else {}
+        except (OSError, ValueError):
+            raise ValueError(f"{target} is not a JupyterLab settings file; move it away and run again") from None
+    doc["locale"] = LAB_LOCALES[lang]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(target, (json.dumps(doc, indent=2) + "\n").encode())
+    return target
+
+
+def update_workspace(root: str | Path = ".", dest: str | Path | None = None, lang: str = "en") -> WorkspaceReport:
     """Create the learner's workspace, or bring it up to date, from the checkout at ``root``; never lose an edit.
 
     ``dest`` defaults to ``<root>/work``. A new or empty folder becomes a workspace; an earlier workspace (it has a
@@ -394,10 +449,14 @@ def update_workspace(root: str | Path = ".", dest: str | Path | None = None) -> 
     replaced by their new upstream version, and beside a changed copy the new version is written as
     ``NN_topic.updated.ipynb``. A folder that holds anything but is no workspace is refused (``ValueError``), as
     are the checkout, its own folders and the home folder. Nothing is ever deleted.
+    ``lang`` is the edition (labkit.i18n.LANGUAGES): ``"zh"`` copies ``notebooks/zh/``, and the marker records it, so
+    that labkit speaks that language in the workspace; a workspace of another edition is refused (``ValueError``).
     Returns a :class:`WorkspaceReport` with one line per change. Introduced in notebook 00.
     """
+    if not isinstance(lang, str) or lang not in LANGUAGES:
+        raise ValueError(f"lang must be one of {', '.join(LANGUAGES)}, got {safe_repr(lang)}")
     root_p = _path_arg(root, "root").resolve()
-    notebooks = sorted((root_p / "notebooks").glob("[0-9][0-9]_*.ipynb")) if (root_p / "notebooks").is_dir() else []
+    notebooks = _edition_notebooks(root_p, lang)
     if not notebooks:
         raise ValueError(f"{root_p} does not look like the workbook checkout: no notebooks/NN_*.ipynb")
     dest_p = root_p / DEFAULT_DIR if dest is None else _path_arg(dest, "dest")
@@ -409,6 +468,9 @@ def update_workspace(root: str | Path = ".", dest: str | Path | None = None) -> 
         raise ValueError(f"workspace {dest_p} is an existing file, not a folder; choose another --dir")
     files = _read_marker(dest_p) if dest_p.is_dir() else None
     created = files is None
+    if not created and _marker_edition(dest_p) != lang:
+        raise ValueError(f"{dest_p} is a workspace of the {_marker_edition(dest_p)!r} edition, not {lang!r}; choose "
+                         f"another folder for it (make lab LAB_LANG={lang} WORKSPACE=...); nothing was changed")
     if created and dest_p.is_dir():
         found = sorted(p.name for p in dest_p.iterdir())
         if found:
@@ -421,7 +483,7 @@ def update_workspace(root: str | Path = ".", dest: str | Path | None = None) -> 
     log = _Log()
     for nb in notebooks:
         link = _link(dest_p, nb)
-        _place(dest_p, nb.name, workspace_notebook(nb, link), files, log)
+        _place(dest_p, nb.name, workspace_notebook(nb, link, lang), files, log)
     solutions = any("BEGIN SOLUTION" in p.read_text(encoding="utf-8", errors="replace") for p in notebooks)
     _place(dest_p, "README.md", _readme(dest_p, root_p, [p.name for p in notebooks], solutions), files, log)
     if root_p not in dest_p.parents:  # outside the checkout: notebooks need what they read beside them
@@ -435,7 +497,7 @@ def update_workspace(root: str | Path = ".", dest: str | Path | None = None) -> 
             line = f"{(Path(dest_p.name) / rel).as_posix()}: "
             if not any(ln.startswith(line) for ln in log.lines):
                 log.lines.append(line + "new upstream; copied in")
-    doc = {"about": _ABOUT, "format": _FORMAT, "kind": _KIND, "root": str(root_p),
+    doc = {"about": _ABOUT, "format": _FORMAT, "kind": _KIND, "lang": lang, "root": str(root_p),
            "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": dict(sorted(files.items()))}
     _write_atomic(dest_p / MARKER, (json.dumps(doc, indent=1) + "\n").encode())
     if not log.lines:

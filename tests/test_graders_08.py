@@ -82,7 +82,7 @@ def layernorm_no_stats(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, r
 
 
 def softmax_zero_fill(x_ptr, y_ptr, n_cols, row_stride, BLOCK: tl.constexpr):
-    """other=0.0, then the masked lanes zeroed after exp: the padding's 0 wins the max of a row below -88."""
+    """other=0.0, then the masked lanes zeroed after exp: the padding's 0 wins the max of a row below -104."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols

@@ -137,3 +137,120 @@ def test_stale_lists_and_exits_1(nbbuild, tmp_path, monkeypatch, capsys):
     assert nbbuild.main(["--stale", "zh"]) == 1
     out = capsys.readouterr().out
     assert "98_sample.py: cell 1: stale" in out and "1 zh cell(s)" in out
+
+
+# --- terms: where an English cell uses a glossary term, its Chinese partner uses the glossary's Chinese term --------
+
+GLOSSARY = ROOT / "docs" / "glossary.md"
+#: Where a glossary word is used in another sense (notebook, English term, why): no Chinese term is expected there.
+OTHER_SENSE = {
+    ("02", "exponent"): "the argument of exp in the stable softmax, not a float's exponent field",
+    ("08", "job"): "'the compiler's job', not a Slurm job",
+    ("15", "rank"): "'nearest rank', a percentile method, not a process",
+}
+
+
+def glossary_terms(text: str) -> list[tuple[str, list[str], list[str]]]:
+    """(the row's English, its English forms, its Chinese forms) per glossary row.
+
+    English forms: the term without its parentheses, each ' / ' alternative, and parenthesised names with a capital
+    or a digit (FTZ, MTBF); Chinese forms: the Chinese column split at its separators (/, （）, 、, ，)."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith(("| English", "|---")):
+            continue
+        en, zh = [c.strip() for c in line.strip("|").split("|")][:2]
+        forms = [b.strip() for b in re.sub(r"\s*\([^)]*\)", "", en).split(" / ") if b.strip()]
+        for inner in re.findall(r"\(([^)]*)\)", en):
+            forms += [p.strip() for p in re.split(r"[,;]", inner) if re.search(r"[A-Z0-9]", p)]
+        chinese = [z.strip() for z in re.split(r"[（）()/，,、；;]", zh) if z.strip()]
+        rows.append((en, forms, chinese))
+    return rows
+
+
+def _prose(text: str) -> str:
+    """Markdown without code: no fenced blocks, no `inline code`, no link targets."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "", text))
+
+
+def term_misses(pairs: list[tuple[str, str]], rows) -> list[tuple[int, str, str]]:
+    """(pair index, glossary row, English form found) where the Chinese partner has none of the row's Chinese forms.
+
+    A form with a capital or a digit (a name: ZeRO, FP8, MTBF) may also stay as it is in the Chinese."""
+    misses = []
+    for i, (en, zh) in enumerate(pairs):
+        prose = _prose(en)
+        for row, forms, chinese in rows:
+            for form in forms:
+                named = bool(re.search(r"[A-Z]", form))
+                if not re.search(r"(?<![\w-])" + re.escape(form) + r"(?![\w-])", prose, 0 if named else re.I):
+                    continue
+                if not ((re.search(r"[A-Z0-9]", form) and form in zh) or any(z in zh for z in chinese)):
+                    misses.append((i, row, form))
+                break
+    return misses
+
+
+def _pairs(nbbuild, src: Path) -> list[tuple[str, str]]:
+    cells = nbbuild._cells(src.read_text())
+    return [(cells[i - 1].source, re.sub(r"\s+", " ", nbbuild.join_cjk_lines(c.source))) for i, c in enumerate(cells)
+            if c.cell_type == "markdown" and c.metadata.get("lang") == "zh"]
+
+
+def test_the_chinese_uses_the_glossary_terms(nbbuild):
+    rows = glossary_terms(GLOSSARY.read_text())
+    assert len(rows) > 100
+    found = []
+    for src in _translated(nbbuild):
+        for i, row, form in term_misses(_pairs(nbbuild, src), rows):
+            if (src.name[:2], form) not in OTHER_SENSE:
+                found.append(f"{src.name} Chinese cell {i}: {form!r} without {row!r}'s Chinese term")
+    assert not found, "\n".join(found) + "\n(use docs/glossary.md's term, or fix the glossary entry first)"
+
+
+def test_the_term_check_catches_a_wrong_term_and_accepts_the_glossarys():
+    rows = glossary_terms("| English | 中文 |\n|---|---|\n| loss scaling | 损失缩放 |\n| underflow | 下溢 |\n"
+                          "| ZeRO (Zero Redundancy Optimizer) | ZeRO（零冗余优化器） |\n"
+                          "| mean time between failures (MTBF) | 平均故障间隔时间 |\n")
+    assert [f for _, f, _ in rows] == [["loss scaling"], ["underflow"], ["ZeRO", "Zero Redundancy Optimizer"],
+                                       ["mean time between failures", "MTBF"]]
+    good = [("Loss scaling stops an underflow.", "损失缩放可以防止下溢。"),
+            ("ZeRO shards it; the MTBF is a day.", "ZeRO 把它分片；MTBF 为一天。"),
+            ("`loss scaling` in code is not prose.", "代码里的不算。")]
+    assert term_misses(good, rows) == []
+    bad = [("Loss scaling stops an underflow.", "缩放损失可以防止下溢。"),  # not the glossary's term
+           ("Zero is a number.", "零是一个数。"),  # no match: ZeRO is matched with its capitals
+           ("The mean time between failures.", "平均无故障时间。")]
+    assert term_misses(bad, rows) == [(0, "loss scaling", "loss scaling"),
+                                      (2, "mean time between failures (MTBF)", "mean time between failures")]
+
+
+# --- the Chinese README and instructor guide --------------------------------------------------------------------
+
+def _links(text: str) -> list[str]:
+    return [t for t in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) if not re.match(r"[a-z]+://", t)]
+
+
+def test_the_chinese_readme_maps_every_chinese_notebook_and_its_links_resolve():
+    readme = (ROOT / "README.zh-CN.md").read_text()
+    assert "](README.zh-CN.md)" in (ROOT / "README.md").read_text().split("\n## ")[0], "README links it at the top"
+    assert "](README.md)" in readme.split("\n## ")[0]
+    for nb in sorted(ZH_DIR.glob("[0-9][0-9]_*.ipynb")):
+        assert f"](notebooks/zh/{nb.name})" in readme, f"README.zh-CN.md's notebook map lacks {nb.name}"
+    assert "make lab LAB_LANG=zh" in readme
+    for target in _links(readme):
+        assert (ROOT / target).exists(), f"README.zh-CN.md links {target}, which does not exist"
+
+
+def test_the_chinese_instructor_guide_has_the_english_timetable():
+    def timetable(text: str) -> list[tuple[str, str, str]]:
+        return re.findall(r"^\| [^|]* \| (\d\d) \| [^|]+ \| (\d+) \| (\d+) \|$", text, re.M)
+
+    en = timetable((ROOT / "docs" / "instructor.md").read_text())
+    zh_text = (ROOT / "docs" / "instructor.zh-CN.md").read_text()
+    assert len(en) == 18 and timetable(zh_text) == en, "the Chinese timetable must carry the English numbers"
+    total = re.search(r"\*\*(\d+)\*\* \| \*\*(\d+)\*\* \|", zh_text)
+    assert total and (int(total[1]), int(total[2])) == (sum(int(m) for _, m, _ in en), sum(int(x) for _, _, x in en))
+    for target in _links(zh_text):
+        assert (ROOT / "docs" / target).resolve().exists(), f"docs/instructor.zh-CN.md links {target}"

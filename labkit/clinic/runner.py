@@ -65,6 +65,7 @@ from labkit.dist import (
     parse_result,
 )
 from labkit.exercises._core import FormatSlip
+from labkit.i18n import gettext as _
 
 __all__ = ["SHARE_ENV", "CaseRun", "causes", "checklist", "choices", "clear_cache", "grade_cause", "grade_fix", "run_case",
            "run_cases", "settings", "shutdown", "source"]
@@ -217,9 +218,10 @@ def source(key: str) -> str:
 
 
 def causes(key: str) -> str:
-    """Return the case's candidate causes as a lettered list, one per line. Introduced in notebook 13."""
+    """Return the case's candidate causes as a lettered list, one per line (in the learner's language).
+    Introduced in notebook 13."""
     case = _case(key)
-    return "\n".join(f"({'abcdefgh'[i]}) {c.text}" for i, c in enumerate(case.causes))
+    return "\n".join(f"({'abcdefgh'[i]}) {_(c.text)}" for i, c in enumerate(case.causes))
 
 
 def _check_env(env: Any) -> dict[str, str]:
@@ -614,10 +616,10 @@ def _make_run(case: Case, cfg: dict[str, Any], extra: dict[str, str], limit: flo
 def _run_batch(todo: list[tuple[Case, dict[str, Any], Any]], stream: bool,
                cancel: threading.Event | None = None) -> None:
     """Run one-process cases one after the other in one Python process; remember each case's run (none if interrupted)."""
-    arg = json.dumps([[case.module, cfg] for case, cfg, _ in todo])
+    arg = json.dumps([[case.module, cfg] for case, cfg, _ck in todo])
     t0 = time.perf_counter()
     rc, log, timed_out = _run_process("labkit.clinic._batch", ["--plan", arg], {},
-                                      sum(case.timeout_s for case, _, _ in todo), print if stream else None, cancel)
+                                      sum(case.timeout_s for case, _cfg, _ck in todo), print if stream else None, cancel)
     seconds = time.perf_counter() - t0
     parts: dict[int, list[str]] = {}
     status: dict[int, int] = {}
@@ -704,11 +706,11 @@ def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -
                         left.append((case, cfg, ck))
                 if left:
                     _run_batch(left, stream, cancel)
-                    for _, _, ck in left:
+                    for _case, _cfg, ck in left:
                         _share_store(files[ck], _CACHE[ck])
 
         jobs.append(batch)
-    for case, cfg, _ in todo:
+    for case, cfg, _ck in todo:
         if case.nproc > 1:
             jobs.append(lambda key=case.key, cfg=cfg: _run_case(key, _changes(key, cfg), stream=stream, cancel=cancel))
     if parallel == 1 or len(jobs) < 2:
@@ -723,7 +725,7 @@ def run_cases(requests: list[Any], *, parallel: int = 1, stream: bool = False) -
             except BaseException:  # Ctrl-C reaches this (the main) thread only; a job's error stops the rest too
                 cancel.set()
                 raise
-    return [_CACHE[ck] for _, _, ck in plan]
+    return [_CACHE[ck] for _case, _cfg, ck in plan]
 
 
 def _changes(key: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -749,12 +751,12 @@ def grade_cause(key: str, answer: Any) -> tuple[bool, str]:
     letter = _letter(answer)
     n = len(case.causes)
     if letter is None or ord(letter) - ord("a") >= n:
-        return False, FormatSlip(f"Answer with the letter of one cause, one of "
-                                 f"{', '.join(repr(c) for c in 'abcdefgh'[:n])}.")
+        return False, FormatSlip(_("Answer with the letter of one cause, one of {letters}.").format(
+            letters=", ".join(repr(c) for c in "abcdefgh"[:n])))
     i = ord(letter) - ord("a")
     if i == case.answer:
-        return True, case.causes[i].why
-    return False, f"({letter}) does not fit the evidence: {case.causes[i].why}"
+        return True, _(case.causes[i].why)
+    return False, _("({letter}) does not fit the evidence: {why}").format(letter=letter, why=_(case.causes[i].why))
 
 
 def grade_fix(key: str, fix: Any) -> tuple[bool, str]:
@@ -766,9 +768,9 @@ def grade_fix(key: str, fix: Any) -> tuple[bool, str]:
     """
     case = _case(key)
     if not isinstance(fix, dict):
-        return False, FormatSlip("Give the fix as a dict of one setting of the script's CONFIG, e.g. {'lr': 0.1}.")
+        return False, FormatSlip(_("Give the fix as a dict of one setting of the script's CONFIG, e.g. {'lr': 0.1}."))
     if len(fix) != 1:
-        return False, FormatSlip("Change exactly one setting: the clinic's fixes are one line, or one value.")
+        return False, FormatSlip(_("Change exactly one setting: the clinic's fixes are one line, or one value."))
     defaults = settings(key)
     (name, value), = fix.items()
     try:
@@ -776,20 +778,30 @@ def grade_fix(key: str, fix: Any) -> tuple[bool, str]:
     except (TypeError, ValueError) as exc:  # a setting the script does not have, or a value of the wrong type
         return False, FormatSlip(str(exc))
     if value == defaults[name] and type(value) is type(defaults[name]):
-        return False, f"{name} = {value!r} is what the broken run already had."
+        return False, _("{name} = {value!r} is what the broken run already had.").format(name=name, value=value)
     if name in case.job:
-        msg = (f"{name} is part of the job this run must still do (the job's settings, {', '.join(case.job)}, keep "
-               "their values): changing it avoids the failure instead of curing it.")
-        return False, msg + (" " + case.wrong_fix_why if fix == case.wrong_fix else "")
+        msg = _("{name} is part of the job this run must still do (the job's settings, {settings}, keep their "
+                "values): changing it avoids the failure instead of curing it.").format(
+            name=name, settings=", ".join(case.job))
+        return False, msg + (" " + _(case.wrong_fix_why) if fix == case.wrong_fix else "")
     run = run_case(key, fix)
     found = run.finding
+    msg = _("With {fix!r}: {summary}.").format(fix=fix, summary=found.summary)  # the summary is translated
     if found.present:
-        msg = f"With {fix!r}: {found.summary}."
         if fix == case.wrong_fix:
-            msg += " " + case.wrong_fix_why
+            msg += " " + _(case.wrong_fix_why)
         return False, msg
-    why = case.fix_why if fix == case.fix else f"(The reference fix is {case.fix!r}: {case.fix_why})"
-    return True, f"With {fix!r}: {found.summary}. {why}"
+    if fix == case.fix:
+        why = _(case.fix_why)
+    else:
+        why = _("(The reference fix is {fix!r}: {why})").format(fix=case.fix, why=_(case.fix_why))
+    return True, msg + " " + why
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of ``text``, with its full stop: up to the first ". " (or Chinese "。")."""
+    en, zh = text.split(". ")[0], text.split("\u3002")[0]
+    return zh + "\u3002" if len(zh) < len(en) else en.rstrip(".") + "."
 
 
 def checklist() -> str:
@@ -805,12 +817,15 @@ def checklist() -> str:
     lines, todo = [], []
     for case in CASES.values():
         if done.get(f"13.{case.key}-cause") == "correct" and done.get(f"13.{case.key}-fix") == "correct":
-            lines += [f"Case {case.number} · {case.title}",
-                      f"  look at: {case.cause_hint}",
-                      f"  cause:   {case.causes[case.answer].text}",
-                      f"  fix:     {case.fix!r} ({case.fix_why.split('. ')[0].rstrip('.')}.)", ""]
+            lines += [_("Case {number} · {title}").format(number=case.number, title=_(case.title)),
+                      "  " + _("look at: {hint}").format(hint=_(case.cause_hint)),
+                      "  " + _("cause:   {cause}").format(cause=_(case.causes[case.answer].text)),
+                      "  " + _("fix:     {fix!r} ({why})").format(fix=case.fix,
+                                                                 why=_first_sentence(_(case.fix_why))), ""]
         else:
             todo.append(str(case.number))
-    if todo:
-        lines.append(f"Still to solve (cause and fix): case{'s' if len(todo) > 1 else ''} {', '.join(todo)}.")
+    if len(todo) == 1:
+        lines.append(_("Still to solve (cause and fix): case {numbers}.").format(numbers=todo[0]))
+    elif todo:
+        lines.append(_("Still to solve (cause and fix): cases {numbers}.").format(numbers=", ".join(todo)))
     return "\n".join(lines).rstrip()

@@ -14,6 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
+
 __all__ = ["NOT_GIVEN", "Exercise", "number_grader"]
 
 
@@ -92,7 +95,7 @@ def whole(name: str, value: Any, low: int) -> int:
     return value
 
 
-def number_grader(want: float, what: str = "the value", rel: float = 0.0,
+def number_grader(want: float, what: str = N_("the value"), rel: float = 0.0,
                   close: float = 1e-2) -> Callable[[Any], tuple[bool, str]]:
     """Return a grader for a numeric answer: equal to ``want`` within ``rel`` (0 means exactly).
 
@@ -100,18 +103,20 @@ def number_grader(want: float, what: str = "the value", rel: float = 0.0,
     ``close`` (relative) but not within ``rel`` is told it is close. Introduced in notebook 01.
     """
     def grade(answer: Any) -> tuple[bool, str]:
+        shown = _(what)  # a label marked with N_() where the exercise defines it
         if isinstance(answer, bool):
-            return False, FormatSlip(f"Give {what} as a number, not a bool.")
+            return False, FormatSlip(_("Give {what} as a number, not a bool.").format(what=shown))
         if isinstance(answer, (str, bytes)):
-            return False, FormatSlip(f"Give {what} as a number, not text (no quotes).")
+            return False, FormatSlip(_("Give {what} as a number, not text (no quotes).").format(what=shown))
         try:
             got = float(answer)
         except (TypeError, ValueError, OverflowError):
-            return False, FormatSlip(f"Give {what} as a number.")
+            return False, FormatSlip(_("Give {what} as a number.").format(what=shown))
         if got == want or (math.isfinite(got) and abs(got - want) <= rel * abs(want)):
             return True, ""
         if math.isfinite(got) and want and abs(got - want) <= close * abs(want):
-            return False, f"{got!r} is close, but {'the exact value' if rel == 0 else 'not close enough'} is wanted."
+            return False, (_("{got!r} is close, but the exact value is wanted.") if rel == 0 else
+                           _("{got!r} is close, but not close enough.")).format(got=got)
         return False, ""
 
     return grade

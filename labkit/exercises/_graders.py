@@ -11,14 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from labkit.exercises._core import FormatSlip, number_grader
+from labkit.i18n import N_
 
 __all__: list[str] = []
 
 Grader = Callable[[Any], tuple[bool, str]]
 
 #: What a predict exercise's grader says when it is handed something else than reveal's (prediction, result).
-NOT_A_PAIR = FormatSlip("A predict-then-run exercise is checked in two cells: predict(id, your_prediction) "
-                        "records it, then the cell that runs the experiment calls reveal(id, measured).")
+NOT_A_PAIR = FormatSlip(N_("A predict-then-run exercise is checked in two cells: predict(id, your_prediction) "
+                           "records it, then the cell that runs the experiment calls reveal(id, measured)."))
 
 
 def as_number(answer: Any) -> float | None:

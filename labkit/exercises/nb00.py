@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from labkit.exercises._core import Exercise, FormatSlip
+from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES"]
 
@@ -22,7 +23,7 @@ def _grade_device(answer: object) -> tuple[bool, str]:
         return True, ""
     if got in ("cpu", "cuda", "mps"):
         return False, _DEVICE_WHY
-    return False, FormatSlip("Give the device type as a string: 'cpu', 'cuda' or 'mps'.")
+    return False, FormatSlip(_("Give the device type as a string: 'cpu', 'cuda' or 'mps'."))
 
 
 _DTYPE_WHY = ("That is the other half-precision dtype. labkit prefers the one that is fast here, bf16 first, and "
@@ -41,7 +42,7 @@ def _grade_dtype(answer: object) -> tuple[bool, str]:
         return True, ""
     if got in ("bfloat16", "float16"):
         return False, _DTYPE_WHY
-    return False, FormatSlip("Give a torch.dtype (e.g. torch.bfloat16) or its name.")
+    return False, FormatSlip(_("Give a torch.dtype (e.g. torch.bfloat16) or its name."))
 
 
 class _AtGradeTime:
@@ -91,17 +92,19 @@ _BIAS_WHY = ("Adding a bias does one FLOP per element it reads and writes: about
 
 def _grade_bottlenecks(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, dict):
-        return False, FormatSlip("Give a dict {scenario: bottleneck}.")
+        return False, FormatSlip(_("Give a dict {scenario: bottleneck}."))
     norm = {str(k): str(v).strip().lower() for k, v in answer.items()}
     unknown = set(norm.values()) - _BOTTLENECKS
     if unknown:
-        return False, FormatSlip(f"Bottlenecks are named {sorted(_BOTTLENECKS)}, not {sorted(unknown)}.")
+        return False, FormatSlip(_("Bottlenecks are named {names}, not {unknown}.").format(
+            names=sorted(_BOTTLENECKS), unknown=sorted(unknown)))
     wrong = [k for k, v in _SCENARIOS.items() if norm.get(k) != v]
     if not wrong:
         return True, ""
     if wrong == ["adding a bias to a 1 GB activation tensor"] and norm[wrong[0]] == "compute":
         return False, _BIAS_WHY
-    return False, f"{len(wrong)} of {len(_SCENARIOS)} scenarios are off: {', '.join(wrong)}."
+    return False, _("{wrong} of {total} scenarios are off: {scenarios}.").format(
+        wrong=len(wrong), total=len(_SCENARIOS), scenarios=", ".join(wrong))
 
 
 # ---- 00.matmul-vs-add: predict, then run ------------------------------------------------------------
@@ -113,26 +116,27 @@ _FLOPS_WHY = ("A FLOP is not a FLOP: the add does 1 FLOP per 12 bytes it moves (
 
 def _grade_flops(pair: object) -> tuple[bool, str]:
     if not (isinstance(pair, tuple) and len(pair) == 2):
-        return False, FormatSlip("predict() records your prediction and reveal() passes the measurement: "
-                                 "call them, not check().")
+        return False, FormatSlip(_("predict() records your prediction and reveal() passes the measurement: "
+                                   "call them, not check()."))
     pred, result = pair
     pred = str(pred).strip().lower() if isinstance(pred, str) else pred
     if pred not in _WINNERS:
-        return False, FormatSlip(f"Predict one of {list(_WINNERS)}.")
+        return False, FormatSlip(_("Predict one of {choices}.").format(choices=list(_WINNERS)))
     if result not in _WINNERS:
-        raise ValueError(f"the measured winner must be one of {_WINNERS}, got {result!r}")
+        raise ValueError(_("the measured winner must be one of {choices}, got {result!r}").format(
+            choices=_WINNERS, result=result))
     if pred == result == "matmul":
-        return True, ("The matmul reuses every number it loads about n times, so it runs at the speed of the "
-                      "arithmetic units; the add moves 12 bytes per FLOP and runs at the speed of memory.")
+        return True, _("The matmul reuses every number it loads about n times, so it runs at the speed of the "
+                       "arithmetic units; the add moves 12 bytes per FLOP and runs at the speed of memory.")
     if pred == result:
-        return True, "Your prediction matches what this machine measured."
+        return True, _("Your prediction matches what this machine measured.")
     if pred == "about the same" and result == "matmul":
         return False, _FLOPS_WHY
     if result == "matmul":
-        return False, ("The add has far less arithmetic to do, but that is not what limits it: it waits for "
-                       "memory, 12 bytes per FLOP, while the matmul reuses each loaded number about n times.")
-    return False, (f"This machine measured {result!r}, which is unusual: run the timing cell again (another "
-                   "program may have been running) before you trust it.")
+        return False, _("The add has far less arithmetic to do, but that is not what limits it: it waits for "
+                        "memory, 12 bytes per FLOP, while the matmul reuses each loaded number about n times.")
+    return False, _("This machine measured {result!r}, which is unusual: run the timing cell again (another "
+                    "program may have been running) before you trust it.").format(result=result)
 
 
 def _measure_flops_winner() -> str:
@@ -149,7 +153,7 @@ def _measure_flops_winner() -> str:
     def median_time(fn: Callable[[], object]) -> float:
         fn()
         times = []
-        for _ in range(5):
+        for _unused in range(5):
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
@@ -179,8 +183,8 @@ EXERCISES = [
              method="The device gate (labkit.device) has a function for exactly this question; help(device) lists "
                     "them. It asks two questions in turn, 'is it fast here?' and 'does it compute here?', each for "
                     "bf16 first, then fp16.",
-             solution="answer = device.autocast_dtype()  # bf16 on any machine where bf16 autocast computes; "
-                      "fp16 only where bf16 is missing or emulated (V100, T4)",
+             solution="answer = device.autocast_dtype()  # bf16 where it is fast; else fp16 where that is fast "
+                      "(a V100, a T4); else whichever computes",
              kind="recall", wrong_why=_DTYPE_WHY,
              reference=_AtGradeTime(_autocast_name, "autocast_dtype()"),
              wrong=_AtGradeTime(_other_dtype, "the other half-precision dtype")),

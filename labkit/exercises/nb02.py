@@ -10,6 +10,8 @@ import torch
 from labkit import formats as F
 from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, number, pair
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES", "UNDERFLOW_VALUES"]
 
@@ -24,14 +26,15 @@ _UNDERFLOW_WHY = ("3e-8 is below FP16's smallest subnormal, 2^-24 ≈ 5.96e-8, b
 def _grade_underflows(answer: object) -> tuple[bool, str]:
     want = [bool(v) for v in (torch.tensor(UNDERFLOW_VALUES, dtype=torch.float32).to(torch.float16) == 0)]
     if not isinstance(answer, (list, tuple)) or len(answer) != len(UNDERFLOW_VALUES):
-        return False, FormatSlip(f"Give a list of {len(UNDERFLOW_VALUES)} booleans, one per value, True = becomes 0.")
+        return False, FormatSlip(_("Give a list of {count} booleans, one per value, True = becomes 0.").format(
+            count=len(UNDERFLOW_VALUES)))
     got = [bool(a) for a in answer]
     wrong = [v for v, g, w in zip(UNDERFLOW_VALUES, got, want) if g != w]
     if not wrong:
         return True, ""
     if got == [v < 2.0**-24 for v in UNDERFLOW_VALUES]:
         return False, _UNDERFLOW_WHY
-    return False, f"Look again at {', '.join(f'{v:g}' for v in wrong)}."
+    return False, _("Look again at {values}.").format(values=", ".join(f"{v:g}" for v in wrong))
 
 
 def _first_unrepresentable_int(fmt: str) -> int:
@@ -65,21 +68,22 @@ _WEIGHT_WHY = ("1.0 + 1000 × 1e-5 = 1.01 is what exact arithmetic gives. In FP1
 def _grade_weight(answer: object) -> tuple[bool, str]:
     got = pair(answer)
     if got is None:
-        return False, NOT_A_PAIR
+        return False, FormatSlip(_(NOT_A_PAIR))
     pred, result = (as_number(v) for v in got)
     if pred is None:
-        return False, FormatSlip("Predict the weight as a number.")
+        return False, FormatSlip(_("Predict the weight as a number."))
     if result is None:
-        raise ValueError(f"the measured weight must be a number, got {got[1]!r}")
+        raise ValueError(_("the measured weight must be a number, got {value!r}").format(value=got[1]))
     if math.isclose(pred, result, rel_tol=0, abs_tol=1e-6):
-        return True, ("Every update was swamped: 1e-5 is less than half of ulp(1.0) = 2^-10 in FP16, so each sum "
-                      "rounds back to 1.0, however many updates there are.")
+        return True, _("Every update was swamped: 1e-5 is less than half of ulp(1.0) = 2^-10 in FP16, so each sum "
+                       "rounds back to 1.0, however many updates there are.")
     if math.isclose(pred, 1.01, rel_tol=1e-3):
         return False, _WEIGHT_WHY
     if pred > result:
-        return False, (f"It stayed at {result!r}: each update is rounded away on its own; the thousand never add "
-                       "up, because FP16 never holds more than the rounded running sum.")
-    return False, f"The weight was {result!r} afterwards: an update that is swamped leaves the weight unchanged."
+        return False, _("It stayed at {result!r}: each update is rounded away on its own; the thousand never add "
+                        "up, because FP16 never holds more than the rounded running sum.").format(result=result)
+    return False, _("The weight was {result!r} afterwards: an update that is swamped leaves the weight "
+                    "unchanged.").format(result=result)
 
 
 # ---- 02.rms-overflow: debug -------------------------------------------------------------------------
@@ -98,7 +102,7 @@ def _broken_rms(x: torch.Tensor) -> torch.Tensor:
 
 def _grade_rms(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, FormatSlip("Define a function rms(x) and pass the function itself.")
+        return False, FormatSlip(_("Define a function rms(x) and pass the function itself."))
     g = torch.Generator().manual_seed(2)
     cases = [("activations of size ~300", torch.randn(4096, generator=g) * 300, torch.float16),
              ("small activations (~1e-4)", torch.randn(1000, generator=g) * 1e-4, torch.float16),
@@ -110,23 +114,26 @@ def _grade_rms(fn: Any) -> tuple[bool, str] | None:
         if got is None or got is Ellipsis:
             return None  # still a stub: "not attempted yet"
         if not isinstance(got, torch.Tensor) or got.numel() != 1:
-            return False, FormatSlip("Return a one-element tensor (the root mean square of the whole tensor).")
+            return False, FormatSlip(_("Return a one-element tensor (the root mean square of the whole tensor)."))
         want = x.double().pow(2).mean().sqrt().item()
         if not torch.isfinite(got).all():
             return False, _RMS_WHY
         if got.dtype != dtype:
-            return False, f"For {what} you return {got.dtype}: cast the result back to the input's dtype ({dtype})."
+            return False, _("For {what} you return {got}: cast the result back to the input's dtype ({dtype}).").format(
+                what=what, got=got.dtype, dtype=dtype)
         if not math.isclose(got.item(), want, rel_tol=2 ** -(7 if dtype == torch.bfloat16 else 10)):
-            hint = (" The squares of small values flush to zero in FP16 too: upcast *before* squaring."
-                    if "small" in what else "")
-            return False, f"For {what} you return {got.item():.6g}; the root mean square is {want:.6g}.{hint}"
-    return True, "Squared and averaged in fp32, returned in the input's dtype: finite for any FP16 input."
+            msg = _("For {what} you return {got:.6g}; the root mean square is {want:.6g}.").format(
+                what=what, got=got.item(), want=want)
+            if "small" in what:
+                msg += " " + _("The squares of small values flush to zero in FP16 too: upcast *before* squaring.")
+            return False, msg
+    return True, _("Squared and averaged in fp32, returned in the input's dtype: finite for any FP16 input.")
 
 
 def _measure_fp16_weight() -> float:
     """An fp16 weight of 1.0 after 1000 updates of 1e-5 (the experiment of 02.fp16-weight)."""
     w16 = torch.tensor(1.0, dtype=torch.float16)
-    for _ in range(1000):
+    for _unused in range(1000):
         w16 = w16 + 1e-5
     return w16.item()
 
@@ -138,18 +145,18 @@ EXERCISES = [
              method="The smallest subnormal is 2^-24 ≈ 5.96e-8. A value rounds to 0 only if 0 is nearer than "
                     "2^-24, i.e. below the midpoint 2^-25 ≈ 2.98e-8 (the tie itself goes to the even neighbour, 0).",
              solution="[v < 2.0**-25 for v in UNDERFLOW_VALUES] = [True, False, False, False, True]: 1e-8 and 1e-30 "
-                      "vanish; 3e-8 rounds up to 2^-24; 1e-7 survives as 2 × 2^-24; 6e-5 is a normal number.",
+                      "vanish; 3e-8 rounds up to 2^-24; 1e-7 survives as 2 × 2^-24; 6e-5 is a subnormal (below 2^-14 ≈ 6.1e-5) but far from 0.",
              kind="compute", wrong_why=_UNDERFLOW_WHY,
              reference=[v < 2.0**-25 for v in UNDERFLOW_VALUES], wrong=[v < 2.0**-24 for v in UNDERFLOW_VALUES]),
     Exercise("02.ulp-1000", "The ulp of 1000 in FP16: the gap between 1000 and the next FP16 value.",
-             number(F.ulp(1000.0, "fp16"), "the gap", {2.0**-10: _ULP_WHY}),
+             number(F.ulp(1000.0, "fp16"), N_("the gap"), {2.0**-10: _ULP_WHY}),
              "The gap between neighbours depends on which power of two the number lies under.",
              method="Find k with 2^k <= 1000 < 2^(k+1). In that binade FP16 spaces its values 2^(k - 10) apart "
                     "(10 stored mantissa bits).",
              solution="1000 lies in [2^9, 2^10): ulp = 2**(9 - 10) = 0.5",
              kind="compute", wrong_why=_ULP_WHY, reference=0.5, wrong=2.0**-10),
     Exercise("02.first-int", "The smallest positive integer that FP16 cannot represent exactly.",
-             number(float(_first_unrepresentable_int("fp16")), "the integer", {2048.0: _INT_WHY}),
+             number(float(_first_unrepresentable_int("fp16")), N_("the integer"), {2048.0: _INT_WHY}),
              "Integers are exact as long as the gap between neighbouring FP16 values is at most 1.",
              method="FP16 has 10 stored mantissa bits, 11 with the hidden bit. Work out the gap between "
                     "neighbouring values binade by binade: where does it first grow past 1, and which integer is "

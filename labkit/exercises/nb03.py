@@ -11,6 +11,8 @@ import torch
 from labkit import scaling
 from labkit.exercises._core import Exercise, FormatSlip, whole
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES", "PATTERN", "PATTERN_KNOBS", "RULE_KNOBS", "exercise_gradients"]
 
@@ -36,44 +38,46 @@ def exercise_gradients(n: int = 20_000, seed: int = 3) -> torch.Tensor:
     return (signs * torch.exp2(log2)).float()
 
 
-_STATIC_WHY = ("S = 1 is no scaling at all: the smallest gradients, 2^-32, stay below FP16's smallest subnormal "
-               "2^-24 and flush to zero. The scale has to lift them into FP16's range without pushing the "
-               "largest, 2^-6, past FP16's largest value.")
+_STATIC_WHY = N_("S = 1 is no scaling at all: the smallest gradients, 2^-32, stay below FP16's smallest subnormal "
+                  "2^-24 and flush to zero. The scale has to lift them into FP16's range without pushing the "
+                  "largest, 2^-6, past FP16's largest value.")
 
 
 def _grade_static_scale(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, FormatSlip("Give the scale as a number, e.g. 2.0**10.")
+        return False, FormatSlip(_("Give the scale as a number, e.g. 2.0**10."))
     s = float(answer)
     if not (0 < s < math.inf):
-        return False, "A loss scale is a positive finite number."
+        return False, _("A loss scale is a positive finite number.")
     g = exercise_gradients()
     under = scaling.underflow_fraction(g, "fp16", s)
     over = scaling.overflow_fraction(g, "fp16", s)
     if under == 0 and over == 0:
         lo, hi = scaling.safe_scale_powers(g, "fp16")  # type: ignore[misc]
-        return True, f"Any power 2^k with {lo} <= k <= {hi} works."
+        return True, _("Any power 2^k with {lo} <= k <= {hi} works.").format(lo=lo, hi=hi)
     if s == 1.0:
-        return False, _STATIC_WHY
+        return False, _(_STATIC_WHY)
     if over:
-        return False, f"With {s:g}, {over:.2%} of the gradients overflow to inf: too big."
-    return False, f"With {s:g}, {under:.2%} of the gradients still flush to zero: too small."
+        return False, _("With {scale:g}, {share:.2%} of the gradients overflow to inf: too big.").format(
+            scale=s, share=over)
+    return False, _("With {scale:g}, {share:.2%} of the gradients still flush to zero: too small.").format(
+        scale=s, share=under)
 
 
-_PREDICT_WHY = ("2^10 is where the scale started, as if growth and back-off cancelled out. They do not: walk the "
-                "pattern one step at a time, count every overflow (two in a row halve twice), and grow only after "
-                "growth_interval clean steps in a row.")
+_PREDICT_WHY = N_("2^10 is where the scale started, as if growth and back-off cancelled out. They do not: walk the "
+                   "pattern one step at a time, count every overflow (two in a row halve twice), and grow only after "
+                   "growth_interval clean steps in a row.")
 
 
 def _grade_predict(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, FormatSlip("Give the scale as a number.")
+        return False, FormatSlip(_("Give the scale as a number."))
     want = scaling.simulate_scales(PATTERN, **PATTERN_KNOBS)[-1]
     if float(answer) == want:
         return True, ""
     if float(answer) == PATTERN_KNOBS["init_scale"]:
-        return False, _PREDICT_WHY
-    return False, "Walk the pattern step by step: count clean steps, reset the count on growth and on overflow."
+        return False, _(_PREDICT_WHY)
+    return False, _("Walk the pattern step by step: count clean steps, reset the count on growth and on overflow.")
 
 
 def _reference_rule(scale: float, tracker: int, found_inf: bool) -> tuple[float, int]:
@@ -94,13 +98,14 @@ def _late_rule(scale: float, tracker: int, found_inf: bool) -> tuple[float, int]
     return scale, tracker + 1
 
 
-_LATE_WHY = ("You grow one clean step late: GradScaler counts the current clean step first and doubles as soon as "
-             "that count, the current step included, reaches growth_interval.")
+_LATE_WHY = N_("You grow one clean step late: GradScaler counts the current clean step first and doubles as soon as "
+                "that count, the current step included, reaches growth_interval.")
 
 
 def _grade_rule(update: object) -> tuple[bool, str] | None:
     if not callable(update):
-        return False, FormatSlip("Define a function update(scale, tracker, found_inf) -> (new_scale, new_tracker).")
+        return False, FormatSlip(
+            _("Define a function update(scale, tracker, found_inf) -> (new_scale, new_tracker)."))
     rng = random.Random(7)
     for _trial in range(40):
         ref = scaling.DynamicLossScaler(init_scale=2.0 ** rng.randint(0, 20), **RULE_KNOBS)
@@ -111,52 +116,55 @@ def _grade_rule(update: object) -> tuple[bool, str] | None:
             if out is None or out is Ellipsis:
                 return None  # still a stub: "not attempted yet"
             if not (isinstance(out, tuple) and len(out) == 2):
-                return False, FormatSlip("Return a tuple (new_scale, new_tracker).")
+                return False, FormatSlip(_("Return a tuple (new_scale, new_tracker)."))
             before = scale
             scale, tracker = float(out[0]), int(out[1])
             ref.update(found_inf=found)
             want = (ref.get_scale(), ref.state_dict()["_growth_tracker"])
             if (scale, tracker) != want:
                 if not found and want == (2 * before, 0) and (scale, tracker) == (before, RULE_KNOBS["growth_interval"]):
-                    return False, _LATE_WHY
-                return False, (f"After step {step} (found_inf={found}) you have scale={scale:g}, tracker={tracker}; "
-                               f"GradScaler has scale={want[0]:g}, tracker={want[1]}.")
-    return True, "Your rule and GradScaler's agree on 40 random runs."
+                    return False, _(_LATE_WHY)
+                return False, _("After step {step} (found_inf={found}) you have scale={scale:g}, tracker={tracker}; "
+                                "GradScaler has scale={want_scale:g}, tracker={want_tracker}.").format(
+                    step=step, found=found, scale=scale, tracker=tracker, want_scale=want[0], want_tracker=want[1])
+    return True, _("Your rule and GradScaler's agree on 40 random runs.")
 
 
-_HYSTERESIS_WHY = ("Without a 'hysteresis' key DeepSpeed keeps its default: it lets one overflow pass (skipping the "
-                   "step but keeping the scale) before it halves, while GradScaler halves at the first overflow.")
+_HYSTERESIS_WHY = N_("Without a 'hysteresis' key DeepSpeed keeps its default: it lets one overflow pass (skipping the "
+                      "step but keeping the scale) before it halves, while GradScaler halves at the first overflow.")
 
 
-_FLOOR_WHY = ("Your min_loss_scale stops the halving where GradScaler, which has no floor, keeps going: with a high "
-              "floor, gradients too large for that scale overflow at every step. Keep DeepSpeed's floor where it "
-              "does no harm, its default.")
+_FLOOR_WHY = N_("Your min_loss_scale stops the halving where GradScaler, which has no floor, keeps going: with a high "
+                 "floor, gradients too large for that scale overflow at every step. Keep DeepSpeed's floor where it "
+                 "does no harm, its default.")
 
 
 def _grade_ds_config(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, dict):
-        return False, FormatSlip("Give DeepSpeed's fp16 block as a dict, e.g. {'enabled': True, 'loss_scale': 0, ...}.")
+        return False, FormatSlip(
+            _("Give DeepSpeed's fp16 block as a dict, e.g. {'enabled': True, 'loss_scale': 0, ...}."))
     if answer.get("loss_scale", 0) == 0 and "hysteresis" not in answer:
-        return False, _HYSTERESIS_WHY
+        return False, _(_HYSTERESIS_WHY)
     try:
         kw = scaling.scaler_kwargs_from_deepspeed(answer)
     except (ValueError, TypeError) as exc:
         return False, str(exc)
     if answer.get("enabled") is not True:
-        return False, "Set 'enabled': True, or DeepSpeed ignores the block."
+        return False, _("Set 'enabled': True, or DeepSpeed ignores the block.")
     if kw["init_scale"] != 2.0**12:
-        return False, f"Your initial scale is {kw['init_scale']:g}, not 4096: initial_scale_power is a power of 2."
+        return False, _("Your initial scale is {scale:g}, not 4096: initial_scale_power is the exponent k of 2**k.").format(
+            scale=kw["init_scale"])
     if kw["growth_interval"] != 500:
-        return False, "The GradScaler grows after 500 clean steps: that is the loss_scale_window."
+        return False, _("The GradScaler grows after 500 clean steps: that is the loss_scale_window.")
     if kw["min_scale"] > 1:
-        return False, _FLOOR_WHY
-    return True, "Remember DeepSpeed's first growth comes one step later (window + 1 clean steps)."
+        return False, _(_FLOOR_WHY)
+    return True, _("Remember DeepSpeed's first growth comes one step later (window + 1 clean steps).")
 
 
 # ---- 03.collapse: predict, then run -----------------------------------------------------------------
-_COLLAPSE_WHY = ("GradScaler has no floor: it halves on every overflow, whatever the reason, and never stops at 1 "
-                 "(DeepSpeed's min_loss_scale does). After 16 halvings it passes 1, after 142 FP32's smallest "
-                 "normal, and after 165 the smallest subnormal 2^-149; one more halving rounds to exactly 0.")
+_COLLAPSE_WHY = N_("GradScaler has no floor: it halves on every overflow, whatever the reason, and never stops at 1 "
+                    "(DeepSpeed's min_loss_scale does). After 16 halvings it reaches 1, after 142 FP32's smallest "
+                    "normal, and after 165 the smallest subnormal 2^-149; one more halving rounds to exactly 0.")
 
 
 def _grade_collapse(answer: object) -> tuple[bool, str]:
@@ -165,27 +173,27 @@ def _grade_collapse(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = (as_number(v) for v in got)
     if pred is None:
-        return False, FormatSlip("Predict the scale as a number.")
+        return False, FormatSlip(_("Predict the scale as a number."))
     if result is None:
-        raise ValueError(f"the measured scale must be a number, got {got[1]!r}")
+        raise ValueError(_("the measured scale must be a number, got {value!r}").format(value=got[1]))
     if pred == result:
-        return True, ("Every step overflowed, so every step halved the scale: 2^16 → 1 after 16 steps, FP32's "
-                      "smallest subnormal 2^-149 after 165, and the next halving rounds to 0.")
+        return True, _("Every step overflowed, so every step halved the scale: 2^16 → 1 after 16 steps, FP32's "
+                       "smallest subnormal 2^-149 after 165, and the next halving rounds to 0.")
     if pred == 1.0:
-        return False, _COLLAPSE_WHY
+        return False, _(_COLLAPSE_WHY)
     if 0 < pred < 2.0**-120:
-        return False, ("Halving 170 times from 2^16 would give 2^-154 in exact arithmetic, but the scale is an FP32 "
-                       "number: below the smallest subnormal, 2^-149, it rounds to exactly 0.")
+        return False, _("Halving 170 times from 2^16 would give 2^-154 in exact arithmetic, but the scale is an FP32 "
+                        "number: below the smallest subnormal, 2^-149, it rounds to exactly 0.")
     if pred >= 2.0**16:
-        return False, ("The scaler cannot tell a broken label from a scale that is too big: every overflow halves "
-                       "the scale, 170 times in a row here.")
-    return False, f"The scale ended at {result!r}: {_COLLAPSE_WHY}"
+        return False, _("The scaler cannot tell a broken label from a scale that is too big: every overflow halves "
+                        "the scale, 170 times in a row here.")
+    return False, _("The scale ended at {result!r}: {why}").format(result=result, why=_(_COLLAPSE_WHY))
 
 
 # ---- 03.scaler-step: debug --------------------------------------------------------------------------
-_STEP_WHY = ("opt.step() bypasses the scaler: it steps even when the gradients hold inf/NaN, and writes them into "
-             "the weights. One scaler call is missing, and one comes too early: the call that ends the step's "
-             "bookkeeping may only come last.")
+_STEP_WHY = N_("opt.step() bypasses the scaler: it steps even when the gradients hold inf/NaN, and writes them into "
+                "the weights. One scaler call is missing, and one comes too early: the call that ends the step's "
+                "bookkeeping may only come last.")
 
 
 def _fp16() -> bool:
@@ -219,7 +227,7 @@ def _broken_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any
 
 def _grade_step(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, FormatSlip("Define train_step(model, opt, scaler, xb, yb) and pass the function itself.")
+        return False, FormatSlip(_("Define train_step(model, opt, scaler, xb, yb) and pass the function itself."))
     from labkit import models
 
     g = torch.Generator().manual_seed(3)
@@ -236,7 +244,7 @@ def _grade_step(fn: Any) -> tuple[bool, str] | None:
         return before, float(scaler.get_scale()), [p.detach().clone() for p in net.parameters()]
 
     w0, ref_scale, ref_w = run(_reference_step, yb)
-    _, got_scale, got_w = run(fn, yb)
+    _w0, got_scale, got_w = run(fn, yb)
     moved = [q - p for p, q in zip(w0, got_w)]
     if got_scale == 2.0**10 and all(not m.any() for m in moved):
         return None  # it changed nothing at all: still a stub, "not attempted yet"
@@ -245,18 +253,19 @@ def _grade_step(fn: Any) -> tuple[bool, str] | None:
     if not torch.isfinite(got_moved).all() or (got_moved - ref_moved).norm() > 0.05 * ref_moved.norm():
         ratio = (got_moved.norm() / ref_moved.norm()).item()
         if 0 < ratio < 0.01:
-            return False, ("On a clean step your update is about 1/scale of the right one: the gradients were "
-                           "unscaled twice. One of your scaler calls forgets, too early, that unscale_ already ran.")
-        return False, "On a clean step your update differs from a correct one: scale, backward, unscale_, step."
+            return False, _("On a clean step your update is about 1/scale of the right one: the gradients were "
+                            "unscaled twice. One of your scaler calls forgets, too early, that unscale_ already ran.")
+        return False, _("On a clean step your update differs from a correct one: scale, backward, unscale_, step.")
     if got_scale != ref_scale:
-        return False, (f"After a clean step the scale should grow (growth_interval=1), but it stayed {got_scale:g}: "
-                       "the call that adjusts the scale is missing, or comes more than once.")
-    _, bad_scale, bad_w = run(fn, bad_y)
+        return False, _("After a clean step the scale should grow (growth_interval=1), but it stayed {scale:g}: "
+                        "the call that adjusts the scale is missing, or comes more than once.").format(scale=got_scale)
+    _w0, bad_scale, bad_w = run(fn, bad_y)
     if not all(torch.equal(p, q) for p, q in zip(w0, bad_w)):
-        return False, _STEP_WHY
+        return False, _(_STEP_WHY)
     if bad_scale != 2.0**9:
-        return False, f"After an overflow the scale must halve to 512, got {bad_scale:g}: call scaler.update()."
-    return True, "Clean steps update and grow the scale; an overflowing step is skipped and halves it."
+        return False, _("After an overflow the scale must halve to 512, got {scale:g}: call scaler.update().").format(
+            scale=bad_scale)
+    return True, _("Clean steps update and grow the scale; an overflowing step is skipped and halves it.")
 
 
 def _measure_collapse() -> float:
@@ -296,7 +305,7 @@ EXERCISES = [
     Exercise("03.update-rule",
              "Write update(scale, tracker, found_inf) -> (new_scale, new_tracker), GradScaler's rule with "
              "RULE_KNOBS.", _grade_rule,
-             "Two cases: the step overflowed, or it was clean. Each one changes the scale and the count.",
+             "Two cases: the step overflowed, or it was clean. Each one decides the new scale and the new count.",
              method="Write the two branches on found_inf; in each, decide the new scale (backoff_factor, "
                     "growth_factor, or unchanged) and the new count. The detail that matters: does GradScaler "
                     "compare the count with growth_interval before or after it counts the current clean step?",
@@ -309,7 +318,7 @@ EXERCISES = [
              "Go through the table of section 5 key by key: which DeepSpeed key plays each GradScaler role, and "
              "which DeepSpeed default differs from GradScaler's behaviour?",
              method="loss_scale 0 means dynamic; initial_scale_power is k in 2**k; loss_scale_window is the growth "
-                    "interval; hysteresis is how many overflows DeepSpeed tolerates before it halves (default 2).",
+                    "interval; hysteresis is the overflow that halves: with the default 2, one overflow passes and the second halves.",
              solution='{"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500, '
                       '"hysteresis": 1, "min_loss_scale": 1}',
              kind="design", wrong_why=_HYSTERESIS_WHY,

@@ -11,6 +11,8 @@ import torch
 from labkit._validate import check_dense
 from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, pair
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES", "PREDICT_OPS", "reference_amp_step", "reference_island_softmax", "reference_pick_amp"]
 
@@ -101,14 +103,14 @@ def _amp_dtype() -> torch.dtype:
     return torch.float16 if dev_gate.computes(torch.float16, "cpu") else torch.bfloat16
 
 
-_CLIP_WHY = ("You clip the still-scaled gradients: before unscale_ their norm is S times the true norm (S = 1024 "
-             "here), so the clip always fires and shrinks the step about S-fold, and scaler.step then unscales what "
-             "is left.")
+_CLIP_WHY = N_("You clip the still-scaled gradients: before unscale_ their norm is S times the true norm (S = 1024 "
+               "here), so the clip always fires and shrinks the step about S-fold, and scaler.step then unscales what "
+               "is left.")
 
 
 def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
-        return False, FormatSlip("Define a function amp_step(model, opt, scaler, x, y, dtype) and pass it.")
+        return False, FormatSlip(_("Define a function amp_step(model, opt, scaler, x, y, dtype) and pass it."))
     from labkit import data, models
 
     dtype = _amp_dtype()
@@ -120,7 +122,7 @@ def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
         m = copy.deepcopy(base)
         opt = torch.optim.SGD(m.parameters(), lr=0.5)
         scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=1)
-        for _ in range(steps):
+        for _step in range(steps):
             fn(m, opt, scaler, x, y, dtype)
         return m, float(scaler.get_scale())
 
@@ -129,38 +131,38 @@ def _grade_amp_step(answer: Any) -> tuple[bool, str] | None:
     if got_scale == 2.0**10 and all(torch.equal(p, q) for p, q in zip(got.parameters(), base.parameters())):
         return None  # it changed nothing at all: still a stub, "not attempted yet"
     if got_scale != ref_scale:
-        return False, (f"after two clean steps the scale should be {ref_scale:g} (scaler.update() grows it), "
-                       f"got {got_scale:g}.")
+        return False, _("after two clean steps the scale should be {want:g} (scaler.update() grows it), "
+                        "got {got:g}.").format(want=ref_scale, got=got_scale)
     for (name, p), q in zip(got.named_parameters(), ref.parameters()):
         if not torch.allclose(p, q, rtol=1e-3, atol=1e-5):
-            late, _ = run(_clip_before_unscale, 2.0**10, 2)
+            late, _late_scale = run(_clip_before_unscale, 2.0**10, 2)
             if all(torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in zip(got.parameters(), late.parameters())):
-                return False, _CLIP_WHY
-            return False, (f"parameter {name} differs from a correct AMP step. Is the loss computed under "
-                           "autocast, and is the gradient clipped to 1.0 *after* scaler.unscale_?")
+                return False, _(_CLIP_WHY)
+            return False, _("parameter {name} differs from a correct AMP step. Is the loss computed under "
+                            "autocast, and is the gradient clipped to 1.0 *after* scaler.unscale_?").format(name=name)
     big, big_scale = run(answer, 2.0**127, 1)  # the scaled loss overflows: the step must be skipped
     if not all(torch.equal(p, q) for p, q in zip(big.parameters(), base.parameters())):
-        return False, "with an overflowing scale the step must be skipped: use scaler.step(opt), not opt.step()."
+        return False, _("with an overflowing scale the step must be skipped: use scaler.step(opt), not opt.step().")
     if big_scale != 2.0**126:
-        return False, "after an overflow the scale must be halved: call scaler.update() every step."
-    return True, "Scaled backward, unscale, clip, step and update, in that order."
+        return False, _("after an overflow the scale must be halved: call scaler.update() every step.")
+    return True, _("Scaled backward, unscale, clip, step and update, in that order.")
 
 
-_PICK_WHY = ("Where both compute, prefer bf16: it has fp32's exponent range, so gradients do not underflow and no "
-             "GradScaler is needed. fp16 with a GradScaler is the fallback for hardware without bf16 (V100, T4).")
+_PICK_WHY = N_("Where both compute, prefer bf16: it has fp32's exponent range, so gradients do not underflow and no "
+               "GradScaler is needed. fp16 with a GradScaler is the fallback for hardware without bf16 (V100, T4).")
 
 
 def _grade_pick_amp(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
-        return False, FormatSlip("Define a function pick_amp(caps) returning e.g. ('bf16', False).")
+        return False, FormatSlip(_("Define a function pick_amp(caps) returning e.g. ('bf16', False)."))
     from labkit import device as dev_gate
 
     here = dev_gate.capabilities("cpu").as_dict()
     cases = [
         {"device_type": "cuda", "device_name": "V100", "bf16": False, "fp16": True},
         {"device_type": "cuda", "device_name": "A100", "bf16": True, "fp16": True},
-        {"device_type": "cpu", "device_name": "old laptop", "bf16": False, "fp16": False},
-        {"device_type": "cpu", "device_name": "bf16-only CPU", "bf16": True, "fp16": False},
+        {"device_type": "cpu", "device_name": N_("old laptop"), "bf16": False, "fp16": False},
+        {"device_type": "cpu", "device_name": N_("bf16-only CPU"), "bf16": True, "fp16": False},
         here,
     ]
     for caps in cases:
@@ -170,18 +172,19 @@ def _grade_pick_amp(answer: Any) -> tuple[bool, str] | None:
             return None  # still a stub: "not attempted yet"
         if not isinstance(got, (tuple, list)) or tuple(got) != want:
             if caps["bf16"] and caps["fp16"] and isinstance(got, (tuple, list)) and tuple(got) == ("fp16", True):
-                return False, _PICK_WHY
-            return False, f"for {caps['device_name']} (bf16={caps['bf16']}, fp16={caps['fp16']}) expected {want}, got {got}."
-    return True, "bf16 where it computes (no scaler needed), fp16 + GradScaler otherwise, else fp32."
+                return False, _(_PICK_WHY)
+            return False, _("for {device} (bf16={bf16}, fp16={fp16}) expected {want}, got {got}.").format(
+                device=_(caps["device_name"]), bf16=caps["bf16"], fp16=caps["fp16"], want=want, got=got)
+    return True, _("bf16 where it computes (no scaler needed), fp16 + GradScaler otherwise, else fp32.")
 
 
-_ISLAND_WHY = ("Your island computes in fp32 but hands fp32 on: every op after it follows its input's dtype, so the "
-               "rest of the model silently runs in fp32 and the memory and speed of half precision are gone.")
+_ISLAND_WHY = N_("Your island computes in fp32 but hands fp32 on: every op after it follows its input's dtype, so the "
+                 "rest of the model silently runs in fp32 and the memory and speed of half precision are gone.")
 
 
 def _grade_island(answer: Any) -> tuple[bool, str] | None:
     if not callable(answer):
-        return False, FormatSlip("Define a function island_softmax(scores) and pass it.")
+        return False, FormatSlip(_("Define a function island_softmax(scores) and pass it."))
     g = torch.Generator().manual_seed(4)
     scores = (torch.randn(3, 5, 7, generator=g) * 30).to(torch.float16)
     scores[0, 0, 3:] = float("-inf")  # a causal mask
@@ -191,21 +194,22 @@ def _grade_island(answer: Any) -> tuple[bool, str] | None:
     if got is None or got is Ellipsis:
         return None  # still a stub: "not attempted yet"
     if not isinstance(got, torch.Tensor) or got.shape != scores.shape:
-        return False, "return a tensor of the same shape as scores."
+        return False, _("return a tensor of the same shape as scores.")
     if got.dtype == torch.float32 and torch.isfinite(got).all():
-        return False, _ISLAND_WHY
+        return False, _(_ISLAND_WHY)
     if got.dtype != scores.dtype:
-        return False, f"return the input dtype ({scores.dtype}), got {got.dtype}: cast back after the island."
+        return False, _("return the input dtype ({want}), got {got}: cast back after the island.").format(
+            want=scores.dtype, got=got.dtype)
     if not torch.isfinite(got).all():
-        return False, ("the result holds inf/NaN. exp overflows fp16 above 11.09 and fp32 above 88.7, and scores "
+        return False, _("the result holds inf/NaN. exp overflows fp16 above 11.09 and fp32 above 88.7, and scores "
                        "can be larger: subtract the row max, and compute exp and the sum in float32.")
     if not torch.allclose(got.float(), want.float(), atol=2e-3):
-        return False, "the values are off: softmax over the last dimension."
+        return False, _("the values are off: softmax over the last dimension.")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         inside = answer(scores.to(torch.bfloat16))
     if inside.dtype != torch.bfloat16 or not torch.isfinite(inside).all():
-        return False, "inside autocast the result must still be finite and in the input dtype."
-    return True, "Upcast, compute, cast back: the fp32 island."
+        return False, _("inside autocast the result must still be finite and in the input dtype.")
+    return True, _("Upcast, compute, cast back: the fp32 island.")
 
 
 # ---- 04.autocast-dtypes: predict, then run ----------------------------------------------------------
@@ -213,14 +217,14 @@ def _grade_island(answer: Any) -> tuple[bool, str] | None:
 PREDICT_OPS: tuple[str, ...] = ("linear", "softmax", "layer_norm", "exp", "cross_entropy")
 _CPU_TABLE = {"linear": "low", "softmax": "low", "layer_norm": "low", "exp": "low", "cross_entropy": "fp32"}
 _CUDA_TABLE = {"linear": "low", "softmax": "fp32", "layer_norm": "fp32", "exp": "fp32", "cross_entropy": "fp32"}
-_AUTOCAST_WHY = ("That is CUDA autocast's table, the one behind 'autocast protects my softmax'. CPU autocast "
-                 "(torch 2.13) upcasts only the losses: softmax, layer_norm and exp run in bf16/fp16 here, so a "
-                 "numerically fragile op gets no help unless you write the fp32 island yourself.")
+_AUTOCAST_WHY = N_("That is CUDA autocast's table, the one behind 'autocast protects my softmax'. CPU autocast "
+                   "(torch 2.13) upcasts only the losses: softmax, layer_norm and exp run in bf16/fp16 here, so a "
+                   "numerically fragile op gets no help unless you write the fp32 island yourself.")
 _LOW = {"low", "fp16", "bf16", "float16", "bfloat16", "half", "16"}
 _HIGH = {"fp32", "float32", "float", "32", "high"}
 _WHY_OP = {
-    "linear": "linear is a matmul: the first entry of autocast's low-precision list, on every device.",
-    "cross_entropy": "losses are on autocast's fp32 list, on CPU and on CUDA.",
+    "linear": N_("linear is a matmul: the first entry of autocast's low-precision list, on every device."),
+    "cross_entropy": N_("losses are on autocast's fp32 list, on CPU and on CUDA."),
 }
 
 
@@ -235,27 +239,32 @@ def _grade_autocast(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = got
     if not isinstance(pred, dict) or set(pred) != set(PREDICT_OPS):
-        return False, FormatSlip(f"Predict a dict with exactly the keys {list(PREDICT_OPS)}, each 'low' or 'fp32'.")
+        return False, FormatSlip(_("Predict a dict with exactly the keys {keys}, each 'low' or 'fp32'.").format(
+            keys=list(PREDICT_OPS)))
     words = {op: _dtype_word(v) for op, v in pred.items()}
     if None in words.values():
-        return False, FormatSlip("Each value is 'low' (fp16/bf16) or 'fp32'.")
+        return False, FormatSlip(_("Each value is 'low' (fp16/bf16) or 'fp32'."))
     if not isinstance(result, dict) or set(result) != set(PREDICT_OPS):
-        raise ValueError(f"the measured table must map {PREDICT_OPS} to 'low'/'fp32', got {result!r}")
+        raise ValueError(_("the measured table must map {ops} to 'low'/'fp32', got {result!r}").format(
+            ops=PREDICT_OPS, result=result))
     if words == result:
-        here = "CPU" if result == _CPU_TABLE else "this device's"
-        return True, (f"That is {here} autocast: matmuls go low, losses go fp32, and everything else follows its "
-                      "input. Measure the table on the device you train on; CUDA upcasts softmax & co.")
+        if result == _CPU_TABLE:
+            return True, _("That is CPU autocast: matmuls go low, losses go fp32, and everything else follows its "
+                           "input. Measure the table on the device you train on; CUDA upcasts softmax & co.")
+        return True, _("That is this device's autocast: matmuls go low, losses go fp32, and everything else follows "
+                       "its input. Measure the table on the device you train on; CUDA upcasts softmax & co.")
     if words == _CUDA_TABLE and result == _CPU_TABLE:
-        return False, _AUTOCAST_WHY
+        return False, _(_AUTOCAST_WHY)
     off = [op for op in PREDICT_OPS if words[op] != result[op]]
-    why = " ".join(_WHY_OP.get(op, f"{op} came out {result[op]} here.") for op in off)
-    return False, f"Off for {', '.join(off)}. {why}"
+    why = " ".join(_(_WHY_OP[op]) if op in _WHY_OP else _("{op} came out {dtype} here.").format(op=op, dtype=result[op])
+                   for op in off)
+    return False, _("Off for {ops}.").format(ops=", ".join(off)) + " " + why
 
 
 # ---- 04.resume-scaler: debug ------------------------------------------------------------------------
-_RESUME_WHY = ("The checkpoint has no scaler state, so the resumed GradScaler starts again at 2^16 with a growth "
-               "count of 0: it forgets the scale it had learned and pays for it in skipped steps, and the resumed "
-               "run no longer matches the uninterrupted one.")
+_RESUME_WHY = N_("The checkpoint has no scaler state, so the resumed GradScaler starts again at 2^16 with a growth "
+                 "count of 0: it forgets the scale it had learned and pays for it in skipped steps, and the resumed "
+                 "run no longer matches the uninterrupted one.")
 
 
 def _reference_save(path: Any, model: torch.nn.Module, opt: torch.optim.Optimizer,
@@ -289,8 +298,8 @@ def _grade_resume(answer: Any) -> tuple[bool, str] | None:
     from pathlib import Path
 
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(callable(f) for f in answer)):
-        return False, FormatSlip("Pass the two functions: check('04.resume-scaler', (save_checkpoint, "
-                                 "load_checkpoint)).")
+        return False, FormatSlip(_("Pass the two functions: check('04.resume-scaler', (save_checkpoint, "
+                                   "load_checkpoint))."))
     save, load = answer
     from labkit import models
 
@@ -299,7 +308,7 @@ def _grade_resume(answer: Any) -> tuple[bool, str] | None:
     model = models.MLP(8, 16, 1, depth=1, seed=2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
-    for _ in range(5):  # clean steps: the scale grows to 2^12, the growth count ends at 1
+    for _step in range(5):  # clean steps: the scale grows to 2^12, the growth count ends at 1
         opt.zero_grad()
         scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
         scaler.step(opt)
@@ -312,22 +321,22 @@ def _grade_resume(answer: Any) -> tuple[bool, str] | None:
         try:
             torch.load(path, weights_only=True)
         except Exception:  # any failure to read it back is the learner's to fix
-            return False, ("torch.load(path, weights_only=True) cannot read your checkpoint: save state_dicts "
+            return False, _("torch.load(path, weights_only=True) cannot read your checkpoint: save state_dicts "
                            "(tensors and plain values), never whole objects.")
         model2 = models.MLP(8, 16, 1, depth=1, seed=3)
         opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
         scaler2 = torch.amp.GradScaler("cpu", growth_interval=2)
         load(str(path), model2, opt2, scaler2)
     if not all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters())):
-        return False, "load_checkpoint did not restore the model's weights."
+        return False, _("load_checkpoint did not restore the model's weights.")
     if opt2.state_dict()["state"].keys() != opt.state_dict()["state"].keys():
-        return False, "load_checkpoint did not restore the optimizer's state (Adam's moments)."
+        return False, _("load_checkpoint did not restore the optimizer's state (Adam's moments).")
     if scaler2.get_scale() == 2.0**16 and scaler.get_scale() != 2.0**16:
-        return False, _RESUME_WHY
+        return False, _(_RESUME_WHY)
     if scaler2.state_dict() != scaler.state_dict():
-        return False, (f"The resumed scaler has {scaler2.state_dict()}, the saved one had {scaler.state_dict()}: "
-                       "restore its whole state_dict (the scale and the growth tracker).")
-    return True, "Model, optimizer and scaler come back: a resumed run continues exactly where it stopped."
+        return False, _("The resumed scaler has {got}, the saved one had {saved}: restore its whole state_dict (the "
+                        "scale and the growth tracker).").format(got=scaler2.state_dict(), saved=scaler.state_dict())
+    return True, _("Model, optimizer and scaler come back: a resumed run continues exactly where it stopped.")
 
 
 def _measure_autocast_dtypes() -> dict[str, str]:

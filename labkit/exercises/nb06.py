@@ -11,41 +11,44 @@ import torch
 from labkit import memory as M
 from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, number, pair
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES"]
 
 # The typical mistakes' explanations name the mistake, not the answer (the worked solution, the last help, does).
-_BYTES_WHY = ("16 is the figure for Adam, which keeps two fp32 optimizer states per parameter. SGD with momentum "
-              "keeps fewer: list the states it keeps, with their sizes.")
+_BYTES_WHY = N_("16 is the figure for Adam, which keeps two fp32 optimizer states per parameter. SGD with momentum "
+                "keeps fewer: list the states it keeps, with their sizes.")
 
 
 def _bytes_per_param(answer: object) -> tuple[bool, str]:
-    ok, msg = number(M.bytes_per_param("bf16-master", "sgd-momentum"), "the bytes per parameter",
-                     {16.0: _BYTES_WHY})(answer)
+    ok, msg = number(M.bytes_per_param("bf16-master", "sgd-momentum"), _("the bytes per parameter"),
+                     {16.0: _(_BYTES_WHY)})(answer)
     if ok or msg:
         return ok, msg
     if as_number(answer) in (18.0, 20.0):
-        return False, "That is an Adam figure (with fp32 gradients); SGD with momentum keeps one state, not two."
+        return False, _("That is an Adam figure (with fp32 gradients); SGD with momentum keeps one state, not two.")
     return False, ""
 
 
-_STAGE_WHY = ("At stage 1 only the optimizer side (12 B/param) is sharded; the 16-bit weights and gradients stay "
-              "whole on every GPU. Add up what one GPU then holds for 7B parameters, and compare it with 32 GB.")
+_STAGE_WHY = N_("At stage 1 only the optimizer side (12 B/param) is sharded; the 16-bit weights and gradients stay "
+                "whole on every GPU. Add up what one GPU then holds for 7B parameters, and compare it with 32 GB.")
 
 
 def _smallest_stage(answer: object) -> tuple[bool, str]:
     want = M.smallest_fitting_stage(7 * 10**9, 32 * M.GB, 8, "bf16-master", "adam")
     if isinstance(answer, bool) or not isinstance(answer, int):
-        return False, FormatSlip("Give the stage as an int (0, 1, 2 or 3).")
+        return False, FormatSlip(_("Give the stage as an int (0, 1, 2 or 3)."))
     if answer == want:
         return True, ""
     if answer == 1:
-        return False, _STAGE_WHY
+        return False, _(_STAGE_WHY)
     per_gpu = M.model_state_bytes(7 * 10**9, "bf16-master", "adam", stage=answer, world_size=8).device_total \
         if answer in (0, 1, 2, 3) else None
     if per_gpu is not None and per_gpu > 32 * M.GB:
-        return False, f"At stage {answer} a GPU holds {M.fmt_bytes(per_gpu)}: more than 32 GB."
-    return False, "A smaller stage already fits."
+        return False, _("At stage {stage} a GPU holds {held}: more than 32 GB.").format(
+            stage=answer, held=M.fmt_bytes(per_gpu))
+    return False, _("A smaller stage already fits.")
 
 
 def _reference_per_gpu(n_params: int, stage: int, world_size: int) -> float:
@@ -58,8 +61,8 @@ def _stage2_shards_params(n_params: int, stage: int, world_size: int) -> float:
     return _reference_per_gpu(n_params, 3 if stage == 2 else stage, world_size)
 
 
-_PER_GPU_WHY = ("At stage 2 you shard the 16-bit weights too: that is stage 3. Stage 2 shards the optimizer side "
-                "and the gradients, and every rank still holds all the 16-bit weights.")
+_PER_GPU_WHY = N_("At stage 2 you shard the 16-bit weights too: that is stage 3. Stage 2 shards the optimizer side "
+                  "and the gradients, and every rank still holds all the 16-bit weights.")
 
 
 def _grade_per_gpu(fn: Any) -> tuple[bool, str] | None:
@@ -69,10 +72,11 @@ def _grade_per_gpu(fn: Any) -> tuple[bool, str] | None:
     both Ψ/N and ceil(Ψ/N) sharding.
     """
     if not callable(fn):
-        return False, FormatSlip("Define a function per_gpu_bytes(n_params, stage, world_size) and pass the function.")
+        return False, FormatSlip(_("Define a function per_gpu_bytes(n_params, stage, world_size) and pass the "
+                                   "function."))
     rng = random.Random(6)
     cases = [(7_500_000_000, s, 64) for s in range(4)]
-    cases += [(rng.randrange(10**6, 10**11), rng.randrange(4), rng.choice([1, 2, 4, 8, 64, 512])) for _ in range(20)]
+    cases += [(rng.randrange(10**6, 10**11), rng.randrange(4), rng.choice([1, 2, 4, 8, 64, 512])) for _i in range(20)]
     for n, stage, ws in cases:
         want = M.model_state_bytes(n, "bf16-master", "adam", stage=stage, world_size=ws).device_total
         got = fn(n, stage, ws)
@@ -81,15 +85,16 @@ def _grade_per_gpu(fn: Any) -> tuple[bool, str] | None:
         if isinstance(got, bool) or not isinstance(got, (int, float)) or not abs(got - want) <= max(16.0, 1e-6 * want):
             if isinstance(got, (int, float)) and stage == 2 and ws > 1 and math.isclose(float(got), 16 * n / ws,
                                                                                         rel_tol=1e-6):
-                return False, _PER_GPU_WHY
-            return False, f"per_gpu_bytes({n}, {stage}, {ws}) returned {got!r}; expected {want:.6g}."
-    return True, "It reproduces the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB."
+                return False, _(_PER_GPU_WHY)
+            return False, _("per_gpu_bytes({n_params}, {stage}, {world_size}) returned {got!r}; expected "
+                            "{want:.6g}.").format(n_params=n, stage=stage, world_size=ws, got=got, want=want)
+    return True, _("It reproduces the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB.")
 
 
 # ---- 06.amp-saved: predict, then run ----------------------------------------------------------------
-_SAVED_WHY = ("Not everything halves. Autocast saves bf16 copies of the matmul inputs, but the LayerNorm inputs, "
-              "the fp32 softmax island and the residual stream stay fp32, and the bf16 copies of the weights "
-              "(weight_copies) come on top of the activations.")
+_SAVED_WHY = N_("Not everything halves. Autocast saves bf16 copies of the matmul inputs, but the LayerNorm inputs, "
+                "the fp32 softmax island and the residual stream stay fp32, and the bf16 copies of the weights "
+                "(weight_copies) come on top of the activations.")
 
 
 def _grade_saved(answer: object) -> tuple[bool, str]:
@@ -98,24 +103,25 @@ def _grade_saved(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = (as_number(v) for v in got)
     if pred is None or not pred > 0:
-        return False, FormatSlip("Predict the ratio as a positive number, e.g. 0.5 for 'half as much'.")
+        return False, FormatSlip(_("Predict the ratio as a positive number, e.g. 0.5 for 'half as much'."))
     if result is None or not result > 0:
-        raise ValueError(f"the measured ratio must be a positive number, got {got[1]!r}")
+        raise ValueError(_("the measured ratio must be a positive number, got {value!r}").format(value=got[1]))
     if abs(pred - result) <= 0.12:
-        return True, (f"Measured {result:.2f}: the matmul inputs are saved in bf16, the rest of the activations stay "
-                      "fp32, and autocast's bf16 weight copies come on top. Less than fp32, far from half.")
+        return True, _("Measured {result:.2f}: the matmul inputs are saved in bf16, the rest of the activations stay "
+                       "fp32, and autocast's bf16 weight copies come on top. Less than fp32, far from half.").format(
+            result=result)
     if pred <= 0.55:
-        return False, _SAVED_WHY
+        return False, _(_SAVED_WHY)
     if pred >= 1:
-        return False, (f"It went down, to {result:.2f} of fp32: activations do shrink. What grows with autocast is the "
-                       "model state side (fp32 weights and states stay, bf16 weight copies are added), which the "
-                       "saved-tensor hooks do not count.")
-    return False, f"Measured {result:.2f}. {_SAVED_WHY}"
+        return False, _("It went down, to {result:.2f} of fp32: activations do shrink. What grows with autocast is "
+                        "the model state side (fp32 weights and states stay, bf16 weight copies are added), which the "
+                        "saved-tensor hooks do not count.").format(result=result)
+    return False, _("Measured {result:.2f}.").format(result=result) + " " + _(_SAVED_WHY)
 
 
 # ---- 06.kept-loss: debug ----------------------------------------------------------------------------
-_KEPT_WHY = ("Every loss in the returned list is a tensor at the root of its autograd graph, and that graph owns "
-             "every activation saved for backward: the list keeps all the batches' activations alive.")
+_KEPT_WHY = N_("Every loss in the returned list is a tensor at the root of its autograd graph, and that graph owns "
+               "every activation saved for backward: the list keeps all the batches' activations alive.")
 
 
 def _reference_validation(model: torch.nn.Module, batches: Any) -> list[float]:
@@ -140,7 +146,7 @@ def _broken_validation(model: torch.nn.Module, batches: Any) -> list[Any]:
 
 def _grade_kept(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, FormatSlip("Define validation_losses(model, batches) and pass the function itself.")
+        return False, FormatSlip(_("Define validation_losses(model, batches) and pass the function itself."))
     from labkit import activations, data, models
 
     task = data.make_token_task("reverse", n=96, n_digits=4, vocab_size=10, seed=4)
@@ -152,17 +158,19 @@ def _grade_kept(fn: Any) -> tuple[bool, str] | None:
     if got is None or got is Ellipsis:
         return None  # still a stub: "not attempted yet"
     if not isinstance(got, (list, tuple)) or len(got) != len(batches):
-        return False, f"Return a list with one loss per batch ({len(batches)} here)."
+        return False, _("Return a list with one loss per batch ({count} here).").format(count=len(batches))
     params = list(model.parameters())
     held = sum(activations.graph_saved_bytes(v, exclude=params) for v in got if isinstance(v, torch.Tensor))
     if held or any(isinstance(v, torch.Tensor) and v.grad_fn is not None for v in got):
-        return False, _KEPT_WHY + (f" (Your list holds {held:,} bytes of saved tensors.)" if held else "")
+        return False, _(_KEPT_WHY) + (" " + _("(Your list holds {held:,} bytes of saved tensors.)").format(held=held)
+                                      if held else "")
     if any(p.grad is not None for p in params):
-        return False, "Validation computes no gradients: no backward(), and nothing written to the parameters' .grad."
+        return False, _("Validation computes no gradients: no backward(), and nothing written to the parameters' "
+                        ".grad.")
     values = [as_number(v) for v in got]
     if None in values or not all(math.isclose(v, w, rel_tol=1e-5) for v, w in zip(values, want)):  # type: ignore[arg-type]
-        return False, f"The losses should be {[round(w, 4) for w in want]}, got {got!r}."
-    return True, "Numbers in the log, no graph behind them: validation memory stays flat however many batches."
+        return False, _("The losses should be {want}, got {got!r}.").format(want=[round(w, 4) for w in want], got=got)
+    return True, _("Numbers in the log, no graph behind them: validation memory stays flat however many batches.")
 
 
 def _measure_amp_saved() -> float:

@@ -8,6 +8,8 @@ import random
 from labkit import roofline as R
 from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, pair
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = ["DGX_A100", "EXERCISES", "H100_BANDWIDTH", "H100_BF16_FLOPS", "PROFILE_TABLE"]
 
@@ -36,36 +38,36 @@ H100_BANDWIDTH = 3.35e12
 def _number(want: float, what: str, rel: float = 1e-6, mistakes: dict[float, str] | None = None):
     def grade(answer: object) -> tuple[bool, str]:
         if isinstance(answer, bool):
-            return False, FormatSlip(f"Give {what} as a number, not a bool.")
+            return False, FormatSlip(_("Give {what} as a number, not a bool.").format(what=_(what)))
         try:
             got = float(answer)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            return False, FormatSlip(f"Give {what} as a number.")
+            return False, FormatSlip(_("Give {what} as a number.").format(what=_(what)))
         if math.isfinite(got) and abs(got - want) <= rel * abs(want):
             return True, ""
         for value, why in (mistakes or {}).items():
             if math.isclose(got, value, rel_tol=1e-9):
-                return False, why
+                return False, _(why)
         if math.isfinite(got) and want and abs(got - 1 / want) <= rel / abs(want):
-            return False, "That is the inverse: intensity is FLOPs divided by bytes."
+            return False, _("That is the inverse: intensity is FLOPs divided by bytes.")
         return False, ""
     return grade
 
 
 # The typical mistakes' explanations name the mistake, not the answer (the worked solution, the last help, does).
-_AXPY_WHY = ("2/8 counts reading x and y but not writing y back: y = a*x + y stores its result too, and those "
-             "bytes cross the memory bus as well.")
-_MATMUL_WHY = ("You count reading A and B but not writing C: the m × n result is stored once too, and for a thin "
-               "matmul the output is a large share of the bytes.")
+_AXPY_WHY = N_("2/8 counts reading x and y but not writing y back: y = a*x + y stores its result too, and those "
+                "bytes cross the memory bus as well.")
+_MATMUL_WHY = N_("You count reading A and B but not writing C: the m × n result is stored once too, and for a thin "
+                  "matmul the output is a large share of the bytes.")
 
 
 def _grade_matmul_intensity(fn: object) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, FormatSlip("Give a function intensity(m, n, k, bytes_per_element) -> FLOP per byte.")
+        return False, FormatSlip(_("Give a function intensity(m, n, k, bytes_per_element) -> FLOP per byte."))
     rng = random.Random(7)
     cases = [(1024, 1024, 1024, 4), (4096, 1, 4096, 2), (1, 1, 1, 8)]
     cases += [(rng.randint(1, 3000), rng.randint(1, 3000), rng.randint(1, 3000), rng.choice((1, 2, 4)))
-              for _ in range(20)]
+              for _unused in range(20)]
     for m, n, k, b in cases:
         want = R.matmul_cost(m, n, k, b).intensity
         got = fn(m, n, k, b)
@@ -73,8 +75,9 @@ def _grade_matmul_intensity(fn: object) -> tuple[bool, str] | None:
             return None  # still a stub: "not attempted yet"
         if not (isinstance(got, (int, float)) and math.isclose(float(got), want, rel_tol=1e-9)):
             if isinstance(got, (int, float)) and math.isclose(float(got), _forgot_output_intensity(m, n, k, b)):
-                return False, _MATMUL_WHY
-            return False, f"for m={m}, n={n}, k={k}, {b} bytes/element, expected {want:.6g}, got {got!r}."
+                return False, _(_MATMUL_WHY)
+            return False, _("for m={m}, n={n}, k={k}, {bytes} bytes/element, expected {want:.6g}, got {got!r}.").format(
+                m=m, n=n, k=k, bytes=b, want=want, got=got)
     return True, ""
 
 
@@ -86,13 +89,13 @@ def _forgot_output_intensity(m: int, n: int, k: int, bytes_per_element: int) -> 
     return 2 * m * n * k / ((m * k + k * n) * bytes_per_element)
 
 
-_FIRST_WHY = ("aten::linear has the largest *total* time, but its self time is 0.6 ms: nearly all of it is spent "
-              "in an op it calls. Total time counts the children again; rank by self time.")
-_OPS80_WHY = ("12 is every op in the table. Sort by self time, largest first, and stop as soon as the running sum "
-              "reaches 80 % of the total: a handful of ops, which is the point of profiling.")
-_BOUND_WHY = ("A matmul is not always compute-bound. With 8 rows, (8, 8192) @ (8192, 8192) reads the whole 128 MiB "
-              "weight matrix to do 2·8·8192² FLOPs: about 8 FLOP/byte, far below the H100's ridge point of ~295. "
-              "Decoding with a small batch is memory-bound.")
+_FIRST_WHY = N_("aten::linear has the largest *total* time, but its self time is 0.6 ms: nearly all of it is spent "
+                 "in an op it calls. Total time counts the children again; rank by self time.")
+_OPS80_WHY = N_("12 is every op in the table. Sort by self time, largest first, and stop as soon as the running sum "
+                "reaches 80 % of the total: a handful of ops, which is the point of profiling.")
+_BOUND_WHY = N_("A matmul is not always compute-bound. With 8 rows, (8, 8192) @ (8192, 8192) reads the whole 128 MiB "
+                "weight matrix to do 2·8·8192² FLOPs: about 8 FLOP/byte, far below the H100's ridge point of ~295. "
+                "Decoding with a small batch is memory-bound.")
 
 
 def _top_self_op() -> str:
@@ -101,20 +104,20 @@ def _top_self_op() -> str:
 
 def _grade_first(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, str):
-        return False, FormatSlip("Give the op's name as a string, e.g. 'aten::gelu'.")
+        return False, FormatSlip(_("Give the op's name as a string, e.g. 'aten::gelu'."))
     if answer == _top_self_op():
-        return True, "It has the largest self time, about a third of the step."
+        return True, _("It has the largest self time, about a third of the step.")
     if answer == "aten::linear":
-        return False, _FIRST_WHY
+        return False, _(_FIRST_WHY)
     if answer == "Optimizer.step#AdamW.step":
-        return False, "That op has a large total time, but almost all of it is spent in ops it calls."
+        return False, _("That op has a large total time, but almost all of it is spent in ops it calls.")
     return False, ""
 
 
 def _ops_for_80() -> int:
     total = sum(r[1] for r in PROFILE_TABLE)
     acc, n = 0.0, 0
-    for _, self_ms, _, _ in sorted(PROFILE_TABLE, key=lambda r: -r[1]):
+    for _op, self_ms, _total_ms, _calls in sorted(PROFILE_TABLE, key=lambda r: -r[1]):
         acc += self_ms
         n += 1
         if acc >= 0.8 * total:
@@ -124,17 +127,18 @@ def _ops_for_80() -> int:
 
 def _grade_bound(answer: object) -> tuple[bool, str]:
     if not (isinstance(answer, (tuple, list)) and len(answer) == 3 and all(isinstance(a, str) for a in answer)):
-        return False, FormatSlip("Give three strings, each 'memory' or 'compute'.")
+        return False, FormatSlip(_("Give three strings, each 'memory' or 'compute'."))
     ops = (R.matmul_cost(8192, 8192, 8192, "bf16"), R.softmax_cost(8192, 8192, "bf16"),
            R.matmul_cost(8, 8192, 8192, "bf16"))
     want = tuple(R.bound(c.intensity, H100_BF16_FLOPS, H100_BANDWIDTH) for c in ops)
     got = tuple(a.strip().lower() for a in answer)
     if got == want:
-        return True, f"The ridge point is {R.ridge_point(H100_BF16_FLOPS, H100_BANDWIDTH):.0f} FLOP/byte."
+        return True, _("The ridge point is {ridge:.0f} FLOP/byte.").format(
+            ridge=R.ridge_point(H100_BF16_FLOPS, H100_BANDWIDTH))
     wrong = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
     if wrong == [2]:
-        return False, _BOUND_WHY
-    return False, f"Look again at item(s) {', '.join(str(i + 1) for i in wrong)}."
+        return False, _(_BOUND_WHY)
+    return False, _("Look again at item(s) {items}.").format(items=", ".join(str(i + 1) for i in wrong))
 
 
 # ---- 07.peak-formula: theoretical peak = devices x units x clock x FLOPs per unit per cycle ---------------
@@ -149,45 +153,45 @@ def _dgx_peak() -> float:
     return float(d["gpus"] * d["sms_per_gpu"] * d["boost_clock_mhz"] * 1e6 * d["dense_fp16_fma_per_sm_per_clock"] * 2)
 
 
-_FMA_WHY = ("You counted FMA operations, not FLOPs. A fused multiply-add is a multiply and an add: two floating-point "
-            "operations, and FLOP/s counts both.")
-_SPARSE_WHY = ("That is the sparse figure. NVIDIA's headline number for the node assumes 2:4 structured sparsity, which "
-               "skips half the multiplications of a specially pruned matrix and counts them anyway; dense training "
-               "matmuls get the dense rate.")
-_ONE_GPU_WHY = "That is one GPU: the formula also multiplies by the number of devices, and the node has several."
-_UNITS_WHY = ("The units are mixed: the answer is off by a power of 1000. Convert the clock from MHz to Hz (cycles per "
-              "second) and give the answer in FLOP/s, not TFLOP/s or PFLOP/s.")
+_FMA_WHY = N_("You counted FMA operations, not FLOPs. A fused multiply-add is a multiply and an add: two "
+               "floating-point operations, and FLOP/s counts both.")
+_SPARSE_WHY = N_("That is the sparse figure. NVIDIA's headline number for the node assumes 2:4 structured sparsity, "
+                 "which skips half the multiplications of a specially pruned matrix and counts them anyway; dense "
+                 "training matmuls get the dense rate.")
+_ONE_GPU_WHY = N_("That is one GPU: the formula also multiplies by the number of devices, and the node has several.")
+_UNITS_WHY = N_("The units are mixed: the answer is off by a power of 1000. Convert the clock from MHz to Hz (cycles "
+                "per second) and give the answer in FLOP/s, not TFLOP/s or PFLOP/s.")
 
 
 def _grade_peak(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool):
-        return False, FormatSlip("Give the peak as a number of FLOP/s, not a bool.")
+        return False, FormatSlip(_("Give the peak as a number of FLOP/s, not a bool."))
     try:
         got = float(answer)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
-        return False, FormatSlip("Give the peak as a number of FLOP/s.")
+        return False, FormatSlip(_("Give the peak as a number of FLOP/s."))
     if not math.isfinite(got) or got <= 0:
-        return False, "A peak is a positive, finite number of FLOP/s."
+        return False, _("A peak is a positive, finite number of FLOP/s.")
     want = _dgx_peak()
     if math.isclose(got, want, rel_tol=1e-2):
-        return True, ("The node's dense FP16 tensor-core peak, about 2.5 PFLOP/s. Real training reaches a part of it "
-                      "(MFU, section 6), and FP32 without tensor cores has a far lower peak.")
+        return True, _("The node's dense FP16 tensor-core peak, about 2.5 PFLOP/s. Real training reaches a part of "
+                       "it (MFU, section 6), and FP32 without tensor cores has a far lower peak.")
     ratio = got / want
     for factor, why in ((0.5, _FMA_WHY), (2.0, _SPARSE_WHY), (1 / 8, _ONE_GPU_WHY), (1 / 16, _ONE_GPU_WHY)):
         if math.isclose(ratio, factor, rel_tol=1e-2):
-            return False, why
+            return False, _(why)
     for factor in (0.5, 1.0, 2.0):
         for k in (-6, -5, -4, -3, -2, -1, 1, 2):
             if math.isclose(ratio, factor * 1000.0**k, rel_tol=1e-2):
-                return False, _UNITS_WHY
+                return False, _(_UNITS_WHY)
     return False, ""
 
 
 # ---- 07.launch-overhead: predict, then run ---------------------------------------------------------
 _RACE = ("one big add", "2000 tiny adds", "about the same")
-_RACE_WHY = ("Same arithmetic, not the same cost: every op pays a fixed overhead (Python, PyTorch's dispatcher, on a "
-             "GPU the kernel launch) of microseconds before any work, and 64 elements are nanoseconds of work. "
-             "2000 ops pay that overhead 2000 times; one op pays it once.")
+_RACE_WHY = N_("Same arithmetic, not the same cost: every op pays a fixed overhead (Python, PyTorch's dispatcher, on "
+                "a GPU the kernel launch) of microseconds before any work, and 64 elements are nanoseconds of work. "
+                "2000 ops pay that overhead 2000 times; one op pays it once.")
 
 
 def _grade_race(answer: object) -> tuple[bool, str]:
@@ -197,18 +201,19 @@ def _grade_race(answer: object) -> tuple[bool, str]:
     pred, result = got
     pred = pred.strip().lower() if isinstance(pred, str) else pred
     if pred not in _RACE:
-        return False, FormatSlip(f"Predict one of {list(_RACE)}.")
+        return False, FormatSlip(_("Predict one of {choices}.").format(choices=list(_RACE)))
     if result not in _RACE:
-        raise ValueError(f"the measured winner must be one of {_RACE}, got {result!r}")
+        raise ValueError(_("the measured winner must be one of {choices}, got {result!r}").format(choices=_RACE,
+                                                                                                 result=result))
     if pred == result == "one big add":
-        return True, ("Per-op overhead dwarfs 64 elements of work: that is why small models are slow out of "
-                      "proportion, and why fused optimizers and CUDA graphs exist.")
+        return True, _("Per-op overhead dwarfs 64 elements of work: that is why small models are slow out of "
+                       "proportion, and why fused optimizers and CUDA graphs exist.")
     if pred == result:
-        return True, "Your prediction matches what this machine measured."
+        return True, _("Your prediction matches what this machine measured.")
     if result == "one big add":
-        return False, _RACE_WHY
-    return False, (f"This machine measured {result!r}, which is unusual: rerun the measurement (another program may "
-                   "have been running) before you trust it.")
+        return False, _(_RACE_WHY)
+    return False, _("This machine measured {result!r}, which is unusual: rerun the measurement (another program "
+                    "may have been running) before you trust it.").format(result=result)
 
 
 def _measure_race() -> str:
@@ -224,7 +229,7 @@ def _measure_race() -> str:
 EXERCISES = [
     Exercise("07.axpy-intensity",
              "The arithmetic intensity (FLOP/byte) of y = a * x + y on fp32 vectors (a is a scalar).",
-             _number(2 / 12, "the intensity", mistakes={2 / 8: _AXPY_WHY}),
+             _number(2 / 12, N_("the intensity"), mistakes={2 / 8: _AXPY_WHY}),
              "Count, per element, the arithmetic it does and every byte it moves, both ways.",
              method="Intensity = FLOPs / bytes moved. Per element: how many multiplies and adds; which fp32 values "
                     "are read from memory and which are written back?",
@@ -251,7 +256,7 @@ EXERCISES = [
              reference=_top_self_op(), wrong="aten::linear"),
     Exercise("07.ops-for-80",
              "From PROFILE_TABLE, how many ops (largest self time first) it takes to cover 80 % of the total self time.",
-             _number(float(_ops_for_80()), "the count", mistakes={float(len(PROFILE_TABLE)): _OPS80_WHY}),
+             _number(float(_ops_for_80()), N_("the count"), mistakes={float(len(PROFILE_TABLE)): _OPS80_WHY}),
              "Work with self times only, and go from the largest down.",
              method="Add up all the self times, sort them largest first, and count until the running sum reaches "
                     "80 % of the total.",

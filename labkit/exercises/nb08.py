@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from labkit import kernelbench, kernels
 from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import as_number
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES"]
 
@@ -93,12 +95,14 @@ class _Case:
 
     def say(self) -> str:
         if self.spilled:
-            return f"{self.label}: your kernel wrote past the end of the output"
+            return _("{case}: your kernel wrote past the end of the output").format(case=self.label)
         if self.stray_reads:
-            return f"{self.label}: your kernel read {self.stray_reads} elements outside the tensors it was given"
+            return _("{case}: your kernel read {count} elements outside the tensors it was given").format(
+                case=self.label, count=self.stray_reads)
         if self.unwritten:
-            return f"{self.label}: some outputs are NaN (never written, or computed as NaN: an inf - inf or 0 / 0)"
-        return f"{self.label}: off by up to {self.worst:.3g}x the tolerance"
+            return _("{case}: some outputs are NaN (never written, or computed as NaN: an inf - inf or 0 / 0)").format(
+                case=self.label)
+        return _("{case}: off by up to {worst:.3g}x the tolerance").format(case=self.label, worst=self.worst)
 
 
 def _run(label: str, launcher: Callable[..., Any], like: torch.Tensor, want: torch.Tensor,
@@ -131,11 +135,11 @@ def _run(label: str, launcher: Callable[..., Any], like: torch.Tensor, want: tor
         got["result"]
 
 
-_MASK = ("Right when the size is a multiple of BLOCK, wrong otherwise: the mask. The last program's lanes past the "
-         "end must be switched off in tl.load (with a harmless `other`) and in tl.store.")
-_BF16 = ("Right with fp32 inputs, wrong with bf16 ones: your arithmetic runs in bf16. Convert right after loading "
-         "(`.to(tl.float32)`) and convert back only when storing. On a GPU bf16 sums lose digits; Triton's "
-         "interpreter even computes garbage, since it stores bf16 as 16-bit integers.")
+_MASK = N_("Right when the size is a multiple of BLOCK, wrong otherwise: the mask. The last program's lanes past "
+           "the end must be switched off in tl.load (with a harmless `other`) and in tl.store.")
+_BF16 = N_("Right with fp32 inputs, wrong with bf16 ones: your arithmetic runs in bf16. Convert right after loading "
+           "(`.to(tl.float32)`) and convert back only when storing. On a GPU bf16 sums lose digits; Triton's "
+           "interpreter even computes garbage, since it stores bf16 as 16-bit integers.")
 
 
 def _verdict(cases: list[_Case], diagnoses: list[tuple[Callable[[dict[str, _Case]], bool], str]],
@@ -145,15 +149,16 @@ def _verdict(cases: list[_Case], diagnoses: list[tuple[Callable[[dict[str, _Case
         return True, success
     strays = [c for c in cases if c.stray_reads]
     if strays_first and strays and not any(c.spilled for c in cases):
-        return False, (f"{strays[0].label}: your kernel read {strays[0].stray_reads} elements past the end of its "
-                       "inputs. The stores are masked, so the output looked right, but a load without the mask "
-                       "reads memory that is not the tensor's: on a GPU an illegal-address fault or another "
-                       "tensor's bytes. Every tl.load needs the same mask as its tl.store.")
+        return False, _("{case}: your kernel read {count} elements past the end of its inputs. The stores are "
+                        "masked, so the output looked right, but a load without the mask reads memory that is not "
+                        "the tensor's: on a GPU an illegal-address fault or another tensor's bytes. Every tl.load "
+                        "needs the same mask as its tl.store.").format(case=strays[0].label,
+                                                                       count=strays[0].stray_reads)
     for test, message in diagnoses:
         if test(by):
             return False, message
     failing = "; ".join(c.say() for c in cases if not c.ok)
-    return False, f"Compared with torch: {failing}."
+    return False, _("Compared with torch: {failures}.").format(failures=failing)
 
 
 # --- 08.bias-gelu -------------------------------------------------------------------------------------------------
@@ -168,13 +173,13 @@ def _grade_bias_gelu(answer: Any) -> tuple[bool, str] | None:
                                   ("fp32, 3 x 50 = 150 elements", 3, 50, "fp32"),
                                   ("bf16, 3 x 50", 3, 50, "bf16")):
         inp = kernelbench.make_inputs("bias_gelu", rows, cols, dt, seed=11)
-        x, _ = _guarded(inp["x"], None)
+        x, _tail = _guarded(inp["x"], None)
         want = F.gelu(inp["x"].double() + inp["bias"].double())
         cases.append(_run(label, kernels.bias_gelu, x, want, x=x, bias=inp["bias"], kernel=kernel, block=64)[0])
     return _verdict(cases, [
-        (lambda c: c["fp32, 4 x 64 = 4 blocks of 64"].ok and not c["fp32, 3 x 50 = 150 elements"].ok, _MASK),
-        (lambda c: c["fp32, 3 x 50 = 150 elements"].ok and not c["bf16, 3 x 50"].ok, _BF16),
-    ], "Matches F.gelu(x + b) in fp32 and, for bf16 inputs, within one bf16 ulp, with a size that needs the mask.")
+        (lambda c: c["fp32, 4 x 64 = 4 blocks of 64"].ok and not c["fp32, 3 x 50 = 150 elements"].ok, _(_MASK)),
+        (lambda c: c["fp32, 3 x 50 = 150 elements"].ok and not c["bf16, 3 x 50"].ok, _(_BF16)),
+    ], _("Matches F.gelu(x + b) in fp32 and, for bf16 inputs, within one bf16 ulp, with a size that needs the mask."))
 
 
 # --- 08.softmax ---------------------------------------------------------------------------------------------------
@@ -194,22 +199,22 @@ def _grade_softmax(answer: Any) -> tuple[bool, str] | None:
                                          ("bf16, 50 columns", 4, 50, "bf16", 1.0)):
         x0 = kernelbench.make_inputs("softmax", rows, cols, dt, seed=12)["x"] * scale - (200.0 if label == _BELOW
                                                                                         else 0.0)
-        x, _ = _guarded(x0, None)
+        x, _tail = _guarded(x0, None)
         cases.append(_run(label, kernels.softmax, x, torch.softmax(x0.double(), -1), x=x, kernel=kernel)[0])
     return _verdict(cases, [
         (lambda c: c["fp32, 64 columns"].ok and not c["fp32, inputs up to ~500"].ok,
-         "Right for small inputs, wrong (inf/NaN) for large ones: subtract the row max before tl.exp. exp(x) "
-         "overflows fp32 above x = 88.7; exp(x - max) is at most 1, and the ratio is unchanged."),
+         _("Right for small inputs, wrong (inf/NaN) for large ones: subtract the row max before tl.exp. exp(x) "
+           "overflows fp32 above x = 88.7; exp(x - max) is at most 1, and the ratio is unchanged.")),
         (lambda c: c["fp32, 64 columns"].ok and not c["fp32, 50 columns"].ok,
-         "Right when the row fills the block, wrong with 50 columns in a block of 64: the mask. Masked lanes must "
-         "load -inf (so that exp gives 0 and the max ignores them), and must not be stored."),
+         _("Right when the row fills the block, wrong with 50 columns in a block of 64: the mask. Masked lanes must "
+           "load -inf (so that exp gives 0 and the max ignores them), and must not be stored.")),
         (lambda c: c["fp32, 50 columns"].ok and not c[_BELOW].ok,
-         "Right on ordinary rows, NaN on a row whose values all lie below -88: the lanes past the end load 0, and "
-         "that 0 wins the row max. Every real exp(x - max) then underflows to 0, the sum is 0, and 0/0 is NaN. "
-         "Zeroing those lanes after exp does not help; what they load must never win the max."),
-        (lambda c: c["fp32, 50 columns"].ok and not c["bf16, 50 columns"].ok, _BF16),
-    ], "Matches torch.softmax in fp32 (also for inputs in the hundreds, and for a row far below zero) and, for "
-       "bf16, within one bf16 ulp.")
+         _("Right on ordinary rows, NaN on a row whose values all lie below -104: the lanes past the end load 0, and "
+           "that 0 wins the row max. Every real exp(x - max) then underflows to 0, the sum is 0, and 0/0 is NaN. "
+           "Zeroing those lanes after exp does not help; what they load must never win the max.")),
+        (lambda c: c["fp32, 50 columns"].ok and not c["bf16, 50 columns"].ok, _(_BF16)),
+    ], _("Matches torch.softmax in fp32 (also for inputs in the hundreds, and for a row far below zero) and, for "
+         "bf16, within one bf16 ulp."))
 
 
 # --- 08.layernorm -------------------------------------------------------------------------------------------------
@@ -237,9 +242,9 @@ def _grade_layernorm(answer: Any) -> tuple[bool, str] | None:
             x0[1] = 3.0  # variance 0: only eps keeps rstd finite
         elif label == _OFFSET:
             x0 = kernels.randn(4, cols, seed=13, shift=1000.0, scale=1e-3)
-        x, _ = _guarded(x0, None)
+        x, _tail = _guarded(x0, None)
         want, want_mean, want_rstd = torch.ops.aten.native_layer_norm(x0.double(), [cols], w.double(), b.double(), 1e-5)
-        case, (_, mean, rstd) = _run(label, kernels.layernorm, x, want, tol=_OFFSET_TOL if label == _OFFSET else None,
+        case, (_y, mean, rstd) = _run(label, kernels.layernorm, x, want, tol=_OFFSET_TOL if label == _OFFSET else None,
                                      x=x, weight=w, bias=b, eps=1e-5, kernel=kernel)
         if label == _OFFSET:  # graded on rstd, the variance's own error
             case.ok = case.ok and kernels.close(rstd, want_rstd.view(-1), tol=(_OFFSET_RSTD_RTOL, 0.0))[0]
@@ -251,26 +256,28 @@ def _grade_layernorm(answer: Any) -> tuple[bool, str] | None:
     ordinary = {"fp32, 64 columns", "fp32, 50 columns"}
     stats_wrong = stats_bad & ordinary if all(by[k].ok for k in ordinary) else set()
     if stats_wrong or (all(c.ok for c in cases) and stats_bad - {_CONSTANT}):
-        return False, ("y is right, but the mean and rstd you store per row differ from native_layer_norm's (rstd is "
-                       "1 / sqrt(var + eps), not the standard deviation; both go to mean_ptr + row and rstd_ptr + row).")
+        return False, _("y is right, but the mean and rstd you store per row differ from native_layer_norm's (rstd "
+                        "is 1 / sqrt(var + eps), not the standard deviation; both go to mean_ptr + row and rstd_ptr "
+                        "+ row).")
     if by["fp32, 50 columns"].ok and _CONSTANT in stats_bad:
-        return False, ("y is right, but on a constant row (variance 0) the rstd you store is not 1 / sqrt(eps): eps "
-                       "belongs inside the square root, rstd = 1 / sqrt(var + eps), as torch defines LayerNorm.")
+        return False, _("y is right, but on a constant row (variance 0) the rstd you store is not 1 / sqrt(eps): "
+                        "eps belongs inside the square root, rstd = 1 / sqrt(var + eps), as torch defines LayerNorm.")
     return _verdict(cases, [
         (lambda c: c["fp32, 64 columns"].ok and not c["fp32, 50 columns"].ok,
-         "Right when the row fills the block, wrong with 50 columns: masked lanes must count neither in the mean "
-         "(load them as 0) nor in the variance (zero x - mean there with tl.where), and must not be stored."),
+         _("Right when the row fills the block, wrong with 50 columns: masked lanes must count neither in the mean "
+           "(load them as 0) nor in the variance (zero x - mean there with tl.where), and must not be stored.")),
         (lambda c: c["fp32, 50 columns"].ok and not c[_CONSTANT].ok,
-         "Right on ordinary rows, NaN (or inf) on a constant row: its variance is exactly 0, and without eps "
-         "inside the square root, 1 / sqrt(0) is inf and 0 * inf is NaN. eps is part of LayerNorm's definition, "
-         "not an optional guard."),
+         _("Right on ordinary rows, NaN (or inf) on a constant row: its variance is exactly 0, and without eps "
+           "inside the square root, 1 / sqrt(0) is inf and 0 * inf is NaN. eps is part of LayerNorm's definition, "
+           "not an optional guard.")),
         (lambda c: c["fp32, 50 columns"].ok and not c[_OFFSET].ok,
-         "Right on rows around 1, wrong on rows of 1000 + 1e-3 N(0,1): the variance is computed as E[x^2] - "
-         "E[x]^2, the difference of two numbers near 10^6 that agree in every digit fp32 keeps (catastrophic "
-         "cancellation: the result is rounding noise, often negative). Centre first, then square."),
-        (lambda c: c["fp32, 50 columns"].ok and not c["bf16, 50 columns around 8"].ok, _BF16),
-    ], "y, mean and rstd match torch's native_layer_norm (fp32), also on a constant row and on rows of 1000 + "
-       "1e-3 N(0,1) (rstd within 1e-2, y within 0.1: fp32's own limit there), and bf16 inputs within one bf16 ulp.")
+         _("Right on rows around 1, wrong on rows of 1000 + 1e-3 N(0,1): the variance is computed as E[x^2] - "
+           "E[x]^2, the difference of two numbers near 10^6 that agree in every digit fp32 keeps (catastrophic "
+           "cancellation: the result is rounding noise, often negative). Centre first, then square.")),
+        (lambda c: c["fp32, 50 columns"].ok and not c["bf16, 50 columns around 8"].ok, _(_BF16)),
+    ], _("y, mean and rstd match torch's native_layer_norm (fp32), also on a constant row and on rows of 1000 + "
+         "1e-3 N(0,1) (rstd within 1e-2, y within 0.1: fp32's own limit there), and bf16 inputs within one bf16 "
+         "ulp."))
 
 
 # --- 08.flash-attention -------------------------------------------------------------------------------------------
@@ -295,10 +302,10 @@ def _grade_flash(answer: Any) -> tuple[bool, str] | None:
         cases.append(_run(label, kernels.flash_attention, q, want, q=q, k=k, v=v, causal=causal, kernel=kernel)[0])
     return _verdict(cases, [
         (lambda c: c["fp32, 32 keys (one key block)"].ok and not c["fp32, 80 keys (three key blocks)"].ok,
-         "Right with one key block, wrong with several: when a new block raises the running max, what you summed "
-         "so far (l_i and acc) still counts against the old max, and the new block's terms against the new one."),
-        (lambda c: c["fp32, 80 keys (three key blocks)"].ok and not c["bf16, 80 keys"].ok, _BF16),
-    ], "Matches F.scaled_dot_product_attention with one and several key blocks, causal, and bf16 inputs.")
+         _("Right with one key block, wrong with several: when a new block raises the running max, what you summed "
+           "so far (l_i and acc) still counts against the old max, and the new block's terms against the new one.")),
+        (lambda c: c["fp32, 80 keys (three key blocks)"].ok and not c["bf16, 80 keys"].ok, _(_BF16)),
+    ], _("Matches F.scaled_dot_product_attention with one and several key blocks, causal, and bf16 inputs."))
 
 
 # --- 08.softmax-bytes (predict, then run) ---------------------------------------------------------------------------
@@ -306,21 +313,23 @@ def _grade_flash(answer: Any) -> tuple[bool, str] | None:
 
 def _grade_bytes(answer: Any) -> tuple[bool, str]:
     if not (isinstance(answer, tuple) and len(answer) == 2):
-        return False, FormatSlip("This one is predict, then run: predict(\"08.softmax-bytes\", your factor) "
-                                 "records a number, and the next cell's reveal(...) compares it with the count.")
+        return False, FormatSlip(_("This one is predict, then run: predict(\"08.softmax-bytes\", your factor) "
+                                   "records a number, and the next cell's reveal(...) compares it with the count."))
     prediction, result = answer
     given = prediction
     prediction = as_number(prediction)  # numpy and torch scalars, Fractions: numbers too
     if prediction is None or not math.isfinite(prediction) or prediction <= 0:
-        return False, FormatSlip(f"Give the factor as a positive number, such as 2 or 10, not {given!r}.")
+        return False, FormatSlip(_("Give the factor as a positive number, such as 2 or 10, not {given!r}.").format(
+            given=given))
     if isinstance(result, bool) or not isinstance(result, (int, float)) or not result > 0:
-        return False, FormatSlip("The measured result must be a positive number (the cell below computes it).")
-    why = ("The five ops read the matrix 5 times (max, subtract, exp, sum, divide) and write it 3 times "
-           "(subtract, exp, divide); max and sum write one value per row. The fused kernel reads it once and "
-           f"writes it once: 8 passes against 2, measured {result:.2f}x.")
+        return False, FormatSlip(_("The measured result must be a positive number (the cell below computes it)."))
+    why = _("The five ops read the matrix 5 times (max, subtract, exp, sum, divide) and write it 3 times "
+            "(subtract, exp, divide); max and sum write one value per row. The fused kernel reads it once and "
+            "writes it once: 8 passes against 2, measured {result:.2f}x.").format(result=result)
     if abs(prediction / result - 1) <= 0.125:
-        return True, f"You predicted {prediction:g}x. {why}"
-    return False, f"You predicted {prediction:g}x, the count says {result:.2f}x. {why}"
+        return True, _("You predicted {prediction:g}x.").format(prediction=prediction) + " " + why
+    return False, _("You predicted {prediction:g}x, the count says {result:.2f}x.").format(
+        prediction=prediction, result=result) + " " + why
 
 
 def _measure_softmax_bytes() -> float:

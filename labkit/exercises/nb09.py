@@ -12,6 +12,8 @@ import torch
 
 from labkit.exercises._core import NOT_MEASURED, Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 from labkit.recipes import allreduce as _ar
 
 __all__ = ["EXERCISES", "simulate_all_reduce"]
@@ -31,57 +33,58 @@ _GLOBAL_WHY = (f"{GLOBAL_BATCH // ACCUM} = {MICRO_BATCH} × {NODES * GPUS_PER_NO
 
 def _grade_global_batch(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, FormatSlip("Give the global batch as a number of examples.")
+        return False, FormatSlip(_("Give the global batch as a number of examples."))
     if answer == GLOBAL_BATCH:
         return True, ""
     if answer == GLOBAL_BATCH // ACCUM:
-        return False, _GLOBAL_WHY
-    hints = {GLOBAL_BATCH // NODES: f"that is one node: count the ranks of all {NODES} nodes",
-             GLOBAL_BATCH // GPUS_PER_NODE: f"each node runs one rank per GPU, {GPUS_PER_NODE} per node",
-             MICRO_BATCH * ACCUM: "the micro-batch is per rank: multiply by every rank of every node",
-             MICRO_BATCH: "the micro-batch is per rank and per micro-step, not the global batch",
-             MICRO_BATCH * GPUS_PER_NODE: (f"{MICRO_BATCH} × {GPUS_PER_NODE} counts the GPUs of a single node for a "
-                                           f"single micro-step: the ranks of all {NODES} nodes contribute, and the "
-                                           "accumulation steps multiply the examples of a step, they do not divide "
-                                           "them"),
-             NODES * GPUS_PER_NODE: ("that is the number of ranks, not of examples: each rank contributes its own "
-                                     "micro-batches"),
-             GLOBAL_BATCH * NODES: (f"a factor {NODES} is counted twice: the ranks are nodes × GPUs per node, and "
-                                    "each accumulation step is counted once")}
+        return False, _(_GLOBAL_WHY)
+    hints = {GLOBAL_BATCH // NODES: _("that is one node: count the ranks of all {nodes} nodes").format(nodes=NODES),
+             GLOBAL_BATCH // GPUS_PER_NODE: _("each node runs one rank per GPU, {gpus} per node").format(
+                 gpus=GPUS_PER_NODE),
+             MICRO_BATCH * ACCUM: _("the micro-batch is per rank: multiply by every rank of every node"),
+             MICRO_BATCH: _("the micro-batch is per rank and per micro-step, not the global batch"),
+             MICRO_BATCH * GPUS_PER_NODE: _("{micro} × {gpus} counts the GPUs of a single node for a single "
+                                            "micro-step: the ranks of all {nodes} nodes contribute, and the "
+                                            "accumulation steps multiply the examples of a step, they do not divide "
+                                            "them").format(micro=MICRO_BATCH, gpus=GPUS_PER_NODE, nodes=NODES),
+             NODES * GPUS_PER_NODE: _("that is the number of ranks, not of examples: each rank contributes its own "
+                                      "micro-batches"),
+             GLOBAL_BATCH * NODES: _("a factor {nodes} is counted twice: the ranks are nodes × GPUs per node, and "
+                                     "each accumulation step is counted once").format(nodes=NODES)}
     return False, hints.get(int(answer), "") if float(answer).is_integer() else ""
 
 
-_LR_WHY = ("That is the square-root rule (some use it with Adam). The linear rule scales the learning rate by the "
-           "batch ratio itself, not by its square root.")
+_LR_WHY = N_("That is the square-root rule (some use it with Adam). The linear rule scales the learning rate by "
+             "the batch ratio itself, not by its square root.")
 
 
 _LR_MISTAKES = (
-    (BASE_LR * BASE_BATCH / GLOBAL_BATCH, "The ratio is upside down: the batch grew, so the learning rate grows with "
-                                          "it, by new batch / base batch."),
-    (BASE_LR * GLOBAL_BATCH / ACCUM / BASE_BATCH, "That scales by the batch without the accumulation steps: one "
-                                                  "optimizer step sees the examples of every accumulated micro-batch, "
-                                                  "the global batch of 09.global-batch."),
-    (BASE_LR * NODES * GPUS_PER_NODE, "That scales by the number of GPUs. The rule scales by the ratio of the global "
-                                      "batches, and the base recipe's batch of 256 was not one GPU's."),
-    (BASE_LR * MICRO_BATCH / BASE_BATCH, "That uses the micro-batch of one GPU. The optimizer step averages the "
-                                         "gradients of the global batch, so the rule compares global batches."),
-    (BASE_LR * GLOBAL_BATCH, "That multiplies by the global batch itself: the rule multiplies by the ratio of the "
-                             "new global batch to the base recipe's."),
+    (BASE_LR * BASE_BATCH / GLOBAL_BATCH, N_("The ratio is upside down: the batch grew, so the learning rate grows "
+                                             "with it, by new batch / base batch.")),
+    (BASE_LR * GLOBAL_BATCH / ACCUM / BASE_BATCH, N_("That scales by the batch without the accumulation steps: one "
+                                                     "optimizer step sees the examples of every accumulated "
+                                                     "micro-batch, the global batch of 09.global-batch.")),
+    (BASE_LR * NODES * GPUS_PER_NODE, N_("That scales by the number of GPUs. The rule scales by the ratio of the "
+                                         "global batches, and the base recipe's batch of 256 was not one GPU's.")),
+    (BASE_LR * MICRO_BATCH / BASE_BATCH, N_("That uses the micro-batch of one GPU. The optimizer step averages the "
+                                            "gradients of the global batch, so the rule compares global batches.")),
+    (BASE_LR * GLOBAL_BATCH, N_("That multiplies by the global batch itself: the rule multiplies by the ratio of the "
+                                "new global batch to the base recipe's.")),
 )
 
 
 def _grade_lr(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, FormatSlip("Give the learning rate as a number.")
+        return False, FormatSlip(_("Give the learning rate as a number."))
     if math.isclose(float(answer), SCALED_LR, rel_tol=1e-9):
         return True, ""
     if math.isclose(float(answer), BASE_LR * math.sqrt(GLOBAL_BATCH / BASE_BATCH), rel_tol=1e-9):
-        return False, _LR_WHY
+        return False, _(_LR_WHY)
     if math.isclose(float(answer), BASE_LR, rel_tol=1e-9):
-        return False, "That is the lr of the base recipe: the global batch grew, so the lr must follow it."
+        return False, _("That is the lr of the base recipe: the global batch grew, so the lr must follow it.")
     for value, why in _LR_MISTAKES:
         if math.isclose(float(answer), value, rel_tol=1e-9):
-            return False, why
+            return False, _(why)
     return False, ""
 
 
@@ -94,25 +97,25 @@ def _busbw_one_way(algbw: float, n: int) -> float:
     return algbw * (n - 1) / n
 
 
-_BUSBW_WHY = ("(n-1)/n counts half of a ring all-reduce, the reduce-scatter. The all-gather that follows moves as "
-              "much again, and busbw counts what each rank sends in both halves.")
+_BUSBW_WHY = N_("(n-1)/n counts half of a ring all-reduce, the reduce-scatter. The all-gather that follows moves "
+                "as much again, and busbw counts what each rank sends in both halves.")
 
 
 #: Typical wrong formulas, each with what it gets wrong; told apart on rank counts >= 3 (at n = 2 the factor is 1).
 _BUSBW_MISTAKES: tuple[tuple[Callable[[float, int], float], str], ...] = (
     (_busbw_one_way, _BUSBW_WHY),
-    (lambda a, n: a * 2.0, "2 × algbw leaves out the (n-1)/n: in each half of the ring a rank sends n-1 of the n "
-                           "chunks of the message, not all n (and with one rank it sends nothing)."),
-    (lambda a, n: a * 2.0 * (n - 1), "2(n-1) counts the ring's steps, not bytes: each step moves one chunk, 1/n of "
-                                     "the message, so the factor has a /n."),
-    (lambda a, n: a * n / (2.0 * (n - 1)), "The factor is upside down: busbw multiplies algbw by the share of the "
-                                           "message each rank sends, it does not divide by it."),
-    (lambda a, n: 2.0 * (n - 1) / n, "That is the factor alone, the same for every algbw: multiply the measured "
-                                     "algbw by it."),
-    (lambda a, n: a, "busbw equal to algbw ignores the number of ranks: in a ring each rank sends a share of the "
-                     "message that depends on n."),
-    (lambda a, n: a * n, "× n would have every rank send the whole message to every other rank; a ring sends chunks "
-                         "of 1/n of it, passed along n-1 times in each half of the all-reduce."),
+    (lambda a, n: a * 2.0, N_("2 × algbw leaves out the (n-1)/n: in each half of the ring a rank sends n-1 of the "
+                              "n chunks of the message, not all n (and with one rank it sends nothing).")),
+    (lambda a, n: a * 2.0 * (n - 1), N_("2(n-1) counts the ring's steps, not bytes: each step moves one chunk, 1/n "
+                                        "of the message, so the factor has a /n.")),
+    (lambda a, n: a * n / (2.0 * (n - 1)), N_("The factor is upside down: busbw multiplies algbw by the share of the "
+                                              "message each rank sends, it does not divide by it.")),
+    (lambda a, n: 2.0 * (n - 1) / n, N_("That is the factor alone, the same for every algbw: multiply the measured "
+                                        "algbw by it.")),
+    (lambda a, n: a, N_("busbw equal to algbw ignores the number of ranks: in a ring each rank sends a share of the "
+                        "message that depends on n.")),
+    (lambda a, n: a * n, N_("× n would have every rank send the whole message to every other rank; a ring sends "
+                            "chunks of 1/n of it, passed along n-1 times in each half of the all-reduce.")),
 )
 
 
@@ -127,64 +130,65 @@ def _busbw_mistake(answer: Callable[..., Any]) -> str:
         return ""
     for formula, why in _BUSBW_MISTAKES:
         if all(math.isclose(float(g), formula(a, n), rel_tol=1e-9) for g, (a, n) in zip(got, probes)):
-            return why
+            return _(why)
     return ""
 
 
 def _grade_busbw(answer: object) -> tuple[bool, str] | None:
     if not callable(answer):
-        return False, FormatSlip("Define a function busbw(algbw, n) and pass the function itself.")
+        return False, FormatSlip(_("Define a function busbw(algbw, n) and pass the function itself."))
     rng = random.Random(8)
     cases = [(100.0, 1), (100.0, 2), (120.0, 8), (0.5, 3)] + [
-        (rng.uniform(0.1, 500.0), rng.randint(1, 1024)) for _ in range(20)]
+        (rng.uniform(0.1, 500.0), rng.randint(1, 1024)) for _unused in range(20)]
     for algbw, n in cases:
         try:
             got = answer(algbw, n)
         except ZeroDivisionError:
             why = _busbw_mistake(answer)
-            return False, why or (f"busbw({algbw:.3g}, {n}) divided by zero: one rank is a valid world size (it "
-                                  "sends nothing), and busbw must handle it.")
+            return False, why or _("busbw({algbw:.3g}, {n}) divided by zero: one rank is a valid world size (it "
+                                   "sends nothing), and busbw must handle it.").format(algbw=algbw, n=n)
         if got is None or got is Ellipsis:
             return None  # still a stub: "not attempted yet"
         want = _ar.busbw(algbw, n)
         if not isinstance(got, (int, float)) or not math.isclose(float(got), want, rel_tol=1e-9, abs_tol=1e-12):
             if isinstance(got, (int, float)) and n > 1 and math.isclose(float(got), want / 2, rel_tol=1e-9):
-                return False, _BUSBW_WHY
-            return False, _busbw_mistake(answer) or f"busbw({algbw:.3g}, {n}) returned {got!r}; expected {want:.6g}."
+                return False, _(_BUSBW_WHY)
+            return False, _busbw_mistake(answer) or _("busbw({algbw:.3g}, {n}) returned {got!r}; expected "
+                                                      "{want:.6g}.").format(algbw=algbw, n=n, got=got, want=want)
     return True, ""
 
 
-_SLOW_WHY = ("140 ms is the average rank. A synchronous all-reduce cannot finish before the slowest rank arrives, "
-             "and it takes its own time after that, for every rank: the fast ranks wait, they do not make up for "
-             "the slow one.")
+_SLOW_WHY = N_("140 ms is the average rank. A synchronous all-reduce cannot finish before the slowest rank arrives, "
+               "and it takes its own time after that, for every rank: the fast ranks wait, they do not make up for "
+               "the slow one.")
 
 
 def _grade_slow_rank(answer: object) -> tuple[bool, str]:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return False, FormatSlip("Give the step time in milliseconds, as a number.")
+        return False, FormatSlip(_("Give the step time in milliseconds, as a number."))
     if math.isclose(float(answer), 180.0, abs_tol=1e-9):
         return True, ""
     if math.isclose(float(answer), 140.0, abs_tol=1e-9):
-        return False, _SLOW_WHY
+        return False, _(_SLOW_WHY)
     if math.isclose(float(answer), 160.0, abs_tol=1e-9):
-        return False, "The all-reduce itself still takes its time after the slowest rank arrives."
+        return False, _("The all-reduce itself still takes its time after the slowest rank arrives.")
     if math.isclose(float(answer), 120.0, abs_tol=1e-9):
-        return False, "A fast rank waits in the all-reduce for the slowest one: it cannot finish at 100 + 20 ms."
+        return False, _("A fast rank waits in the all-reduce for the slowest one: it cannot finish at 100 + 20 ms.")
     if math.isclose(float(answer), 380.0, abs_tol=1e-9):
-        return False, ("Adding the three compute times runs the ranks one after another; they compute at the same "
-                       "time, on their own GPUs.")
+        return False, _("Adding the three compute times runs the ranks one after another; they compute at the same "
+                        "time, on their own GPUs.")
     if math.isclose(float(answer), 220.0, abs_tol=1e-9):
-        return False, ("The all-reduce is one collective that the ranks run together: it is paid once per step, not "
-                       "once per rank.")
+        return False, _("The all-reduce is one collective that the ranks run together: it is paid once per step, "
+                        "not once per rank.")
     if math.isclose(float(answer), 60.0, abs_tol=1e-9):
-        return False, "That is how long the fast ranks idle, not how long the step takes."
+        return False, _("That is how long the fast ranks idle, not how long the step takes.")
     return False, ""
 
 
 # ---- 09.allreduce-count: predict, then run ----------------------------------------------------------
-_COUNT_WHY = ("48 is one all-reduce per micro-batch, what DDP does without no_sync(). Inside ddp.no_sync() the "
-              "gradients just add up locally, and only the last micro-batch of each optimizer step all-reduces: "
-              "12 optimizer steps, 12 all-reduces, each carrying the whole accumulated gradient.")
+_COUNT_WHY = N_("48 is one all-reduce per micro-batch, what DDP does without no_sync(). Inside ddp.no_sync() the "
+                "gradients just add up locally, and only the last micro-batch of each optimizer step all-reduces: "
+                "12 optimizer steps, 12 all-reduces, each carrying the whole accumulated gradient.")
 
 
 #: The micro-batches per optimizer step of the run 09.allreduce-count asks about.
@@ -197,37 +201,37 @@ def _grade_count(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = (as_number(v) for v in got)
     if pred is None:
-        return False, FormatSlip("Predict the number of all-reduces per rank.")
+        return False, FormatSlip(_("Predict the number of all-reduces per rank."))
     if result is None:
-        raise ValueError(f"the measured count must be a number, got {got[1]!r}")
+        raise ValueError(_("the measured count must be a number, got {value!r}").format(value=got[1]))
     if pred == result:
-        return True, ("One all-reduce per optimizer step: no_sync() keeps the first 3 micro-batches' gradients "
-                      "local, and the 4th all-reduces the sum. Same traffic as without accumulation.")
+        return True, _("One all-reduce per optimizer step: no_sync() keeps the first 3 micro-batches' gradients "
+                       "local, and the 4th all-reduces the sum. Same traffic as without accumulation.")
     if pred == 4 * result:
-        return False, _COUNT_WHY
+        return False, _(_COUNT_WHY)
     if pred == 2 * result or pred == 8 * result:
-        return False, ("Count per rank: an all-reduce is one collective call that every rank makes together, not "
-                       "one per pair of ranks.")
+        return False, _("Count per rank: an all-reduce is one collective call that every rank makes together, not "
+                        "one per pair of ranks.")
     if pred == 3 * result:
-        return False, ("That counts the micro-batches inside no_sync(), the ones that do not all-reduce: there the "
-                       "gradients only add up in .grad, and the micro-batch that ends each optimizer step, outside "
-                       "no_sync(), is the one that all-reduces.")
+        return False, _("That counts the micro-batches inside no_sync(), the ones that do not all-reduce: there the "
+                        "gradients only add up in .grad, and the micro-batch that ends each optimizer step, outside "
+                        "no_sync(), is the one that all-reduces.")
     if pred == 0 and result > 0:
-        return False, ("no_sync() postpones the synchronisation, it does not drop it: the micro-batch that ends each "
-                       "optimizer step runs outside no_sync() and all-reduces, or the ranks' weights would drift "
-                       "apart.")
+        return False, _("no_sync() postpones the synchronisation, it does not drop it: the micro-batch that ends each "
+                        "optimizer step runs outside no_sync() and all-reduces, or the ranks' weights would drift "
+                        "apart.")
     if pred == 1 and result > 1:
-        return False, ("One all-reduce for the whole run would leave the ranks with different weights after the first "
-                       "step: every optimizer step needs the gradient summed over the ranks.")
+        return False, _("One all-reduce for the whole run would leave the ranks with different weights after the first "
+                        "step: every optimizer step needs the gradient summed over the ranks.")
     if pred == _COUNT_ACCUM and result != _COUNT_ACCUM:
-        return False, ("4 is the number of micro-batches in one optimizer step; the question counts the all-reduces "
-                       "of the whole run, every optimizer step of it.")
-    return False, f"Each rank issued {result:g}. {_COUNT_WHY}"
+        return False, _("4 is the number of micro-batches in one optimizer step; the question counts the all-reduces "
+                        "of the whole run, every optimizer step of it.")
+    return False, _("Each rank issued {result:g}.").format(result=result) + " " + _(_COUNT_WHY)
 
 
 # ---- 09.average-grads: debug ------------------------------------------------------------------------
-_AVG_WHY = ("all_reduce sums: after it every rank holds the *sum* of the ranks' gradients, world_size times the "
-            "mean. Stepping with the sum is like multiplying the learning rate by the number of ranks.")
+_AVG_WHY = N_("all_reduce sums: after it every rank holds the *sum* of the ranks' gradients, world_size times the "
+              "mean. Stepping with the sum is like multiplying the learning rate by the number of ranks.")
 
 
 def _rank_all_reduce(group: dict[str, Any], rank: int) -> Callable[..., None]:
@@ -236,16 +240,18 @@ def _rank_all_reduce(group: dict[str, Any], rank: int) -> Callable[..., None]:
 
     def all_reduce(tensor: torch.Tensor, op: Any = None, group_: Any = None, async_op: bool = False) -> None:
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"all_reduce takes a tensor, got {type(tensor).__name__}")
+            raise TypeError(_("all_reduce takes a tensor, got {type}").format(type=type(tensor).__name__))
         if op not in (None, ReduceOp.SUM, ReduceOp.AVG):
-            raise ValueError(f"this simulated all_reduce supports ReduceOp.SUM and ReduceOp.AVG, not {op!r}")
+            raise ValueError(_("this simulated all_reduce supports ReduceOp.SUM and ReduceOp.AVG, not {op!r}").format(
+                op=op))
         barrier: threading.Barrier = group["barrier"]
         group["slots"][rank] = tensor
         barrier.wait()
         parts = group["slots"]
         if any(p.shape != tensor.shape for p in parts):
             barrier.abort()
-            raise ValueError("the ranks all-reduced tensors of different shapes: call it in the same order everywhere")
+            raise ValueError(_("the ranks all-reduced tensors of different shapes: call it in the same order "
+                               "everywhere"))
         total = torch.stack([p.detach().clone() for p in parts]).sum(0)
         barrier.wait()  # every rank has read the inputs before any rank writes its result
         with torch.no_grad():  # like torch.distributed's, it writes the data, outside autograd (a parameter too)
@@ -298,7 +304,8 @@ def simulate_all_reduce(fn: Callable[..., Any],
         first = next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
         raise first
     if any(t.is_alive() for t in threads):
-        raise RuntimeError("a simulated rank did not finish: do all ranks call all_reduce the same number of times?")
+        raise RuntimeError(_("a simulated rank did not finish: do all ranks call all_reduce the same number of "
+                             "times?"))
     return [[p.grad for p in ps] for ps in params]
 
 
@@ -314,14 +321,14 @@ def _broken_average(params: list[torch.nn.Parameter], world_size: int, all_reduc
         all_reduce(p.grad)
 
 
-_AVG_ELSEWHERE = ("all_reduce ran, but no parameter's .grad changed: it reduced another tensor, such as a copy "
-                  "(p.grad / world_size and p.grad.clone() are new tensors) or a list your function returns. The "
-                  "optimizer reads p.grad: the mean must end up in it.")
+_AVG_ELSEWHERE = N_("all_reduce ran, but no parameter's .grad changed: it reduced another tensor, such as a copy "
+                    "(p.grad / world_size and p.grad.clone() are new tensors) or a list your function returns. The "
+                    "optimizer reads p.grad: the mean must end up in it.")
 
 
-_AVG_NO_GROUP = ("Your function called into torch.distributed, which needs an initialised process group. Call the "
-                 "all_reduce your function is given, its third argument: in a real run it is "
-                 "torch.distributed.all_reduce, here the simulated one.")
+_AVG_NO_GROUP = N_("Your function called into torch.distributed, which needs an initialised process group. Call the "
+                   "all_reduce your function is given, its third argument: in a real run it is "
+                   "torch.distributed.all_reduce, here the simulated one.")
 
 
 def _counting(fn: Callable[..., Any], calls: list[int]) -> Callable[..., Any]:
@@ -343,30 +350,30 @@ def _average_mistake(out: list[list[torch.Tensor]], before: list[list[torch.Tens
         return all(torch.allclose(o, expected(r, i), atol=atol) for r, ro in enumerate(out) for i, o in enumerate(ro))
 
     if every(lambda r, i: total[i], atol=1e-5):
-        return _AVG_WHY
+        return _(_AVG_WHY)
     if every(lambda r, i: mean[i] / n):
-        return f"With {n} ranks you divide twice: the result is the mean divided by {n} again."
+        return _("With {n} ranks you divide twice: the result is the mean divided by {n} again.").format(n=n)
     if every(lambda r, i: before[r][i] / n):
-        return (f"With {n} ranks each rank's gradient is only its own, divided by {n}: the gradients were never "
-                "summed across the ranks. all_reduce must be handed p.grad, the tensor to sum.")
+        return _("With {n} ranks each rank's gradient is only its own, divided by {n}: the gradients were never "
+                 "summed across the ranks. all_reduce must be handed p.grad, the tensor to sum.").format(n=n)
     k = len(before[0])
     if k != n and every(lambda r, i: total[i] / k, atol=1e-5):
-        return (f"With {n} ranks you divided by {k}, the number of parameters (len(params)); the mean over the "
-                "ranks divides by the number of ranks.")
+        return _("With {n} ranks you divided by {k}, the number of parameters (len(params)); the mean over the "
+                 "ranks divides by the number of ranks.").format(n=n, k=k)
     if all(torch.allclose(o, mean[i], atol=1e-6) or torch.equal(o, before[r][i])
            for r, ro in enumerate(out) for i, o in enumerate(ro)):
-        return ("Some gradients are averaged and others are left as they were: average every parameter's gradient "
-                "(a return inside the loop stops after the first).")
+        return _("Some gradients are averaged and others are left as they were: average every parameter's gradient "
+                 "(a return inside the loop stops after the first).")
     return ""
 
 
 def _grade_average(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, FormatSlip("Define average_gradients(params, world_size, all_reduce) and pass the "
-                                 "function itself.")
+        return False, FormatSlip(_("Define average_gradients(params, world_size, all_reduce) and pass the "
+                                   "function itself."))
     g = torch.Generator().manual_seed(9)
     for n in (2, 3, 4):
-        local = [[torch.randn(3, 4, generator=g), torch.randn(5, generator=g)] for _ in range(n)]
+        local = [[torch.randn(3, 4, generator=g), torch.randn(5, generator=g)] for _unused in range(n)]
         before = [[t.clone() for t in r] for r in local]
         calls: list[int] = []
         try:
@@ -374,21 +381,21 @@ def _grade_average(fn: Any) -> tuple[bool, str] | None:
         except (RuntimeError, ValueError) as exc:
             if calls or "process group" not in str(exc):
                 raise
-            return False, _AVG_NO_GROUP
+            return False, _(_AVG_NO_GROUP)
         mean = [torch.stack([r[i] for r in before]).mean(0) for i in range(2)]
         if any(not isinstance(o, torch.Tensor) or o.shape != b.shape
                for r, rb in zip(out, before) for o, b in zip(r, rb)):
-            return False, ("After your function a p.grad is no longer a gradient of its parameter's shape: leave the "
-                           "mean in p.grad.")
+            return False, _("After your function a p.grad is no longer a gradient of its parameter's shape: leave the "
+                            "mean in p.grad.")
         if all(torch.equal(o, b) for r, rb in zip(out, before) for o, b in zip(r, rb)):
             if calls:
-                return False, _AVG_ELSEWHERE
+                return False, _(_AVG_ELSEWHERE)
             return None  # nothing changed and nothing reduced: still a stub, "not attempted yet"
         if any(not torch.allclose(o, m, atol=1e-6) for r in out for o, m in zip(r, mean)):
             return False, (_average_mistake(out, before, n)
-                           or f"With {n} ranks the gradients after your function are not the mean of the ranks' "
-                              "gradients.")
-    return True, "Sum with all_reduce, divide by the world size: every rank steps with the mean gradient."
+                           or _("With {n} ranks the gradients after your function are not the mean of the ranks' "
+                                "gradients.").format(n=n))
+    return True, _("Sum with all_reduce, divide by the world size: every rank steps with the mean gradient.")
 
 
 def _measure_allreduce_count() -> Any:

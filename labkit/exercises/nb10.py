@@ -8,6 +8,8 @@ from typing import Any
 
 from labkit.exercises._core import NOT_MEASURED, Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, pair
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = ["CONFIG_SETUP", "EXERCISES", "STAGE2_OUTCOMES"]
 
@@ -18,9 +20,9 @@ CONFIG_SETUP = {
 }
 
 
-_CONFIG_WHY = ("hysteresis 2 is DeepSpeed's default: it lets the first overflow pass (the step is skipped, the scale "
-               "kept) and halves only at the second. The setup halves at the first overflow, like GradScaler: "
-               "hysteresis 1.")
+_CONFIG_WHY = N_("hysteresis 2 is DeepSpeed's default: it lets the first overflow pass (the step is skipped, the scale "
+                 "kept) and halves only at the second. The setup halves at the first overflow, like GradScaler: "
+                 "hysteresis 1.")
 
 
 #: Keys a hand-written config puts at its top level that DeepSpeed reads only inside a section.
@@ -29,8 +31,8 @@ _SECTION_KEYS = {
     "zero_optimization": ("stage", "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "offload_optimizer"),
 }
 
-_HYSTERESIS_ZERO = ("hysteresis counts the overflows up to and including the one that halves the scale: 1 halves at "
-                    "the first. With 0, DeepSpeed counts down past 1 and never halves.")
+_HYSTERESIS_ZERO = N_("hysteresis counts the overflows up to and including the one that halves the scale: 1 halves at "
+                      "the first. With 0, DeepSpeed counts down past 1 and never halves.")
 
 
 def _misplaced(answer: dict[str, Any]) -> str:
@@ -38,8 +40,8 @@ def _misplaced(answer: dict[str, Any]) -> str:
     for section, keys in _SECTION_KEYS.items():
         for key in keys:
             if key in answer:
-                return (f"{key!r} is at the top level of the config, where DeepSpeed does not look for it: it belongs "
-                        f"inside the {section!r} section.")
+                return _("{key!r} is at the top level of the config, where DeepSpeed does not look for it: it "
+                         "belongs inside the {section!r} section.").format(key=key, section=section)
     return ""
 
 
@@ -48,42 +50,42 @@ def _grade_config(answer: Any) -> tuple[bool, str]:
 
     s = CONFIG_SETUP
     if not isinstance(answer, dict):
-        return False, FormatSlip("Give the DeepSpeed config as a dict (zero.config(...) builds one).")
+        return False, FormatSlip(_("Give the DeepSpeed config as a dict (zero.config(...) builds one)."))
     misplaced = _misplaced(answer)
     if misplaced:
         return False, misplaced
     fp16 = answer.get("fp16", {})
     if isinstance(fp16, dict) and fp16.get("hysteresis") == 0:
-        return False, _HYSTERESIS_ZERO
+        return False, _(_HYSTERESIS_ZERO)
     try:
         zero.validate(answer, world_size=s["world_size"])
     except (TypeError, ValueError) as exc:
-        return False, f"labkit.zero.validate rejects it: {exc}"
+        return False, _("labkit.zero.validate rejects it: {error}").format(error=exc)
     zo = answer.get("zero_optimization", {})
     power = fp16.get("initial_scale_power")
     checks = [
-        (zo.get("stage") == s["stage"], "zero_optimization.stage should shard parameters too"),
+        (zo.get("stage") == s["stage"], N_("zero_optimization.stage should shard parameters too.")),
         (fp16.get("enabled") is True and not answer.get("bf16", {}).get("enabled", False),
-         "the setup trains in fp16 (fp16.enabled true, no bf16)"),
-        (fp16.get("loss_scale", 0) == 0, "dynamic loss scaling is fp16.loss_scale = 0"),
-        (power != 2 ** s["initial_scale_power"], "initial_scale_power is the exponent k of the starting scale 2**k, "
-                                                 "not the scale itself"),
-        (fp16.get("initial_scale_power") == s["initial_scale_power"], "the scale starts at 2**12"),
+         N_("the setup trains in fp16 (fp16.enabled true, no bf16).")),
+        (fp16.get("loss_scale", 0) == 0, N_("dynamic loss scaling is fp16.loss_scale = 0.")),
+        (power != 2 ** s["initial_scale_power"], N_("initial_scale_power is the exponent k of the starting scale "
+                                                    "2**k, not the scale itself.")),
+        (fp16.get("initial_scale_power") == s["initial_scale_power"], N_("the scale starts at 2**12.")),
         (fp16.get("min_loss_scale", 1) < 2 ** s["initial_scale_power"],
-         "min_loss_scale is the floor the scale never drops below, not where it starts: at the starting scale or "
-         "above it, the scale could never halve"),
-        (fp16.get("hysteresis") == s["hysteresis"], _CONFIG_WHY[:-1]),
-        (fp16.get("loss_scale_window") == s["loss_scale_window"], "doubling after 500 clean steps"),
-        (answer.get("train_micro_batch_size_per_gpu") == s["micro_batch"], "micro-batch per GPU is 2"),
-        (answer.get("gradient_accumulation_steps") == s["grad_accum"], "4 accumulation steps"),
+         N_("min_loss_scale is the floor the scale never drops below, not where it starts: at the starting scale or "
+            "above it, the scale could never halve.")),
+        (fp16.get("hysteresis") == s["hysteresis"], _CONFIG_WHY),
+        (fp16.get("loss_scale_window") == s["loss_scale_window"], N_("doubling after 500 clean steps.")),
+        (answer.get("train_micro_batch_size_per_gpu") == s["micro_batch"], N_("micro-batch per GPU is 2.")),
+        (answer.get("gradient_accumulation_steps") == s["grad_accum"], N_("4 accumulation steps.")),
         (answer.get("train_batch_size") == s["micro_batch"] * s["grad_accum"] * s["world_size"],
-         "train_batch_size = micro x accumulation x GPUs"),
-        (answer.get("gradient_clipping") == s["gradient_clipping"], "clip the gradient norm at 1.0"),
-        (zo.get("overlap_comm") is True, "overlap_comm should be on"),
+         N_("train_batch_size = micro x accumulation x GPUs.")),
+        (answer.get("gradient_clipping") == s["gradient_clipping"], N_("clip the gradient norm at 1.0.")),
+        (zo.get("overlap_comm") is True, N_("overlap_comm should be on.")),
     ]
     for ok, why in checks:
         if not ok:
-            return False, why + "."
+            return False, _(why)
     return True, ""
 
 
@@ -104,10 +106,10 @@ def _wrong_config() -> dict[str, Any]:
     return cfg
 
 
-_COMM_WHY = ("That counts one micro-batch per step. A ZeRO-2 rank keeps only its slice of the gradients, so it "
-             "cannot hold on to the other ranks' parts until the last micro-batch: it has to reduce-scatter the "
-             "gradients of every micro-batch. Stage 3 also gathers the weights for every micro-batch's forward and "
-             "backward.")
+_COMM_WHY = N_("That counts one micro-batch per step. A ZeRO-2 rank keeps only its slice of the gradients, so it "
+               "cannot hold on to the other ranks' parts until the last micro-batch: it has to reduce-scatter the "
+               "gradients of every micro-batch. Stage 3 also gathers the weights for every micro-batch's forward and "
+               "backward.")
 
 
 #: 10.comm-volume: micro-batches accumulated per optimizer step
@@ -116,57 +118,58 @@ COMM_MICRO_BATCHES = 4
 
 def _grade_comm(answer: Any) -> tuple[bool, str]:
     if not isinstance(answer, (tuple, list)) or len(answer) != 3:
-        return False, FormatSlip("Give a triple (ZeRO-1, ZeRO-2, ZeRO-3 volume per optimizer step), in units of Ψ.")
+        return False, FormatSlip(_("Give a triple (ZeRO-1, ZeRO-2, ZeRO-3 volume per optimizer step), "
+                                   "in units of Ψ."))
     if any(isinstance(a, bool) or not isinstance(a, numbers.Real) or type(a).__name__ == "bool_"
            or not math.isfinite(float(a)) for a in answer):
-        return False, FormatSlip("All three volumes are numbers (multiples of Ψ).")
+        return False, FormatSlip(_("All three volumes are numbers (multiples of Ψ)."))
     s1, s2, s3 = (float(a) for a in answer)
     k = COMM_MICRO_BATCHES
     if (s1, s2, s3) == (2.0, k + 1.0, 3.0 * k):
         return True, ""
     if (s1, s2, s3) == (2.0, 2.0, 3.0):
-        return False, _COMM_WHY
+        return False, _(_COMM_WHY)
     if s1 == 3.0 or s2 == 2.0 * k + 1.0:
-        return False, ("You counted an all-reduce (2Ψ) for the gradients, as DeepSpeed's bucket all-reduce moves; the "
-                       "ZeRO paper's count, which the question asks for, uses a reduce-scatter (Ψ).")
+        return False, _("You counted an all-reduce (2Ψ) for the gradients, as DeepSpeed's bucket all-reduce moves; the "
+                        "ZeRO paper's count, which the question asks for, uses a reduce-scatter (Ψ).")
     if s1 != 2.0:
         if s1 in (2.0 * k, k + 1.0, float(k)):
-            return False, ("Stage 1 holds the whole gradient on every rank, so it adds the micro-batches up locally, "
-                           "as DDP does under no_sync(), and reduces once per step.")
+            return False, _("Stage 1 holds the whole gradient on every rank, so it adds the micro-batches up locally, "
+                            "as DDP does under no_sync(), and reduces once per step.")
         if s1 == 1.0:
-            return False, ("Stage 1 also has to hand the updated weights back: a reduce-scatter of the gradients (Ψ) "
-                           "and an all-gather of the weights (Ψ).")
-        return False, "Stage 1: which collectives does a rank that holds the whole gradient need, and how often?"
+            return False, _("Stage 1 also has to hand the updated weights back: a reduce-scatter of the gradients (Ψ) "
+                            "and an all-gather of the weights (Ψ).")
+        return False, _("Stage 1: which collectives does a rank that holds the whole gradient need, and how often?")
     if s2 == 2.0:
-        return False, ("Stage 2 counts one micro-batch per step: a ZeRO-2 rank keeps only its slice of the gradients, "
-                       "so it cannot hold on to the other ranks' parts until the last micro-batch.")
+        return False, _("Stage 2 counts one micro-batch per step: a ZeRO-2 rank keeps only its slice of the gradients, "
+                        "so it cannot hold on to the other ranks' parts until the last micro-batch.")
     if s2 == 2.0 * k:
-        return False, ("The updated weights are all-gathered once, after the optimizer step, not after every "
-                       "micro-batch.")
+        return False, _("The updated weights are all-gathered once, after the optimizer step, not after every "
+                        "micro-batch.")
     if s2 == float(k):
-        return False, "Count the all-gather of the updated weights after the step too."
+        return False, _("Count the all-gather of the updated weights after the step too.")
     if s2 != k + 1.0:
-        return False, "Stage 2: which collective happens on every micro-batch, and which once per step?"
+        return False, _("Stage 2: which collective happens on every micro-batch, and which once per step?")
     if s3 == 2.0 * k:
-        return False, ("In the paper's analysis stage 3 gathers the weights twice per micro-batch, before its forward "
-                       "and again before its backward (DeepSpeed keeps them gathered in between only for small "
-                       "models), and it reduce-scatters its gradients too.")
+        return False, _("In the paper's analysis stage 3 gathers the weights twice per micro-batch, before its forward "
+                        "and again before its backward (DeepSpeed keeps them gathered in between only for small "
+                        "models), and it reduce-scatters its gradients too.")
     if s3 == 3.0 * k + 1.0:
-        return False, ("Stage 3 does no all-gather after the step: each rank keeps its updated shard, and the next "
-                       "forward gathers it.")
+        return False, _("Stage 3 does no all-gather after the step: each rank keeps its updated shard, and the next "
+                        "forward gathers it.")
     if s3 == 4.0 * k:
-        return False, "Stage 3 reduce-scatters its gradients (Ψ), it does not all-reduce them (2Ψ)."
+        return False, _("Stage 3 reduce-scatters its gradients (Ψ), it does not all-reduce them (2Ψ).")
     if s3 == 3.0:
-        return False, "Stage 3 gathers and reduces for every micro-batch, not once per step."
-    return False, "Stage 3: which collectives does each micro-batch need, in forward and in backward?"
+        return False, _("Stage 3 gathers and reduces for every micro-batch, not once per step.")
+    return False, _("Stage 3: which collectives does each micro-batch need, in forward and in backward?")
 
 
 # ---- 10.stage2-grads: predict, then run ------------------------------------------------------------
 #: What the learner predicts about each rank's measured ZeRO-2 gradient bytes, against 2 bytes × ceil(Ψ/2).
 STAGE2_OUTCOMES: tuple[str, ...] = ("equal", "more", "less")
-_STAGE2_WHY = ("ZeRO-2 shards the gradients by element, Ψ/N each, but DeepSpeed accumulates them per parameter "
-               "tensor: a rank keeps whole every tensor that touches its slice of the flattened model. The tensor "
-               "the slice boundary cuts through is kept whole on both ranks, so both hold more than Ψ/N.")
+_STAGE2_WHY = N_("ZeRO-2 shards the gradients by element, Ψ/N each, but DeepSpeed accumulates them per parameter "
+                 "tensor: a rank keeps whole every tensor that touches its slice of the flattened model. The tensor "
+                 "the slice boundary cuts through is kept whole on both ranks, so both hold more than Ψ/N.")
 
 
 def _grade_stage2(answer: object) -> tuple[bool, str]:
@@ -176,31 +179,32 @@ def _grade_stage2(answer: object) -> tuple[bool, str]:
     pred, result = got
     pred = pred.strip().lower() if isinstance(pred, str) else pred
     if pred not in STAGE2_OUTCOMES:
-        return False, FormatSlip(f"Predict one of {list(STAGE2_OUTCOMES)}.")
+        return False, FormatSlip(_("Predict one of {outcomes}.").format(outcomes=list(STAGE2_OUTCOMES)))
     if result not in (*STAGE2_OUTCOMES, "mixed"):
-        raise ValueError(f"the measured outcome must be one of {STAGE2_OUTCOMES + ('mixed',)}, got {result!r}")
+        raise ValueError(_("the measured outcome must be one of {outcomes}, got {result!r}").format(
+            outcomes=STAGE2_OUTCOMES + ("mixed",), result=result))
     if pred == result == "more":
-        return True, ("Both ranks keep more: DeepSpeed accumulates gradients for whole parameter tensors, and the "
-                      "tensor the slice boundary cuts through is kept whole on both. With thousands of tensors "
-                      "that is noise; with 29 it shows.")
+        return True, _("Both ranks keep more: DeepSpeed accumulates gradients for whole parameter tensors, and the "
+                       "tensor the slice boundary cuts through is kept whole on both. With thousands of tensors "
+                       "that is noise; with 29 it shows.")
     if pred == result:
-        return True, "Your prediction matches what the ranks measured."
+        return True, _("Your prediction matches what the ranks measured.")
     if pred == "equal" and result == "more":
-        return False, _STAGE2_WHY
+        return False, _(_STAGE2_WHY)
     if pred == "less":
-        return False, ("Sharding never leaves a rank with less than its slice: the extra comes from tensors kept "
-                       "whole at the slice boundaries. " + _STAGE2_WHY)
-    return False, f"The ranks measured {result!r}. {_STAGE2_WHY}"
+        return False, _("Sharding never leaves a rank with less than its slice: the extra comes from tensors kept "
+                        "whole at the slice boundaries.") + " " + _(_STAGE2_WHY)
+    return False, _("The ranks measured {result!r}.").format(result=result) + " " + _(_STAGE2_WHY)
 
 
 # ---- 10.batch-triple: debug -------------------------------------------------------------------------
-_TRIPLE_WHY = ("global_batch // micro_batch forgets the ranks: each of the world_size ranks contributes micro_batch "
-               "examples per micro-step, so DeepSpeed requires train_batch_size = micro × accumulation × "
-               "world_size.")
+_TRIPLE_WHY = N_("global_batch // micro_batch forgets the ranks: each of the world_size ranks contributes micro_batch "
+                 "examples per micro-step, so DeepSpeed requires train_batch_size = micro × accumulation × "
+                 "world_size.")
 
 
-_TRIPLE_NO_MICRO = ("global_batch // world_size forgets the micro-batch: each accumulation step runs micro_batch "
-                    "examples on every rank, not one.")
+_TRIPLE_NO_MICRO = N_("global_batch // world_size forgets the micro-batch: each accumulation step runs micro_batch "
+                      "examples on every rank, not one.")
 
 
 def _reference_batch_keys(global_batch: int, micro_batch: int, world_size: int) -> dict[str, int]:
@@ -219,8 +223,8 @@ def _broken_batch_keys(global_batch: int, micro_batch: int, world_size: int) -> 
 
 def _grade_triple(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, FormatSlip("Define batch_keys(global_batch, micro_batch, world_size) and pass the "
-                                 "function itself.")
+        return False, FormatSlip(_("Define batch_keys(global_batch, micro_batch, world_size) and pass the "
+                                   "function itself."))
     from labkit import zero
 
     for gb, mb, ws in ((256, 8, 16), (1024, 4, 8), (96, 2, 3), (64, 64, 1), (4096, 16, 256)):
@@ -228,17 +232,19 @@ def _grade_triple(fn: Any) -> tuple[bool, str] | None:
         if got is None or got is Ellipsis:
             return None  # still a stub: "not attempted yet"
         if not isinstance(got, dict):
-            return False, FormatSlip("Return a dict with DeepSpeed's three batch keys.")
+            return False, FormatSlip(_("Return a dict with DeepSpeed's three batch keys."))
         try:
             zero.validate({**got, "zero_optimization": {"stage": 2}}, world_size=ws)
         except (TypeError, ValueError) as exc:
             if got.get("gradient_accumulation_steps") == gb // mb and ws > 1:
-                return False, _TRIPLE_WHY
+                return False, _(_TRIPLE_WHY)
             if got.get("gradient_accumulation_steps") == gb // ws and mb > 1:
-                return False, _TRIPLE_NO_MICRO
-            return False, f"batch_keys({gb}, {mb}, {ws}): labkit.zero.validate rejects it: {exc}"
+                return False, _(_TRIPLE_NO_MICRO)
+            return False, _("batch_keys({gb}, {mb}, {ws}): labkit.zero.validate rejects it: {error}").format(
+                gb=gb, mb=mb, ws=ws, error=exc)
         if got.get("train_batch_size") != gb or got.get("train_micro_batch_size_per_gpu") != mb:
-            return False, f"batch_keys({gb}, {mb}, {ws}) must keep the global batch {gb} and the micro-batch {mb}."
+            return False, _("batch_keys({gb}, {mb}, {ws}) must keep the global batch {gb} and the micro-batch "
+                            "{mb}.").format(gb=gb, mb=mb, ws=ws)
     # 100 is not even a multiple of the micro-batch; 48 is one, but not of micro-batch × ranks
     for gb, mb, ws in ((100, 8, 4), (48, 8, 4)):
         try:
@@ -246,15 +252,17 @@ def _grade_triple(fn: Any) -> tuple[bool, str] | None:
         except ValueError:
             continue
         except AssertionError:
-            return False, ("An assert is not a refusal to count on: python -O removes it, and callers catch "
-                           "ValueError. Raise ValueError for a global batch that cannot be split.")
+            return False, _("An assert is not a refusal to count on: python -O removes it, and callers catch "
+                            "ValueError. Raise ValueError for a global batch that cannot be split.")
         if gb % mb == 0:
-            return False, (f"batch_keys({gb}, {mb}, {ws}) returned {got!r}: {gb} is a multiple of the micro-batch "
-                           f"{mb} but not of {mb} × {ws} = {mb * ws}, the examples of one micro-step on all ranks. "
-                           "Refuse what micro_batch × world_size does not divide.")
-        return False, (f"batch_keys({gb}, {mb}, {ws}) returned {got!r}: {gb} is not a multiple of {mb} × {ws} = "
-                       f"{mb * ws}, and rounding silently trains with another global batch. Raise ValueError instead.")
-    return True, "Every triple multiplies out, and a global batch that cannot be split is refused."
+            return False, _("batch_keys({gb}, {mb}, {ws}) returned {got!r}: {gb} is a multiple of the micro-batch "
+                            "{mb} but not of {mb} × {ws} = {product}, the examples of one micro-step on all ranks. "
+                            "Refuse what micro_batch × world_size does not divide.").format(
+                gb=gb, mb=mb, ws=ws, got=got, product=mb * ws)
+        return False, _("batch_keys({gb}, {mb}, {ws}) returned {got!r}: {gb} is not a multiple of {mb} × {ws} = "
+                        "{product}, and rounding silently trains with another global batch. Raise ValueError "
+                        "instead.").format(gb=gb, mb=mb, ws=ws, got=got, product=mb * ws)
+    return True, _("Every triple multiplies out, and a global batch that cannot be split is refused.")
 
 
 def _measure_stage2_grads() -> Any:
@@ -333,7 +341,7 @@ EXERCISES = [
         prompt="Debug: batch_keys(global_batch, micro_batch, world_size) writes DeepSpeed batch keys that DeepSpeed "
                "rejects on more than one GPU. Write a fixed batch_keys.",
         grade=_grade_triple,
-        hint="Multiply the three numbers it returns, and compare with train_batch_size.",
+        hint="Multiply the micro-batch, the accumulation steps it returns and world_size, and compare with train_batch_size.",
         method="DeepSpeed checks train_batch_size == train_micro_batch_size_per_gpu × gradient_accumulation_steps × "
                "world_size. Solve for the accumulation steps, and refuse inputs where it is not a whole number.",
         solution="accum, rest = divmod(global_batch, micro_batch * world_size)\nif rest: raise ValueError(...)\n"

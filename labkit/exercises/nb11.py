@@ -29,6 +29,7 @@ from labkit._validate import safe_repr
 from labkit.exercises import _nb11_mistakes as _mistake
 from labkit.exercises._core import NOT_MEASURED, Exercise, FormatSlip
 from labkit.exercises._graders import as_number
+from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES", "PREDICT_SETUP", "prefetch", "rank_module"]
 
@@ -48,7 +49,7 @@ def _function_of(obj: Any) -> Any:
             v = getattr(v, "__func__", v)
             if inspect.isfunction(v):
                 return v
-    raise TypeError(f"expected a function or a class defined in a cell, got {type(obj).__name__}")
+    raise TypeError(_("expected a function or a class defined in a cell, got {type}").format(type=type(obj).__name__))
 
 
 def rank_module(obj: Any) -> str:
@@ -60,10 +61,10 @@ def rank_module(obj: Any) -> str:
     """
     fn = _function_of(obj)
     try:
-        lines, _ = inspect.findsource(fn)
+        lines, _lineno = inspect.findsource(fn)
     except OSError as exc:
-        raise ValueError(f"cannot read the source of {fn.__qualname__}: define it in a notebook cell or a .py file "
-                         f"({exc})") from None
+        raise ValueError(_("cannot read the source of {name}: define it in a notebook cell or a .py file "
+                           "({error})").format(name=fn.__qualname__, error=exc)) from None
     tree = ast.parse("".join(lines))
     keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     body = [n for n in tree.body
@@ -115,27 +116,29 @@ def _launch(jobs: list[tuple[str, str]]) -> tuple[list[list[dict[str, Any]]] | N
             res = launch("labkit.recipes.handpar_grade", nproc=2, timeout=120 + 60 * len(jobs), stream=False,
                          args=[*files, "--pg-timeout", "30", "--device", "cpu"])
         except LaunchTimeout:
-            return None, ("The ranks did not finish: one of them waited for ever, e.g. a recv without its send, or a "
-                          "collective that only one rank calls.")
+            return None, _("The ranks did not finish: one of them waited for ever, e.g. a recv without its send, or "
+                           "a collective that only one rank calls.")
         except LaunchError as err:
             if "timed out" in (err.log + err.rank_traceback).lower():
-                return None, ("A rank waited 30 s for its partner and gave up: a recv whose send never comes (both "
-                              "ranks receiving first?), or a collective that only one rank calls. Every send needs "
-                              "the matching recv on the other rank, in the same order.")
+                return None, _("A rank waited 30 s for its partner and gave up: a recv whose send never comes (both "
+                               "ranks receiving first?), or a collective that only one rank calls. Every send needs "
+                               "the matching recv on the other rank, in the same order.")
             last = (err.rank_traceback.strip().splitlines() or [str(err).splitlines()[0]])[-1]
-            return None, f"Your code failed on rank {err.rank}: {last}"
+            return None, _("Your code failed on rank {rank}: {error}").format(rank=err.rank, error=last)
     if not res or len(res.get("grades", [])) != len(jobs):
-        return None, "The ranks returned no result."
+        return None, _("The ranks returned no result.")
     return [g["ranks"] for g in res["grades"]], ""
 
 
 def _module_text(names: tuple[str, ...], answer: Any) -> str | tuple[bool, str] | None:
     """The module file the ranks run for ``answer``; or, decided without running anything, a ``(False, message)``
     verdict, or None for a stub (not attempted yet)."""
-    what = " and ".join(f"`{n}`" for n in names)
     objs = answer if isinstance(answer, tuple) else (answer,)
     if len(objs) != len(names) or not all(inspect.isfunction(o) or inspect.isclass(o) for o in objs):
-        return False, f"Pass {'the pair ' if len(names) > 1 else ''}{what} itself (not its result)."
+        if len(names) == 1:
+            return False, _("Pass {name} itself (not its result).").format(name=f"`{names[0]}`")
+        return False, _("Pass the pair {first} and {second} itself (not its result).").format(
+            first=" and ".join(f"`{n}`" for n in names[:-1]), second=f"`{names[-1]}`")
     if all(_is_stub(o) for o in objs):
         return None
     try:
@@ -145,8 +148,8 @@ def _module_text(names: tuple[str, ...], answer: Any) -> str | tuple[bool, str] 
     tree_names = {n.name for n in ast.parse(text).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     missing = [n for n in names if n not in tree_names]
     if missing:
-        return False, FormatSlip(f"The cell must define {', '.join(missing)} (with that name): the ranks "
-                                 "look it up by name.")
+        return False, FormatSlip(_("The cell must define {names} (with that name): the ranks look it up by "
+                                   "name.").format(names=", ".join(missing)))
     return text
 
 
@@ -200,10 +203,10 @@ def prefetch(answers: Sequence[tuple[str, Any]]) -> int:
             jobs[_key(grade, text)] = (text, judge)
     if not jobs:
         return 0
-    ranks, _error = _launch([(key[0], text) for key, (text, _) in jobs.items()])
+    ranks, _error = _launch([(key[0], text) for key, (text, _judge) in jobs.items()])
     if ranks is None:
         return 0
-    for (key, (_, judge)), job_ranks in zip(jobs.items(), ranks):
+    for (key, (_text, judge)), job_ranks in zip(jobs.items(), ranks):
         _CACHE[key] = judge(job_ranks)
     return len(jobs)
 
@@ -215,60 +218,64 @@ def prefetch(answers: Sequence[tuple[str, Any]]) -> int:
 def _judge_ddp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
     r = ranks[0]
     if "returned" in r:
-        return False, f"overlap_gradients returned a {r['returned']}; return the function that waits (wait)."
+        return False, _("overlap_gradients returned a {type}; return the function that waits (wait).").format(
+            type=r["returned"])
     if any(x.get("unwaited") for x in ranks):  # whether or not gloo happened to finish them before the comparison
         n = max(x.get("unwaited", 0) for x in ranks)
-        return False, (f"{n} all-reduce(s) you started were never waited for: wait() must wait on every work "
-                       "object the hooks started. Gloo may finish them in time on a quiet machine; on a GPU, NCCL "
-                       "runs them on its own stream, and optimizer.step() would read gradients not yet reduced.")
+        return False, _("{count} all-reduce(s) you started were never waited for: wait() must wait on every work "
+                        "object the hooks started. Gloo may finish them in time on a quiet machine; on a GPU, NCCL "
+                        "runs them on its own stream, and optimizer.step() would read gradients not yet "
+                        "reduced.").format(count=n)
     if all(x["bitwise"] for x in ranks):
         started = min(x["in_backward"] for x in ranks)
         if started == 0:
-            return False, ("The gradients equal DDP's, but no all-reduce started while backward was running: that is "
-                           "step 1 again. Start each one from a hook (register_post_accumulate_grad_hook) with "
-                           "async_op=True, and only wait in wait().")
+            return False, _("The gradients equal DDP's, but no all-reduce started while backward was running: that is "
+                            "step 1 again. Start each one from a hook (register_post_accumulate_grad_hook) with "
+                            "async_op=True, and only wait in wait().")
         if any(x.get("blocking") for x in ranks):
-            return False, ("Your code (a hook or wait()) calls a collective without async_op=True: each such call "
-                           "blocks backward until that gradient is reduced on every rank, so nothing overlaps (the "
-                           "count of all-reduces issued during backward looks right, the timeline does not). Start it "
-                           "with async_op=True, keep the work object, and wait for it in wait().")
+            return False, _("Your code (a hook or wait()) calls a collective without async_op=True: each such call "
+                            "blocks backward until that gradient is reduced on every rank, so nothing overlaps (the "
+                            "count of all-reduces issued during backward looks right, the timeline does not). Start it "
+                            "with async_op=True, keep the work object, and wait for it in wait().")
         if any(x.get("waited_early") for x in ranks):
-            return False, ("You wait for an all-reduce before backward has issued the last one (work.wait() inside the "
-                           "hook): that blocks backward just like a blocking call. Keep the work objects and wait for "
-                           "them all in wait(), after backward.")
+            return False, _("You wait for an all-reduce before backward has issued the last one (work.wait() inside the "
+                            "hook): that blocks backward just like a blocking call. Keep the work objects and wait for "
+                            "them all in wait(), after backward.")
         if started < r["n_tensors"]:
-            return False, (f"Only {started} of the {r['n_tensors']} gradients' all-reduces started during backward; "
-                           "the others waited until wait(). Register the hook on every parameter.")
+            return False, _("Only {started} of the {total} gradients' all-reduces started during backward; the "
+                            "others waited until wait(). Register the hook on every parameter.").format(
+                started=started, total=r["n_tensors"])
         return True, ""
     ratio = r["ratio"]
     if abs(ratio - 2.0) < 1e-3:
-        return False, ("Your gradients are exactly 2× DDP's: you summed them over the 2 ranks instead of averaging. "
-                       "Scale each gradient by 1/world size.")
+        return False, _("Your gradients are exactly 2× DDP's: you summed them over the 2 ranks instead of averaging. "
+                        "Scale each gradient by 1/world size.")
     if abs(ratio - 0.5) < 1e-3:
-        return False, "Your gradients are half of DDP's: you divided by the world size twice."
-    return False, f"Your gradients differ from DDP's (their ratio is {ratio:.3g}, not 1)."
+        return False, _("Your gradients are half of DDP's: you divided by the world size twice.")
+    return False, _("Your gradients differ from DDP's (their ratio is {ratio:.3g}, not 1).").format(ratio=ratio)
 
 
 def _judge_zero1(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
     if all(x["bitwise"] for x in ranks) and len({x["digest"] for x in ranks}) == 1:
         if any(x.get("reduce_scatters") == 0 for x in ranks):
-            return False, ("The weights are right, but you never reduce-scattered: all-reducing the whole gradient "
-                           "moves twice the bytes a rank needs, since each rank updates only its slice. Use "
-                           "dist.reduce_scatter_single.")
+            return False, _("The weights are right, but you never reduce-scattered: all-reducing the whole gradient "
+                            "moves twice the bytes a rank needs, since each rank updates only its slice. Use "
+                            "dist.reduce_scatter_single.")
         if any(x.get("whole_all_reduces") for x in ranks):
-            return False, ("The weights are right, but you all-reduce the whole gradient as well as reduce-scattering "
-                           "it: the all-reduce moves twice the bytes a rank needs and makes the reduce-scatter "
-                           "pointless. Reduce-scatter only, into this rank's slice.")
+            return False, _("The weights are right, but you all-reduce the whole gradient as well as reduce-scattering "
+                            "it: the all-reduce moves twice the bytes a rank needs and makes the reduce-scatter "
+                            "pointless. Reduce-scatter only, into this rank's slice.")
         return True, ""
     if any(x["outside_unchanged"] for x in ranks):
-        return False, ("Each rank's parameters outside its own slice never change: the updated slices were not "
-                       "all-gathered into flat_param.")
+        return False, _("Each rank's parameters outside its own slice never change: the updated slices were not "
+                        "all-gathered into flat_param.")
     if all(x["summed"] for x in ranks):
-        return False, ("Your weights equal AdamW's on the *summed* gradients, not the averaged ones. Adam almost hides "
-                       "it (m/√v does not change when the gradients double; only eps does), but DDP and ZeRO average.")
+        return False, _("Your weights equal AdamW's on the *summed* gradients, not the averaged ones. Adam almost hides "
+                        "it (m/√v does not change when the gradients double; only eps does), but DDP and ZeRO average.")
     if len({x["digest"] for x in ranks}) > 1:
-        return False, "The ranks end with different parameters: every rank must receive every updated slice."
-    return False, f"After 3 steps your weights differ from unsharded AdamW's (relative {ranks[0]['rel']:.2g})."
+        return False, _("The ranks end with different parameters: every rank must receive every updated slice.")
+    return False, _("After 3 steps your weights differ from unsharded AdamW's (relative {rel:.2g}).").format(
+        rel=ranks[0]["rel"])
 
 
 def _judge_tp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
@@ -277,16 +284,16 @@ def _judge_tp(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
     if not bad:
         return True, ""
     if "output" in bad:
-        return False, ("The output differs from the single-process MLP: g must all-reduce (sum) the row-parallel "
-                       "partial outputs in its forward.")
+        return False, _("The output differs from the single-process MLP: g must all-reduce (sum) the row-parallel "
+                        "partial outputs in its forward.")
     if bad == ["input"]:
-        return False, ("Output and weight gradients are right, but the gradient of the input is only this rank's part: "
-                       "f's backward must all-reduce it (each rank's column slice contributes a part).")
+        return False, _("Output and weight gradients are right, but the gradient of the input is only this rank's part: "
+                        "f's backward must all-reduce it (each rank's column slice contributes a part).")
     ratios = {k: ranks[0]["ratio"][k] for k in bad}
     if all(v is not None and abs(v - 2.0) < 1e-3 for v in ratios.values()):
-        return False, ("Gradients are 2× too large: g's backward must be the identity (its forward already summed), "
-                       "only f's backward all-reduces.")
-    return False, f"These differ from the single-process MLP: {', '.join(bad)}."
+        return False, _("Gradients are 2× too large: g's backward must be the identity (its forward already summed), "
+                        "only f's backward all-reduces.")
+    return False, _("These differ from the single-process MLP: {names}.").format(names=", ".join(bad))
 
 
 def _gpipe_order(order: str, m: int, stage: int, stages: int) -> str:
@@ -300,39 +307,43 @@ def _gpipe_order(order: str, m: int, stage: int, stages: int) -> str:
     if order == fwd + bwd:
         return ""
     if order.count("F") != m or order.count("B") != m:
-        return (f"stage {stage} ran {order.count('F')} forward(s) and {order.count('B')} backward(s) for {m} "
-                "micro-batches: run each micro-batch through the stage separately")
+        return _("stage {stage} ran {forwards} forward(s) and {backwards} backward(s) for {m} micro-batches: run "
+                 "each micro-batch through the stage separately").format(
+            stage=stage, forwards=order.count("F"), backwards=order.count("B"), m=m)
     if order.replace("S", "").replace("R", "") != "F" * m + "B" * m:
-        return (f"stage {stage} ran {' '.join(order.replace('S', ''))}: a backward started before every forward was "
-                "done, so the stages take turns instead of working at once. GPipe runs all m forwards, then all m "
-                "backwards (1F1B interleaves them on purpose, with a warm-up; this exercise is GPipe)")
+        return _("stage {stage} ran {order}: a backward started before every forward was done, so the stages take "
+                 "turns instead of working at once. GPipe runs all m forwards, then all m backwards (1F1B interleaves "
+                 "them on purpose, with a warm-up; this exercise is GPipe)").format(
+            stage=stage, order=" ".join(order.replace("S", "")))
     if order.replace("R", "") != fwd.replace("R", "") + bwd.replace("R", ""):
-        return (f"stage {stage} sent in this order: {' '.join(order)} (S = a send, R = a receive). Each micro-batch's "
-                "activations (or gradient) must go to the next stage as soon as they exist, or the other stage waits "
-                "for the whole batch and nothing overlaps")
-    return (f"stage {stage} received in this order: {' '.join(order)} (R = a receive, S = a send). Receive each "
-            "micro-batch's activations (or gradient) just before the forward (or backward) that needs them: waiting "
-            "for all of them first makes this stage idle until the other stage has finished the whole batch")
+        return _("stage {stage} sent in this order: {order} (S = a send, R = a receive). Each micro-batch's "
+                 "activations (or gradient) must go to the next stage as soon as they exist, or the other stage waits "
+                 "for the whole batch and nothing overlaps").format(stage=stage, order=" ".join(order))
+    return _("stage {stage} received in this order: {order} (R = a receive, S = a send). Receive each "
+             "micro-batch's activations (or gradient) just before the forward (or backward) that needs them: waiting "
+             "for all of them first makes this stage idle until the other stage has finished the whole "
+             "batch").format(stage=stage, order=" ".join(order))
 
 
 def _judge_gpipe(ranks: list[dict[str, Any]]) -> tuple[bool, str]:
     if any(x.get("missing_grads") for x in ranks):
-        return False, "Some stage's parameters got no gradient: every stage must run backward for every micro-batch."
+        return False, _("Some stage's parameters got no gradient: every stage must run backward for every "
+                        "micro-batch.")
     for i, x in enumerate(ranks):
         why = _gpipe_order(x["order"], x.get("m", 4), i, len(ranks)) if "order" in x else ""
         if why:
-            return False, f"The numbers may be right, but {why}."
+            return False, _("The numbers may be right, but {why}.").format(why=why)
     last = ranks[-1]
     if last["loss_rel"] is None:
-        return False, "The last stage must return the mean loss (a float)."
+        return False, _("The last stage must return the mean loss (a float).")
     if all(x["grad_rel"] <= _TOL for x in ranks) and last["loss_rel"] <= _TOL:
         return True, ""
     m = last["m"]
     if all(abs(x["ratio"] - m) < 1e-3 * m and abs(x["ratio_max"] - m) < 1e-3 * m for x in ranks):
-        return False, (f"Gradients are {m}× too large with {m} micro-batches: divide each micro-batch's loss by m, "
-                       "so that they add up to the mean over the whole batch.")
-    return False, (f"Loss or gradients differ from the single-process model (relative {last['loss_rel']:.2g} and "
-                   f"{max(x['grad_rel'] for x in ranks):.2g}).")
+        return False, _("Gradients are {m}× too large with {m} micro-batches: divide each micro-batch's loss by m, "
+                        "so that they add up to the mean over the whole batch.").format(m=m)
+    return False, _("Loss or gradients differ from the single-process model (relative {loss_rel:.2g} and "
+                    "{grad_rel:.2g}).").format(loss_rel=last["loss_rel"], grad_rel=max(x["grad_rel"] for x in ranks))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -348,26 +359,27 @@ _COUNTS = {"naive": 8, "bucketed": 3, "ddp": 1}
 
 def _grade_predict(answer: Any) -> tuple[bool, str]:
     if not (isinstance(answer, tuple) and len(answer) == 2):
-        return False, FormatSlip("reveal() passes (prediction, result); give the prediction as a dict.")
+        return False, FormatSlip(_("reveal() passes (prediction, result); give the prediction as a dict."))
     pred, result = answer
     if not isinstance(pred, dict) or set(pred) != set(_COUNTS):
-        return False, FormatSlip("Predict a dict with the keys 'naive', 'bucketed' and 'ddp': all-reduce "
-                                 "calls per step.")
+        return False, FormatSlip(_("Predict a dict with the keys 'naive', 'bucketed' and 'ddp': all-reduce "
+                                   "calls per step."))
     counts = {k: as_number(v) for k, v in pred.items()}
     if any(c is None or not math.isfinite(c) or c < 0 or c != int(c) for c in counts.values()):
-        return False, FormatSlip("Each value is a whole number of all-reduce calls, such as 5 (not text).")
+        return False, FormatSlip(_("Each value is a whole number of all-reduce calls, such as 5 (not text)."))
     pred = {k: int(c) for k, c in counts.items()}
     if not isinstance(result, dict):
-        return False, FormatSlip("The measured result should be a dict of calls per step.")
+        return False, FormatSlip(_("The measured result should be a dict of calls per step."))
     got = {k: result.get(k) for k in _COUNTS}
     lines = []
-    why = {"naive": "one per tensor, after backward",
-           "bucketed": "buckets close at 65,536 elements or more, filled from the last layer back: "
-                       "[1+256+256+65536], [256+65536], [256+16384]",
-           "ddp": "DDP's first bucket holds up to 1 MiB and the whole model is 594 KB: a single bucket"}
+    why = {"naive": _("one per tensor, after backward"),
+                      "bucketed": _("buckets close at 65,536 elements or more, filled from the last layer back: "
+                      "[1+256+256+65536], [256+65536], [256+16384]"),
+           "ddp": _("DDP's first bucket holds up to 1 MiB and the whole model is 594 KB: a single bucket")}
     for k in ("naive", "bucketed", "ddp"):
         mark = "=" if pred[k] == got[k] else "≠"
-        lines.append(f"{k}: you said {pred[k]!r} {mark} measured {got[k]} ({why[k]})")
+        lines.append(_("{key}: you said {said!r} {mark} measured {measured} ({why})").format(
+            key=k, said=pred[k], mark=mark, measured=got[k], why=why[k]))
     ok = all(pred[k] == got[k] for k in _COUNTS)
     return ok, " | ".join(lines)
 
@@ -404,7 +416,7 @@ EXERCISES = [
                  "def wait():\n    for w in pending: w.wait()\n    pending.clear()\nreturn wait",
         kind="implement",
         wrong_why="Summing the gradients (all-reduce without scaling by 1/world) gives world × the gradient DDP uses: "
-                  "every rank steps as if the batch were world times larger in learning rate.",
+                  "every rank steps as if the learning rate were world times larger.",
     ),
     Exercise(
         "11.zero1-step",
@@ -412,7 +424,7 @@ EXERCISES = [
         "rank's shard, all-gather the updated shards into flat_param. After 3 steps the weights must equal unsharded "
         "AdamW's, bit for bit.",
         _grader("zero1", ("zero1_step",), _judge_zero1),
-        "Three collectives-worth of work: what does each rank need to *receive* before its optimizer step, and what "
+        "Two collectives around a local step: what does each rank need to *receive* before its optimizer step, and what "
         "must every rank have after it?",
         success="Bitwise equal to AdamW on the whole model, with AdamW states for half the parameters per rank.",
         reference=_hp.zero1_step,
@@ -483,7 +495,7 @@ EXERCISES = [
         wrong=({"naive": 8, "bucketed": 3, "ddp": 8}, {"naive": 8, "overlap": 8, "bucketed": 3, "ddp": 1}),
         method="Fill buckets from the last tensor backwards (the order gradients arrive) and close a bucket once it "
                "holds 65,536 elements or more. For DDP, compare the model's 594 KB with its 1 MiB first bucket.",
-        solution="naive 8 (one per tensor), bucketed 3 ([w3 b2 ... w2], [b1 w1], [b0 w0]), DDP 1 (one bucket).",
+        solution="naive 8 (one per tensor), bucketed 3 ([b3 w3 b2 w2], [b1 w1], [b0 w0]), DDP 1 (one bucket).",
         kind="predict",
         wrong_why="torch DDP does not all-reduce tensor by tensor: it copies gradients into buckets (the first up to "
                   "1 MiB, then 25 MiB) and sends each bucket once; a small model is a single call.",

@@ -12,6 +12,8 @@ from typing import Any
 
 from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 from labkit.slurm import gpus_per_node, parse_sbatch_header, parse_tunnel, time_minutes
 
 __all__ = [
@@ -32,31 +34,34 @@ JOB = {"job-name": "gpt-ddp", "partition": "gpu", "account": "proj123", "nodes":
        "ntasks-per-node": 4, "cpus-per-task": 8, "minutes": 90}
 
 
+_HEADER_WHY_TEXT = N_("--gpus={gpus} asks for {gpus} GPUs for the whole job, which Slurm may split over the 2 nodes "
+                      "any way it likes (3 + 1, say); the job needs its GPUs on each node, which --gpus cannot ask "
+                      "for.")
+
+
 def _header_why(o: dict[str, str]) -> str:
     """The typical mistake's message, with the learner's own --gpus value."""
-    return (f"--gpus={o.get('gpus', '')} asks for {o.get('gpus', '')} GPUs for the whole job, which Slurm may split "
-            "over the 2 nodes any way it likes (3 + 1, say); the job needs its GPUs on each node, which --gpus cannot "
-            "ask for.")
+    return _(_HEADER_WHY_TEXT).format(gpus=o.get("gpus", ""))
 
 
-_HEADER_WHY = _header_why({"gpus": "4"})  # the typical mistake below: --gpus=4
+_HEADER_WHY = _HEADER_WHY_TEXT.format(gpus="4")  # the typical mistake below: --gpus=4 (translated where shown)
 
 
 def _grade_header(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, str):
-        return False, FormatSlip("Give the header as one string of #SBATCH lines.")
+        return False, FormatSlip(_("Give the header as one string of #SBATCH lines."))
     try:
         o = parse_sbatch_header(answer)
     except ValueError as exc:
-        return False, f"sbatch could not read it: {exc}."
+        return False, _("sbatch could not read it: {error}.").format(error=exc)
     if not o:
-        return False, "No #SBATCH line found before the first command (each line starts with '#SBATCH')."
+        return False, _("No #SBATCH line found before the first command (each line starts with '#SBATCH').")
     problems = []
     for key in ("job-name", "partition", "account"):
         if o.get(key) != JOB[key]:
-            problems.append(f"--{key} should be {JOB[key]} (got {o.get(key)!r})")
+            problems.append(_("--{key} should be {want} (got {got!r})").format(key=key, want=JOB[key], got=o.get(key)))
     if o.get("nodes") != str(JOB["nodes"]):
-        problems.append(f"--nodes should be {JOB['nodes']}")
+        problems.append(_("--nodes should be {want}").format(want=JOB["nodes"]))
     try:
         gpn = gpus_per_node(o)
     except ValueError:
@@ -64,24 +69,30 @@ def _grade_header(answer: object) -> tuple[bool, str]:
     if gpn is None and o.get("gpus-per-task") == "1" and o.get("ntasks-per-node", "").isdigit():
         gpn = int(o["ntasks-per-node"])  # one GPU per task, so as many per node as tasks (srun_header accepts it too)
     if gpn != JOB["gpus-per-node"]:
-        extra = " (--gpus counts GPUs for the whole job, not per node)" if "gpus" in o else ""
-        problems.append(f"the GPUs: the job needs its GPUs on each node, and your header does not ask for that{extra}")
+        if "gpus" in o:
+            problems.append(_("the GPUs: the job needs its GPUs on each node, and your header does not ask for that "
+                              "(--gpus counts GPUs for the whole job, not per node)"))
+        else:
+            problems.append(_("the GPUs: the job needs its GPUs on each node, and your header does not ask for that"))
     ranks = JOB["nodes"] * JOB["ntasks-per-node"]
     if "ntasks" in o and o["ntasks"] != str(ranks):
-        problems.append(f"--ntasks={o['ntasks']} counts tasks for the whole job and wins over a per-node count: "
-                        f"srun would start {o['ntasks']} ranks for {ranks} GPUs")
+        problems.append(_("--ntasks={ntasks} counts tasks for the whole job and wins over a per-node count: srun "
+                          "would start {ntasks} ranks for {gpus} GPUs").format(ntasks=o["ntasks"], gpus=ranks))
     elif o.get("ntasks-per-node") != str(JOB["ntasks-per-node"]):
-        problems.append("the tasks: the job wants one task (rank) per GPU on each node, and your header does not "
-                        "ask for that per node")
+        problems.append(_("the tasks: the job wants one task (rank) per GPU on each node, and your header does not "
+                          "ask for that per node"))
     if o.get("cpus-per-task") != str(JOB["cpus-per-task"]):
-        problems.append(f"--cpus-per-task should be {JOB['cpus-per-task']}, as JOB says")
+        problems.append(_("--cpus-per-task should be {want}, as JOB says").format(want=JOB["cpus-per-task"]))
     try:
         minutes = time_minutes(o.get("time", ""))
     except ValueError:
         minutes = None
     if minutes != JOB["minutes"]:
-        read = "cannot read it" if minutes is None else f"reads it as {minutes:g} minutes"
-        problems.append(f"--time: sbatch {read}, and JOB says {JOB['minutes']} minutes")
+        if minutes is None:
+            problems.append(_("--time: sbatch cannot read it, and JOB says {want} minutes").format(want=JOB["minutes"]))
+        else:
+            problems.append(_("--time: sbatch reads it as {minutes:g} minutes, and JOB says {want} minutes").format(
+                minutes=minutes, want=JOB["minutes"]))
     if len(problems) == 1 and "gpus" in o and gpn is None:
         return False, _header_why(o)
     return (not problems), "; ".join(problems)
@@ -100,31 +111,34 @@ STORAGE_ITEMS: dict[str, str] = {
 _TIER_OF = {"code": "home", "train-data": "scratch", "small-files": "node-local", "ipython": "node-local",
             "final-checkpoint": "project"}
 _TIER_WHY = {
-    "code": "code and configs are small and precious: home, which is usually backed up",
-    "train-data": "large files read at speed belong on the parallel file system (scratch), not in a small NFS home",
-    "small-files": "millions of small files are slow on a parallel FS: unpack them on node-local storage",
-    "ipython": "SQLite locking is unreliable on NFS and parallel file systems: node-local storage, as jupyter.sbatch does",
-    "final-checkpoint": "results to keep belong on project storage: scratch is purged, node-local dies with the job",
+    "code": N_("code and configs are small and precious: home, which is usually backed up"),
+               "train-data": N_("large files read at speed belong on the parallel file system (scratch), not in a small NFS "
+               "home"),
+    "small-files": N_("millions of small files are slow on a parallel FS: unpack them on node-local storage"),
+                      "ipython": N_("SQLite locking is unreliable on NFS and parallel file systems: node-local storage, as "
+                      "jupyter.sbatch does"),
+    "final-checkpoint": N_("results to keep belong on project storage: scratch is purged, node-local dies with the "
+                           "job"),
 }
-_STORAGE_WHY = ("Scratch is not backed up and is purged after some days: a checkpoint you want to keep and share "
-                "goes to project storage (copy it there at the end of the run). Scratch is for the checkpoints "
-                "written during a run.")
+_STORAGE_WHY = N_("Scratch is not backed up and is purged after some days: a checkpoint you want to keep and share "
+                  "goes to project storage (copy it there at the end of the run). Scratch is for the checkpoints "
+                  "written during a run.")
 
 
 def _grade_storage(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, dict) or set(answer) != set(STORAGE_ITEMS):
-        return False, FormatSlip(f"Give a dict with exactly the keys {sorted(STORAGE_ITEMS)}, each one of "
-                                 f"{list(STORAGE_TIERS)}.")
+        return False, FormatSlip(_("Give a dict with exactly the keys {keys}, each one of {tiers}.").format(
+            keys=sorted(STORAGE_ITEMS), tiers=list(STORAGE_TIERS)))
     got = {k: str(v).strip().lower() for k, v in answer.items()}
     unknown = sorted(set(got.values()) - set(STORAGE_TIERS))
     if unknown:
-        return False, f"Tiers are named {list(STORAGE_TIERS)}, not {unknown}."
+        return False, _("Tiers are named {tiers}, not {unknown}.").format(tiers=list(STORAGE_TIERS), unknown=unknown)
     wrong = [k for k in STORAGE_ITEMS if got[k] != _TIER_OF[k]]
     if not wrong:
         return True, ""
     if wrong == ["final-checkpoint"] and got["final-checkpoint"] == "scratch":
-        return False, _STORAGE_WHY
-    return False, "; ".join(f"{k}: {_TIER_WHY[k]}" for k in wrong)
+        return False, _(_STORAGE_WHY)
+    return False, "; ".join(f"{k}: {_(_TIER_WHY[k])}" for k in wrong)
 
 
 # ---- 12.late-sbatch: predict, then run --------------------------------------------------------------
@@ -137,8 +151,8 @@ module load cuda
 #SBATCH --gpus-per-node=4
 srun python -m labkit.recipes.ddp --model gpt
 """
-_LATE_WHY = ("sbatch reads #SBATCH lines only until the first command: `module load cuda` ends the header, and the "
-             "two lines after it are ordinary comments. The job keeps 30 minutes and asks for no GPU at all.")
+_LATE_WHY = N_("sbatch reads #SBATCH lines only until the first command: `module load cuda` ends the header, and the "
+               "two lines after it are ordinary comments. The job keeps 30 minutes and asks for no GPU at all.")
 
 
 def _grade_late(answer: object) -> tuple[bool, str]:
@@ -147,25 +161,29 @@ def _grade_late(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = got
     if not (isinstance(pred, (tuple, list)) and len(pred) == 2):
-        return False, FormatSlip("Predict a pair (minutes of --time, GPUs per node), e.g. (60, 2); None or "
-                                 "0 for no GPU.")
+        return False, FormatSlip(_("Predict a pair (minutes of --time, GPUs per node), e.g. (60, 2); None or "
+                                   "0 for no GPU."))
     minutes = as_number(pred[0])
     gpus = 0 if pred[1] is None else as_number(pred[1])
     if minutes is None or gpus is None:
-        return False, FormatSlip("Both parts of the prediction are numbers (None or 0 for no GPU).")
+        return False, FormatSlip(_("Both parts of the prediction are numbers (None or 0 for no GPU)."))
     want_minutes, want_gpus = result[0], result[1] or 0
     if minutes == want_minutes and gpus == want_gpus:
-        return True, ("The header ends at the first command: the later #SBATCH lines are comments. Put every "
-                      "#SBATCH line at the top, or pass the options on the sbatch command line.")
+        return True, _("The header ends at the first command: the later #SBATCH lines are comments. Put every "
+                       "#SBATCH line at the top, or pass the options on the sbatch command line.")
     if minutes == 240:
-        return False, _LATE_WHY
-    return False, f"sbatch reads ({want_minutes:g} min, {want_gpus or 'no'} GPUs per node). {_LATE_WHY}"
+        return False, _(_LATE_WHY)
+    if want_gpus:
+        read = _("sbatch reads ({minutes:g} min, {gpus} GPUs per node).").format(minutes=want_minutes, gpus=want_gpus)
+    else:
+        read = _("sbatch reads ({minutes:g} min, no GPUs per node).").format(minutes=want_minutes)
+    return False, f"{read} {_(_LATE_WHY)}"
 
 
 # ---- 12.srun-header: debug --------------------------------------------------------------------------
-_SRUN_WHY = ("--ntasks counts the tasks of the whole job, not per node: with 2 nodes of 4 GPUs it starts 4 ranks in "
-             "all, spread over the nodes (2 + 2, or 3 + 1), so half of the 8 GPUs sit idle and the world size is 4, "
-             "not 8.")
+_SRUN_WHY = N_("--ntasks counts the tasks of the whole job, not per node: with 2 nodes of 4 GPUs it starts 4 ranks in "
+               "all, spread over the nodes (2 + 2, or 3 + 1), so half of the 8 GPUs sit idle and the world size is 4, "
+               "not 8.")
 
 
 def _reference_srun_header(nodes: int, gpus_per_node: int, hours: int) -> str:
@@ -181,46 +199,49 @@ def _broken_srun_header(nodes: int, gpus_per_node: int, hours: int) -> str:
 
 def _grade_srun(fn: Any) -> tuple[bool, str] | None:
     if not callable(fn):
-        return False, FormatSlip("Define srun_header(nodes, gpus_per_node, hours) and pass the function itself.")
+        return False, FormatSlip(_("Define srun_header(nodes, gpus_per_node, hours) and pass the function itself."))
     for nodes, gpn, hours in ((2, 4, 3), (1, 8, 1), (4, 2, 12), (3, 4, 2)):
         text = fn(nodes, gpn, hours)
         if text is None or text is Ellipsis:
             return None  # still a stub: "not attempted yet"
         if not isinstance(text, str):
-            return False, FormatSlip("Return the header as one string of #SBATCH lines.")
+            return False, FormatSlip(_("Return the header as one string of #SBATCH lines."))
         try:
             o = parse_sbatch_header(text)
             gpus = gpus_per_node(o)
             minutes = time_minutes(o.get("time", ""))
         except ValueError as exc:
-            return False, f"srun_header({nodes}, {gpn}, {hours}): sbatch could not read it: {exc}."
+            return False, _("srun_header({nodes}, {gpus}, {hours}): sbatch could not read it: {error}.").format(
+                nodes=nodes, gpus=gpn, hours=hours, error=exc)
         if o.get("nodes") != str(nodes):
-            return False, f"srun_header({nodes}, {gpn}, {hours}) must ask for --nodes={nodes}."
+            return False, _("srun_header({nodes}, {gpus}, {hours}) must ask for --nodes={nodes}.").format(
+                nodes=nodes, gpus=gpn, hours=hours)
         if "ntasks" in o and int(o["ntasks"]) != nodes * gpn:
             if int(o["ntasks"]) == gpn and nodes > 1 and "ntasks-per-node" not in o:
-                return False, _SRUN_WHY
-            return False, (f"srun_header({nodes}, {gpn}, {hours}): --ntasks={o['ntasks']} counts tasks for the whole "
-                           "job and wins over a per-node count: srun would start "
-                           f"{o['ntasks']} ranks for {nodes * gpn} GPUs.")
+                return False, _(_SRUN_WHY)
+            return False, _("srun_header({nodes}, {gpus}, {hours}): --ntasks={ntasks} counts tasks for the whole job "
+                            "and wins over a per-node count: srun would start {ntasks} ranks for {total} "
+                            "GPUs.").format(nodes=nodes, gpus=gpn, hours=hours, ntasks=o["ntasks"], total=nodes * gpn)
         if "ntasks-per-node" in o:
             per_node = int(o["ntasks-per-node"])
         elif "ntasks" in o:
-            return False, ("--ntasks alone counts tasks for the whole job, not per node: Slurm may place them "
-                           "unevenly over the nodes.")
+            return False, _("--ntasks alone counts tasks for the whole job, not per node: Slurm may place them "
+                            "unevenly over the nodes.")
         else:
-            return False, ("Your header asks for no tasks: srun starts one rank per task, and the job wants one per "
-                           "GPU on every node.")
+            return False, _("Your header asks for no tasks: srun starts one rank per task, and the job wants one per "
+                            "GPU on every node.")
         if gpus is None and o.get("gpus-per-task") == "1":
             gpus = per_node
         if gpus != gpn:
-            return False, f"srun_header({nodes}, {gpn}, {hours}) must ask for {gpn} GPUs on each node."
+            return False, _("srun_header({nodes}, {gpus}, {hours}) must ask for {gpus} GPUs on each node.").format(
+                nodes=nodes, gpus=gpn, hours=hours)
         if per_node != gpn:
-            return False, (f"srun_header({nodes}, {gpn}, {hours}) asks for {per_node} tasks on each node of {gpn} "
-                           "GPUs: one rank per GPU.")
+            return False, _("srun_header({nodes}, {gpus}, {hours}) asks for {per_node} tasks on each node of {gpus} "
+                            "GPUs: one rank per GPU.").format(nodes=nodes, gpus=gpn, hours=hours, per_node=per_node)
         if minutes != 60 * hours:
-            return False, (f"srun_header({nodes}, {gpn}, {hours}): sbatch reads your --time as {minutes:g} minutes, "
-                           f"not {hours} hours.")
-    return True, "One task per GPU on every node: srun starts exactly nodes × GPUs ranks."
+            return False, _("srun_header({nodes}, {gpus}, {hours}): sbatch reads your --time as {minutes:g} minutes, "
+                            "not {hours} hours.").format(nodes=nodes, gpus=gpn, hours=hours, minutes=minutes)
+    return True, _("One task per GPU on every node: srun starts exactly nodes × GPUs ranks.")
 
 
 # ---- 12.tunnel -------------------------------------------------------------------------------------
@@ -228,34 +249,37 @@ def _grade_srun(fn: Any) -> tuple[bool, str] | None:
 CONNECTION = {"node": "cn0412", "port": 21983, "user": "carol", "login": "hpc-login.uni.example"}
 
 
-_TUNNEL_WHY = ("'localhost' in -L is resolved on the far side of the tunnel, the login node, and JupyterLab does not "
-               "run there: it runs on the compute node and listens on that node's name.")
+_TUNNEL_WHY = N_("'localhost' in -L is resolved on the far side of the tunnel, the login node, and JupyterLab does not "
+                 "run there: it runs on the compute node and listens on that node's name.")
 
 
 def _grade_tunnel(answer: object) -> tuple[bool, str]:
     if not isinstance(answer, str):
-        return False, FormatSlip("Give the ssh command as a string.")
+        return False, FormatSlip(_("Give the ssh command as a string."))
     try:
         t = parse_tunnel(answer)
     except ValueError as exc:
         return False, f"{exc}."
     c = CONNECTION
     if t["port"] != c["port"]:
-        return False, f"the far end of -L must be JupyterLab's port, {c['port']}"
+        return False, _("the far end of -L must be JupyterLab's port, {port}").format(port=c["port"])
     if t["host"] in ("localhost", "127.0.0.1"):
-        return False, _TUNNEL_WHY
+        return False, _(_TUNNEL_WHY)
     if t["host"] != c["node"]:
-        return False, f"the -L target must be the compute node, {c['node']}"
+        return False, _("the -L target must be the compute node, {node}").format(node=c["node"])
     if t["dest_user"] not in (None, c["user"]):
-        return False, f"log in as yourself, {c['user']}"
+        return False, _("log in as yourself, {user}").format(user=c["user"])
     if t["dest_host"] == c["login"] and t["jump"] is None:
-        note = "" if t["no_shell"] else " (add -N: no remote shell, just the tunnel)"
-        return True, f"open http://localhost:{t['local_port']}/lab?token=... in your browser{note}."
+        if t["no_shell"]:
+            return True, _("open http://localhost:{port}/lab?token=... in your browser.").format(port=t["local_port"])
+        return True, _("open http://localhost:{port}/lab?token=... in your browser (add -N: no remote shell, just the "
+                       "tunnel).").format(port=t["local_port"])
     if t["dest_host"] == c["node"] and t["jump"] and t["jump"].rpartition("@")[2] == c["login"]:
-        return True, "the jump-host variant: it works where you may ssh to a node that runs your job."
+        return True, _("the jump-host variant: it works where you may ssh to a node that runs your job.")
     if t["dest_host"] == c["node"]:
-        return False, f"a compute node is not reachable from outside: go through {c['login']} (or -J {c['login']})"
-    return False, f"the ssh destination is the login node, {c['user']}@{c['login']}"
+        return False, _("a compute node is not reachable from outside: go through {login} (or -J {login})").format(
+            login=c["login"])
+    return False, _("the ssh destination is the login node, {user}@{login}").format(user=c["user"], login=c["login"])
 
 
 # ---- 12.whats-wrong --------------------------------------------------------------------------------
@@ -286,28 +310,29 @@ PROBLEMS = {
 _WRONG = {"login-node", "missing-gpus", "fixed-port"}
 
 
-_PROBLEMS_WHY = ("Binding JupyterLab to the node's hostname is right, not a problem: 0.0.0.0 would listen on every "
-                 "interface, and the token is what keeps others out either way. One real problem is still missing: "
-                 "think of what happens when a second person's job lands on the same node.")
+_PROBLEMS_WHY = N_("Binding JupyterLab to the node's hostname is right, not a problem: 0.0.0.0 would listen on every "
+                   "interface, and the token is what keeps others out either way. One real problem is still missing: "
+                   "think of what happens when a second person's job lands on the same node.")
 
 
 def _grade_problems(answer: object) -> tuple[bool, str]:
     if isinstance(answer, str):
         answer = {answer}
     if not isinstance(answer, (set, frozenset, list, tuple)):
-        return False, FormatSlip("Give a set of labels from PROBLEMS.")
+        return False, FormatSlip(_("Give a set of labels from PROBLEMS."))
     got = {str(a) for a in answer}
     unknown = got - set(PROBLEMS)
     if unknown:
-        return False, FormatSlip(f"unknown labels {sorted(unknown)}; choose from {sorted(PROBLEMS)}")
+        return False, FormatSlip(_("unknown labels {unknown}; choose from {labels}").format(
+            unknown=sorted(unknown), labels=sorted(PROBLEMS)))
     missed, extra = _WRONG - got, got - _WRONG
     if missed == {"fixed-port"} and extra == {"hostname-bind"}:
-        return False, _PROBLEMS_WHY
+        return False, _(_PROBLEMS_WHY)
     msg = []
     if missed:
-        msg.append(f"{len(missed)} real problem(s) missed")
+        msg.append(_("{count} real problem(s) missed").format(count=len(missed)))
     if extra:
-        msg.append(f"not a problem: {', '.join(sorted(extra))}")
+        msg.append(_("not a problem: {labels}").format(labels=", ".join(sorted(extra))))
     return (not missed and not extra), "; ".join(msg)
 
 
@@ -367,7 +392,7 @@ EXERCISES = [
              _grade_problems,
              "Look at where each command runs, what the job asks Slurm for, and what happens when a second "
              "person's job lands on the same node.",
-             method="Check each claim against section 5: where may training run, does a job on the gpu partition "
+             method="Check each claim against sections 1-5: where may training run, does a job on the gpu partition "
                     "get GPUs without asking, how does jupyter.sbatch choose its port and its interface, what are "
                     "the time and storage rules?",
              solution="{'login-node', 'missing-gpus', 'fixed-port'}: training on the login node, no --gpus-per-node/"

@@ -13,6 +13,7 @@ from typing import Any
 from labkit.clinic import CASES, CaseRun, grade_cause, grade_fix
 from labkit.clinic.table import LR_RATIO_LIMIT, Case, lr_ratio
 from labkit.exercises._core import Exercise, FormatSlip
+from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES", "LR_OUTCOMES", "lr_outcome"]
 
@@ -35,19 +36,23 @@ def lr_outcome(run: CaseRun) -> str:
 
 def _grade_lr_predict(pair: Any) -> tuple[bool, str]:
     if not (isinstance(pair, tuple) and len(pair) == 2):
-        return False, FormatSlip("Give your prediction as one of 'higher', 'the same', 'lower'.")
+        return False, FormatSlip(_("Give your prediction as one of 'higher', 'the same', 'lower'."))
     prediction, result = pair
     guess = prediction.strip().lower() if isinstance(prediction, str) else prediction
     if guess not in LR_OUTCOMES:
-        return False, FormatSlip(f"Predict one of {', '.join(repr(o) for o in LR_OUTCOMES)}, got {prediction!r}.")
+        return False, FormatSlip(_("Predict one of {outcomes}, got {prediction!r}.").format(
+            outcomes=", ".join(repr(o) for o in LR_OUTCOMES), prediction=prediction))
     if result not in LR_OUTCOMES:
-        return False, FormatSlip(f"The measured result should be one of {LR_OUTCOMES}, got {result!r}.")
-    why = ("Both runs see 960 examples, but the 2-rank run takes 15 steps of global batch 64 where the 1-GPU run "
-           "took 30 of 32. Averaging over more examples does not make a step longer: with the same learning rate "
-           "it moves the weights about half as far.")
+        return False, FormatSlip(_("The measured result should be one of {outcomes}, got {result!r}.").format(
+            outcomes=LR_OUTCOMES, result=result))
+    why = _("Both runs see 960 examples, but the 2-rank run takes 15 steps of global batch 64 where the 1-GPU run "
+            "took 30 of 32. Averaging over more examples does not make a step longer: with the same learning rate "
+            "it moves the weights about half as far.")
     if guess == result:
-        return True, f"You predicted {guess!r} and it came out {result!r}. {why}"
-    return False, f"You predicted {guess!r}; it came out {result!r}. {why}"
+        return True, _("You predicted {guess!r} and it came out {result!r}. {why}").format(
+            guess=guess, result=result, why=why)
+    return False, _("You predicted {guess!r}; it came out {result!r}. {why}").format(
+        guess=guess, result=result, why=why)
 
 
 def _cause_exercise(case: Case) -> Exercise:

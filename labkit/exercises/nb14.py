@@ -11,6 +11,8 @@ from typing import Any
 
 from labkit.exercises._core import Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, number, pair
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 from labkit.lifecycle import young_interval
 from labkit.toolchain import amdahl, ib_timeout_seconds
 
@@ -19,10 +21,10 @@ __all__ = ["AMDAHL", "EXERCISES", "FORMATS", "YOUNG", "hilbert_system"]
 # ---- 14.solve-precision: predict, then run ----------------------------------------------------------
 #: The formats the notebook solves the Hilbert system in.
 FORMATS = ("fp64", "fp32", "bf16")
-_SOLVE_WHY = ("The residual of the fp32 solve is tiny, yet its answer is wrong in every digit. An ill-conditioned "
-              "system amplifies rounding errors by its condition number: about 1.5e10 for Hilbert(8). FP32 keeps "
-              "about 7 significant digits, so 7 - 10 < 0 are left; FP64's 16 leave about 6. BF16 (3 digits) has "
-              "no chance.")
+_SOLVE_WHY = N_("The residual of the fp32 solve is tiny, yet its answer is wrong in every digit. An ill-conditioned "
+                 "system amplifies rounding errors by its condition number: about 1.5e10 for Hilbert(8). FP32 keeps "
+                 "about 7 significant digits, so 7 - 10 < 0 are left; FP64's 16 leave about 6. BF16 (3 digits) has "
+                 "no chance.")
 
 
 def _as_formats(value: Any) -> set[str] | None:
@@ -40,40 +42,44 @@ def _grade_solve(answer: object) -> tuple[bool, str]:
         return False, NOT_A_PAIR
     pred, result = _as_formats(got[0]), _as_formats(got[1])
     if pred is None:
-        return False, FormatSlip(f"Predict a set of format names from {list(FORMATS)}, e.g. {{'fp32', 'bf16'}}.")
+        return False, FormatSlip(_("Predict a set of format names from {formats}, e.g. {{'fp32', 'bf16'}}.").format(
+            formats=list(FORMATS)))
     if result is None:
-        raise ValueError(f"the measured result must be a set of names from {FORMATS}, got {got[1]!r}")
+        raise ValueError(_("the measured result must be a set of names from {formats}, got {value!r}").format(
+            formats=FORMATS, value=got[1]))
     if pred == result:
-        return True, ("Digits left ≈ digits of the format - log10(condition number): about 16 - 10 = 6 for fp64, "
-                      "none for fp32 or bf16. A small residual does not mean a right answer.")
+        return True, _("Digits left ≈ digits of the format - log10(condition number): about 16 - 10 = 6 for fp64, "
+                       "none for fp32 or bf16. A small residual does not mean a right answer.")
     if "fp32" in pred and "fp32" not in result:
-        return False, _SOLVE_WHY
-    missed = sorted(result - pred)
-    extra = sorted(pred - result)
-    parts = []
+        return False, _(_SOLVE_WHY)
+    missed = ", ".join(sorted(result - pred))
+    extra = ", ".join(sorted(pred - result))
+    if missed and extra:
+        return False, _("Measured: {missed} did reach 1e-3; {extra} did not. Compare each format's digits with log10 "
+                        "of the condition number.").format(missed=missed, extra=extra)
     if missed:
-        parts.append(f"{', '.join(missed)} did reach 1e-3")
-    if extra:
-        parts.append(f"{', '.join(extra)} did not")
-    return False, "Measured: " + "; ".join(parts) + ". Compare each format's digits with log10 of the condition number."
+        return False, _("Measured: {missed} did reach 1e-3. Compare each format's digits with log10 of the condition "
+                        "number.").format(missed=missed)
+    return False, _("Measured: {extra} did not. Compare each format's digits with log10 of the condition "
+                    "number.").format(extra=extra)
 
 
 # ---- 14.amdahl -----------------------------------------------------------------------------------------
 #: The step of the exercise: the matmuls' share of the step time, and how much faster they get.
 AMDAHL = {"matmul_share": 0.6, "matmul_speedup": 4.0}
-_AMDAHL_WHY = ("4x is what the matmuls get, not the step: the other 40 % of the step runs exactly as before and now "
-               "dominates, so the whole step gains much less.")
+_AMDAHL_WHY = N_("4x is what the matmuls get, not the step: the other 40 % of the step runs exactly as before and now "
+                  "dominates, so the whole step gains much less.")
 
 # ---- 14.young ------------------------------------------------------------------------------------------
 #: The run of the exercise: seconds one checkpoint write stalls training, and the job's mean time between failures.
 YOUNG = {"checkpoint_s": 90.0, "mtbf_s": 12 * 3600.0}
 _YOUNG_MIN = young_interval(YOUNG["checkpoint_s"], YOUNG["mtbf_s"]) / 60
-_YOUNG_WHY = ("sqrt(C × MTBF) forgets the 2: the interval balances the writing time against the work lost at a "
-              "failure, which is half an interval on average, and that half puts a 2 under the root.")
+_YOUNG_WHY = N_("sqrt(C × MTBF) forgets the 2: the interval balances the writing time against the work lost at a "
+                 "failure, which is half an interval on average, and that half puts a 2 under the root.")
 
 # ---- 14.ib-timeout -------------------------------------------------------------------------------------
-_IB_WHY = ("NCCL_IB_TIMEOUT is not in seconds: it is an exponent, from which InfiniBand computes its ACK timeout "
-           "(and NCCL retries 7 times by default).")
+_IB_WHY = N_("NCCL_IB_TIMEOUT is not in seconds: it is an exponent, from which InfiniBand computes its ACK timeout "
+              "(and NCCL retries 7 times by default).")
 
 
 def hilbert_system(n: int = 8) -> tuple[Any, Any, dict[str, tuple[Any, Any]]]:
@@ -123,7 +129,7 @@ EXERCISES = [
              measure=_measure_solve_precision),
     Exercise("14.amdahl",
              "The whole step's speed-up when the matmuls (60 % of the step) get 4 times faster.",
-             number(amdahl(AMDAHL["matmul_share"], AMDAHL["matmul_speedup"]), "the speed-up",
+             number(amdahl(AMDAHL["matmul_share"], AMDAHL["matmul_speedup"]), N_("the speed-up"),
                     {4.0: _AMDAHL_WHY, 0.6 * 4.0: _AMDAHL_WHY}, rel=1e-3),
              "Split the step into the part that gets faster and the part that does not.",
              method="New step time = (1 - share) + share / speedup, in units of the old step; the speed-up is its "
@@ -134,7 +140,7 @@ EXERCISES = [
              reference=1 / 0.55, wrong=4.0),
     Exercise("14.young",
              "Young's checkpoint interval, in minutes, for a 90 s checkpoint write and a 12-hour MTBF.",
-             number(_YOUNG_MIN, "the interval in minutes", {math.sqrt(90 * 43200) / 60: _YOUNG_WHY}, rel=1e-2),
+             number(_YOUNG_MIN, N_("the interval in minutes"), {math.sqrt(90 * 43200) / 60: _YOUNG_WHY}, rel=1e-2),
              "Writing too often wastes time writing; too rarely wastes the work lost at a failure. Balance the two.",
              method="Young's rule: interval = sqrt(2 × write time × MTBF), everything in seconds; divide by 60.",
              solution="answer = (2 * 90 * 43200) ** 0.5 / 60 ≈ 46.5 minutes.",
@@ -142,7 +148,7 @@ EXERCISES = [
              reference=_YOUNG_MIN, wrong=math.sqrt(90 * 43200) / 60),
     Exercise("14.ib-timeout",
              "The seconds one InfiniBand retry waits with the article's NCCL_IB_TIMEOUT=22.",
-             number(ib_timeout_seconds(22), "the timeout in seconds", {22.0: _IB_WHY}, rel=1e-3),
+             number(ib_timeout_seconds(22), N_("the timeout in seconds"), {22.0: _IB_WHY}, rel=1e-3),
              "The value is not a number of seconds.",
              method="It is an exponent: the InfiniBand local ACK timeout is 4.096 µs × 2^value.",
              solution="answer = 4.096e-6 * 2**22 ≈ 17.2 s per attempt (NCCL's default, 20, gives ~4.3 s).",

@@ -27,6 +27,8 @@ from labkit.exercises.nb08 import (
     _updates_in_loop,
     _verdict,
 )
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES"]
 
@@ -49,11 +51,11 @@ _EVEN = "fp32, 64 x 64 x 64 (K a multiple of BLOCK_K)"
 _ODD = "fp32, 33 x 70 x 47 (odd M, K, N)"
 _STRIDED = "fp32, 64 x 64 x 64, A and B transposed views"
 _MM_BF16 = "bf16, 33 x 70 x 47"
-_MM_BF16_WHY = ("Right with fp32 inputs, wrong with bf16 ones. If your tl.dot takes the bf16 tiles as loaded: on a GPU "
-                "that is the right tensor-core path (bf16 products, fp32 accumulation; labkit's kernel does it when "
-                "compiled), but Triton's interpreter stores bf16 as 16-bit integers and multiplies the bit patterns. "
-                "Convert the tiles with .to(tl.float32) before tl.dot here. If you add in bf16 anywhere else, keep "
-                "the accumulator fp32.")
+_MM_BF16_WHY = N_("Right with fp32 inputs, wrong with bf16 ones. If your tl.dot takes the bf16 tiles as loaded: on a "
+                  "GPU that is the right tensor-core path (bf16 products, fp32 accumulation; labkit's kernel does it "
+                  "when compiled), but Triton's interpreter stores bf16 as 16-bit integers and multiplies the bit "
+                  "patterns. Convert the tiles with .to(tl.float32) before tl.dot here. If you add in bf16 anywhere "
+                  "else, keep the accumulator fp32.")
 
 
 def _grade_matmul(answer: Any) -> tuple[bool, str] | None:
@@ -70,24 +72,24 @@ def _grade_matmul(answer: Any) -> tuple[bool, str] | None:
         else:
             a, b = _guarded(a0, None)[0], _guarded(b0, None)[0]
         out, tail = _output(torch.empty(m, n, dtype=a0.dtype, device=a0.device))
-        _, strays = _quiet(lambda a=a, b=b, out=out: kernels.matmul(a, b, kernel=kernel, out=out))
+        _result, strays = _quiet(lambda a=a, b=b, out=out: kernels.matmul(a, b, kernel=kernel, out=out))
         spilled = bool((tail != _SENTINEL).any())
         ok, worst = kernels.matmul_close(out, a0, b0)
         cases.append(_Case(label, ok and not spilled and not strays, worst, spilled, bool(torch.isnan(out).any()),
                            strays))
     return _verdict(cases, [
         (lambda c: c[_EVEN].ok and not c[_ODD].ok,
-         "Right when K is a multiple of BLOCK_K, wrong otherwise: the last step of the K loop covers columns of A "
-         "and rows of B past K. Without a mask on k they read the next row of A and memory past the end of B, and "
-         "those products land in the sum. Mask the K index in both loads (with 0 as the fill, which adds nothing "
-         "to a dot product)."),
+         _("Right when K is a multiple of BLOCK_K, wrong otherwise: the last step of the K loop covers columns of A "
+           "and rows of B past K. Without a mask on k they read the next row of A and memory past the end of B, and "
+           "those products land in the sum. Mask the K index in both loads (with 0 as the fill, which adds nothing "
+           "to a dot product).")),
         (lambda c: c[_EVEN].ok and c[_ODD].ok and not c[_STRIDED].ok,
-         "Right on contiguous matrices, wrong on transposed views of the same shape: the pointers must move with "
-         "each tensor's own strides (a_ptrs by BLOCK_K * stride_ak, b_ptrs by BLOCK_K * stride_bk), not by BLOCK_K "
-         "or BLOCK_K * N, which hold only for a contiguous row-major A and B."),
-        (lambda c: c[_ODD].ok and not c[_MM_BF16].ok, _MM_BF16_WHY),
-    ], "Matches torch.matmul on an even and an odd shape, on transposed views, and with bf16 inputs, within the fp32 "
-       "accumulation bound.",
+         _("Right on contiguous matrices, wrong on transposed views of the same shape: the pointers must move with "
+           "each tensor's own strides (a_ptrs by BLOCK_K * stride_ak, b_ptrs by BLOCK_K * stride_bk), not by "
+           "BLOCK_K or BLOCK_K * N, which hold only for a contiguous row-major A and B.")),
+        (lambda c: c[_ODD].ok and not c[_MM_BF16].ok, _(_MM_BF16_WHY)),
+    ], _("Matches torch.matmul on an even and an odd shape, on transposed views, and with bf16 inputs, within the "
+         "fp32 accumulation bound."),
         strays_first=False)
 
 
@@ -105,9 +107,11 @@ class _GradCase(_Case):
 
     def say(self) -> str:
         if self.stray_reads:
-            return (f"{self.label}: your kernel loaded or stored {self.stray_reads} elements outside the tensors it "
-                    "was given (a tl.atomic_add needs a mask, as a tl.store does)")
-        return f"{self.label}: {', '.join(self.off)} off by up to {self.worst:.3g}x the tolerance"
+            return _("{label}: your kernel loaded or stored {count} elements outside the tensors it was given (a "
+                     "tl.atomic_add needs a mask, as a tl.store does)").format(label=self.label,
+                                                                             count=self.stray_reads)
+        return _("{label}: {grads} off by up to {worst:.3g}x the tolerance").format(
+            label=self.label, grads=", ".join(self.off), worst=self.worst)
 
 
 def _grade_flash_bwd(answer: Any) -> tuple[bool, str] | None:
@@ -123,21 +127,22 @@ def _grade_flash_bwd(answer: Any) -> tuple[bool, str] | None:
         leaves = [t.double().requires_grad_() for t in (q, k, v)]
         F.scaled_dot_product_attention(*leaves, is_causal=causal).backward(do.double())
         checks = {name: kernels.close(g, t.grad) for name, g, t in zip(("dQ", "dK", "dV"), grads, leaves, strict=True)}
-        off = [name for name, (ok, _) in checks.items() if not ok]
-        cases.append(_GradCase(label, off, max(w for _, w in checks.values()), strays))
+        off = [name for name, (ok, _worst) in checks.items() if not ok]
+        cases.append(_GradCase(label, off, max(w for _ok, w in checks.values()), strays))
     return _verdict(cases, [
         (lambda c: c[_ONE].ok and not c[_THREE].ok and c[_THREE].off == ["dQ"],
-         "dK and dV are right, dQ is right only with a single key block: every key block adds its share to the same "
-         "rows of dQ, so a plain store keeps one share (the last program's in the interpreter; on a GPU a race). "
-         "The shares must be added up in memory, atomically."),
+         _("dK and dV are right, dQ is right only with a single key block: every key block adds its share to the "
+           "same rows of dQ, so a plain store keeps one share (the last program's in the interpreter; on a GPU a "
+           "race). The shares must be added up in memory, atomically.")),
         (lambda c: "dV" not in c[_THREE].off and "dK" in c[_THREE].off,
-         "dV is right but dK (and dQ) are not: the gradient of the scores. Through the softmax, dS = P * (dP - "
-         "delta) row by row, with delta = rowsum(dO * O) given to the kernel; and S = Q K^T * scale, so dK and dQ "
-         "carry the scale too."),
+         _("dV is right but dK (and dQ) are not: the gradient of the scores. Through the softmax, dS = P * (dP - "
+           "delta) row by row, with delta = rowsum(dO * O) given to the kernel; and S = Q K^T * scale, so dK and dQ "
+           "carry the scale too.")),
         (lambda c: "dV" in c[_ONE].off,
-         "dV is off already with one key block: dV sums P^T dO over the query blocks, with P recomputed from the "
-         "saved logsumexp (already done above the update) and the masked entries zero."),
-    ], "dQ, dK and dV match autograd of F.scaled_dot_product_attention with one and several key blocks, causal too.",
+         _("dV is off already with one key block: dV sums P^T dO over the query blocks, with P recomputed from the "
+           "saved logsumexp (already done above the update) and the masked entries zero.")),
+    ], _("dQ, dK and dV match autograd of F.scaled_dot_product_attention with one and several key blocks, causal "
+         "too."),
         strays_first=False)
 
 
@@ -145,18 +150,18 @@ def _grade_flash_bwd(answer: Any) -> tuple[bool, str] | None:
 
 _NO_STOP = ("That is every query block walking every key tile, the loop without the causal stop: the tiles past a "
             "block's diagonal are entirely masked, and the complete kernel never loads them.")
-_HALF = ("Half of the full count drops the diagonal tiles, but each query block needs its diagonal tile too: it "
-         "holds the keys up to the block's own rows, partly masked.")
+_HALF = N_("Half of the full count drops the diagonal tiles, but each query block needs its diagonal tile too: it "
+           "holds the keys up to the block's own rows, partly masked.")
 
 
 def _grade_causal_tiles(answer: Any) -> tuple[bool, str]:
-    ok, message = number_grader(15.0, "the number of K tiles")(answer)
+    ok, message = number_grader(15.0, _("the number of K tiles"))(answer)
     if not ok and not isinstance(message, str | type(None)):
         return ok, message  # a slip of form
     if not ok and answer in (25, 25.0):
         return False, _NO_STOP
     if not ok and answer in (12.5, 10, 10.0):
-        return False, _HALF
+        return False, _(_HALF)
     return ok, message
 
 

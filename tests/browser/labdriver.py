@@ -390,6 +390,8 @@ class Lab:
     server: LabServer
     browser: Any
     current: NotebookRun | None = None
+    #: What the status bar says of an idle kernel, in the UI's language (the Chinese UI: "... | 空闲").
+    kernel_idle: str = KERNEL_IDLE
     pages: list[Any] = field(default_factory=list)
     _runs: dict[str, NotebookRun] = field(default_factory=dict)
     _failed: dict[str, BaseException] = field(default_factory=dict)
@@ -435,7 +437,8 @@ class Lab:
             page.evaluate("(p) => window.jupyterapp.commands.execute('docmanager:open', "
                           "{path: p, factory: 'Notebook'}).then(() => true)", name)
             page.wait_for_function(_KERNEL_IDLE_JS, arg=name)
-            page.locator("#jp-main-statusbar").get_by_text(KERNEL_IDLE, exact=False).first.wait_for(state="visible")
+            page.locator("#jp-main-statusbar").get_by_text(self.kernel_idle, exact=False).first.wait_for(
+                state="visible")
         except Exception:  # any failure here means: start from a fresh page
             self.close_pages()
             return None
@@ -450,7 +453,7 @@ class Lab:
         page.wait_for_function("(p) => window.jupyterapp && window.jupyterapp.shell && "
                                "Array.from(window.jupyterapp.shell.widgets('main'))"
                                ".some(w => w.context && w.context.path === p)", arg=name)
-        status = page.locator("#jp-main-statusbar").get_by_text(KERNEL_IDLE, exact=False)
+        status = page.locator("#jp-main-statusbar").get_by_text(self.kernel_idle, exact=False)
         status.first.wait_for(state="visible")
         return page
 

@@ -66,12 +66,13 @@ DEEPSPEED = importlib.util.find_spec("deepspeed") is not None  # optional: `make
 #   含答案的参考 notebook 保留在 `notebooks/` 中。
 # - **在集群上：** 切勿在登录节点上运行 notebook。请提交 `slurm/jupyter.sbatch`：它会在计算节点上启动
 #   JupyterLab，并把 `ssh -N -L ...` 隧道命令写入作业输出（见 `slurm/README.md` 和 notebook 12）。
-# - 用 *Run → Run All Cells* 从头到尾运行一个 notebook。单元格会用 `assert` 检验它所讲的内容：如果某个断言失败，
-#   那是 notebook 在告诉你：你的机器有些情况值得注意。
+# - 用 *Run → Run All Cells* 从头到尾运行一个 notebook。单元格会用 `assert` 检验它所讲的内容：如果某个断言
+#   失败，那是 notebook 在告诉你这台机器的某些情况。
 # - 练习中留有 `...` 等你填写。随后 `check(...)` 会打印 ✓、一条提示，或“not attempted yet”（尚未作答）；
 #   之后每答错一次，就给出下一级提示（先是点拨，再是方法，最后是完整解答）。
 #   有些练习是*先预测，再运行*：在实际测量的单元格之前，你先用 `predict(...)` 记下预测，该单元格中的
-#   `reveal(...)` 会对比两者并解释差异。另一些是*调试*练习：一段有问题的代码会运行并表现出症状，由你写出修正后的版本。
+#   `reveal(...)` 会对比两者并解释差异。另一些是*调试*练习：一段有缺陷的代码运行后会显露出症状，由你写出
+#   修正后的版本。
 # - 每个 notebook 都设计为能在任意 x86 或 Arm CPU 的 2 个核心上运行。凡是 GPU 会改变结论的地方，有 GPU 时
 #   notebook 会展示真实的 GPU 数据，没有 GPU 时则明确说明会有哪些不同。
 
@@ -131,8 +132,8 @@ print("torch", ".".join(map(str, (major, minor))), "ok; fp8 dtypes present; labk
 # %% [markdown] lang="zh" en="a6990ebb3296"
 # ## 3. 你的设备档位
 #
-# `labkit.device` 是唯一决定 notebook 使用哪种设备、哪种 autocast（自动精度转换）数据类型以及哪些快速路径的地方。
-# 对 bf16 和 fp16，它分别提出三个不同的问题，因为真实机器对这三个问题的回答各不相同：
+# notebook 使用哪种设备、哪种 autocast（自动精度转换）数据类型、走哪些快速路径，都只由 `labkit.device`
+# 这一处决定。对 bf16 和 fp16，它各提出三个不同的问题，因为真实机器对这三个问题的回答各不相同：
 #
 # | 问题 | 函数 | 如何回答 |
 # |---|---|---|
@@ -217,15 +218,16 @@ assert not missing, f"notebooks listed but not found next to this one: {missing}
 #
 # 训练的每一步都在等待以下三者之一：
 #
-# 1. **计算**：即运算单元（张量核心（Tensor Core）、AVX-512/AMX 单元）。一个大矩阵乘法在 $3n^2$ 个数上做约
-#    $2n^3$ 次浮点运算（FLOPs），每个字节都被重复使用多次，因此受限于 FLOP/s。
+# 1. **计算**：即运算单元，如张量核心（Tensor Core）和 AVX-512/AMX 单元。一个大矩阵乘法在 $3n^2$ 个数上
+#    做约 $2n^3$ 次浮点运算（FLOPs），每个字节都被重复使用多次，因此受限于 FLOP/s。
 #    Notebook 01-05 用更窄的数值格式让计算变得更便宜。
-# 2. **内存带宽**（在 GPU 上即显存带宽）：在内存与运算单元之间搬运字节。逐元素运算每加载并写回一个元素只做一次浮点运算，
-#    所以无论运算单元多快，它都在等 GB/s。Notebook 06 统计字节数，notebook 07 做性能分析并进行算子融合，以减少搬运的字节。
-# 3. **通信**：在设备之间、机器之间搬运字节。数据并行每一步都要对所有梯度做全归约（AllReduce）；ZeRO 则以更多的通信
-#    换取显存的节省。见 notebook 09-12。
+# 2. **内存带宽**（在 GPU 上即显存带宽）：在内存与运算单元之间搬运字节。逐元素运算每加载并写回一个元素
+#    只做一次浮点运算，所以无论运算单元多快，它都受制于带宽（GB/s）。Notebook 06 统计字节数，notebook 07
+#    做性能分析并进行算子融合，以减少搬运的字节。
+# 3. **通信**：在设备之间、机器之间搬运字节。数据并行每一步都要对所有梯度做全归约（AllReduce）；ZeRO 则以
+#    更多的通信换取显存的节省。见 notebook 09-12。
 #
-# *算术强度*（每搬运一个字节所做的浮点运算次数）决定了一个算子受前两者中的哪一个限制：
+# 根据*算术强度*（每搬运一个字节所做的浮点运算次数），可以判断一个算子受前两者中的哪一个限制：
 
 # %%
 def intensity_matmul(n: int, bytes_per: int = 4) -> float:
@@ -347,9 +349,9 @@ check("00.bottlenecks", answer)
 # ## 你的进度
 #
 # 你在工作区（`work/`，即 `make lab` 打开的目录）中运行的每一次 `check(...)` 都记录在本机的
-# `work/.labkit-progress.json` 中，不会发送到任何地方。运行下一个单元格，或在终端中运行 `python -m labkit progress`，
-# 即可按 notebook 列出你已解决的练习。被某道练习卡住了？下一次答错会给出方法，再下一次给出完整解答；
-# 而 `labkit.check.solution("NN.name")` 会立即显示解答。
+# `work/.labkit-progress.json` 中，不会发送到任何地方。运行下一个单元格，或在终端中运行
+# `python -m labkit progress`，即可按 notebook 列出你已解决的练习。被某道练习卡住了？下一次答错会给出方法，
+# 再下一次给出完整解答；而 `labkit.check.solution("NN.name")` 会立即显示解答。
 
 # %% tags=["workspace-clear"]
 labkit.check.progress()

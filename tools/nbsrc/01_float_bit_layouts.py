@@ -59,8 +59,8 @@ from labkit.check import check, predict, reveal
 #
 # $$x = (-1)^{s} \times 2^{E - \text{bias}} \times 1.M_2, \qquad \text{bias} = 2^{e-1}-1$$
 #
-# 当 $E = 0$ 时，前导的 1 变成 0，指数停留在最小值：这就是**次正规数**（非规格化数），它们填补了最小正规数与零之间的空隙。
-# 全 1 的指数用来表示 ±inf 和 NaN（E4M3FN 例外，见下文）。
+# 当 $E = 0$ 时，前导的 1 变成 0，指数停留在最小值：这就是**次正规数**（非规格化数），它们填补了最小正规数
+# 与零之间的空隙。全 1 的指数用来表示 ±inf 和 NaN（E4M3FN 例外，见下文）。
 #
 # `labkit.formats` 是一个手写的小型编解码器，实现了上面的全部规则，并与 torch 和 ml_dtypes 逐位对照测试过。
 
@@ -95,7 +95,7 @@ assert F.round_to(0.1, "fp32") == float(np.float32(0.1)) and F.round_to(0.1, "bf
 #
 # - **max** = $(2 - 2^{-m}) \times 2^{2^e - 2 - \text{bias}}$（适用于 IEEE 风格的格式）；
 # - **最小正规数** = $2^{1-\text{bias}}$；**最小次正规数** = $2^{1-\text{bias}-m}$；
-# - **eps**（1.0 之后的间隔）= $2^{-m}$：约合 $\log_{10} 2^{m+1}$ 位有效十进制数字。
+# - **eps**（1.0 与下一个值之间的间隔）= $2^{-m}$：约相当于 $\log_{10} 2^{m+1}$ 位十进制有效数字。
 
 # %%
 print(F.table())
@@ -104,7 +104,7 @@ print(F.table())
 # The facts below are the ones that matter in the rest of the workbook. Each is checked against torch and ml_dtypes.
 
 # %% [markdown] lang="zh" en="a693a8b18c63"
-# 下面这些事实在本教程的后续内容中都很重要，每一条都与 torch 和 ml_dtypes 做了核对。
+# 下面这些事实正是本练习册后面要用到的，每一条都与 torch 和 ml_dtypes 做了核对。
 
 # %%
 fp16, bf16, fp32 = F.get_format("fp16"), F.get_format("bf16"), F.get_format("fp32")
@@ -126,8 +126,8 @@ plt.show()
 # on the way to zero.
 
 # %% [markdown] lang="zh" en="771b9d5a05a7"
-# 精度是*相对*的：在相邻两个 2 的幂之间，数值等距分布，因此 `ulp(x)/x` 在 $2^{-m-1}$ 与 $2^{-m}$ 之间呈锯齿状变化。
-# 进入次正规数区间后，间距固定不变，于是在趋近零的过程中，相对精度急剧崩塌。
+# 精度是*相对*的：在相邻两个 2 的幂之间，数值等距分布，因此 `ulp(x)/x` 在 $2^{-m-1}$ 与 $2^{-m}$ 之间呈
+# 锯齿状变化。进入次正规数区间后，间距固定不变，于是在趋近零的过程中，相对精度随之急剧下降。
 
 # %%
 plots.relative_spacing(lo=-30, hi=17)
@@ -154,7 +154,7 @@ explorer
 # exponent, which is infinity; typing 65519 rounds to the largest finite value, and 65520 overflows.
 
 # %% [markdown] lang="zh" en="ce4550c9ea31"
-# 浏览器也可以用代码来操作。在 FP16 中，点击 1.0 的最高指数位，指数就变成全 1，也就是无穷大；
+# 位浏览器也可以用代码来操作。在 FP16 中，点击 1.0 的最高指数位，指数就变成全 1，也就是无穷大；
 # 输入 65519 会舍入到最大有限值，而 65520 则会上溢。
 
 # %%
@@ -179,8 +179,9 @@ explorer.set_value(1.0)
 # ## 4. BF16 保留了 FP32 的范围；FP16 “耳背”
 #
 # BF16 其实就是 FP32 的高 16 位（经过舍入）：指数同样是 8 位，所以范围几乎相同，尾数却只有 7 位。
-# 说“几乎”，是因为在范围的两端，舍入会带来影响。大于约 3.3961e38 的 FP32 值会向上舍入，越过 BF16 的最大有限值而变成 inf；
-# 小于 2^-133（BF16 的最小次正规数）的 FP32 次正规数则会丢掉有效位：从 2^-134 往下，它们都变成 0。
+# 说“几乎”，是因为在范围的两端，舍入会带来影响。大于约 3.3961e38 的 FP32 值会向上舍入，越过 BF16 的最大
+# 有限值而变成 inf；小于 2^-133（BF16 的最小次正规数）的 FP32 次正规数则会丢掉有效位：从 2^-134 往下，
+# 它们都下溢为 0。
 
 # %%
 x = 1 / 3
@@ -198,11 +199,11 @@ assert as_bf16[2] == 2.0**-133 and as_bf16[3] == 0.0      # the smallest bf16 su
 # %% [markdown]
 # FP16 spends its bits the other way: 10 mantissa bits (finer than BF16) but only 5 exponent bits. Like an ear with a
 # narrow dynamic range, it **doesn't hear quiet sounds** (small gradients flush to zero) and **clips loud ones**
-# (activations above 65504 become inf). BF16 hears everything FP32 hears, just less precisely.
+# (activations from 65520 up become inf). BF16 hears everything FP32 hears, just less precisely.
 
-# %% [markdown] lang="zh" en="a44c86e89555"
+# %% [markdown] lang="zh" en="8c2e345377c4"
 # FP16 的位分配正好反过来：10 个尾数位（比 BF16 更精细），但只有 5 个指数位。它就像一只动态范围很窄的耳朵：
-# **听不见轻声**（小梯度下溢为 0），**遇到大声就削波**（超过 65504 的激活值变成 inf）。
+# **听不见轻声**（小梯度下溢为 0），**遇到大声就削波**（从 65520 起的激活值变成 inf）。
 # BF16 能听见 FP32 听得见的一切，只是听得没那么精确。
 
 # %%
@@ -225,8 +226,8 @@ assert F.round_to(1 + 2**-9, "fp16") == 1 + 2**-9 and F.round_to(1 + 2**-9, "bf1
 #
 # TF32 不是一种存储格式：张量在显存中仍然是 FP32。在 Ampere 及之后的 NVIDIA GPU 上，设置
 # `torch.backends.cuda.matmul.allow_tf32 = True`（或 `torch.set_float32_matmul_precision("high")`）后，
-# 矩阵乘法会在张量核心（Tensor Core）内部把 FP32 *输入*舍入为 1+8+10 位，并以 FP32 累加。PyTorch 默认关闭这一功能，
-# NVIDIA 的 NGC 容器则默认打开。notebook 05 会测量它在精度上的代价。
+# 矩阵乘法会在张量核心（Tensor Core）内部把 FP32 *输入*舍入为 1+8+10 位，并以 FP32 累加。PyTorch 默认
+# 关闭这一功能，NVIDIA 的 NGC 容器则默认打开。notebook 05 会测量它在精度上的代价。
 
 # %%
 tf32 = F.get_format("tf32")
@@ -260,7 +261,7 @@ print("TF32 is used by matmuls on this device" if caps.tier.startswith("cuda") a
 # %% [markdown] lang="zh" en="cb3deecacf0a"
 # ## 6. FP8：前向传播用 E4M3FN，梯度用 E5M2
 #
-# 只有 8 位时，所有位模式都可以一一列出。**E4M3FN**（“finite，只有 S.1111.111 是 NaN”）放弃了无穷大，
+# 只有 8 位时，所有位模式都可以一一列出。**E4M3FN**（FN 表示只有有限值，NaN 仅为 S.1111.111）放弃了无穷大，
 # 换来多一个二进制数量级（binade）的正规数：最大值 448，3 个尾数位。**E5M2** 与 IEEE 格式类似：最大值 57344，
 # 有 inf，只有 2 个尾数位，但具备梯度所需的更宽范围。
 
@@ -278,7 +279,8 @@ print("finite positive values:", int(np.isfinite(pos("e4m3fn")).sum()), "in E4M3
 
 # %% [markdown] lang="zh" en="1effbdcb1a70"
 # **先预测，再运行。** E4M3FN 的最大有限值是 448，而且它没有无穷大。那么对于
-# `torch.tensor(500.0).to(torch.float8_e4m3fn).float()`，torch 会给出什么？（填一个数，例如 `448.0`、`math.inf`、`math.nan` 等）
+# `torch.tensor(500.0).to(torch.float8_e4m3fn).float()`，torch 会给出什么？（填一个数，例如 `448.0`、
+# `math.inf`、`math.nan` 等。）
 
 # %%
 prediction = ...
@@ -307,10 +309,10 @@ reveal("01.e4m3-overflow", t[2])  # torch's answer for 500.0
 # its answer between releases. E5M2 has inf, and both libraries agree. labkit exposes both rules by name:
 
 # %% [markdown] lang="zh" en="953b24560f0f"
-# **库与库之间的分歧。** E4M3FN 没有无穷大，那么上溢时应该得到什么？ml_dtypes（以及 OCP 规范中的非饱和模式）给出 NaN。
-# torch 的转换则会**饱和**到 ±448，连 inf 也不例外；这是从 torch 2.13（labkit 允许的最低版本）开始的行为。
-# 在此之前，eager 模式下的转换和 ml_dtypes 一样给出 NaN，所以同一行代码在不同版本间给出了不同的答案。
-# E5M2 有 inf，两个库的结果一致。labkit 把两种规则都按名字提供出来：
+# **库与库之间的分歧。** E4M3FN 没有无穷大，那么上溢时应该得到什么？ml_dtypes（以及 OCP 规范中的非饱和
+# 模式）给出 NaN。torch 的转换则会**饱和**到 ±448，连 inf 也不例外；这是从 torch 2.13（labkit 允许的最低
+# 版本）开始的行为。在此之前，eager 模式下的转换和 ml_dtypes 一样给出 NaN，所以同一行代码在不同版本间给出了
+# 不同的答案。E5M2 有 inf，两个库的结果一致。labkit 把两种规则都提供出来，按名字选用：
 
 # %%
 for rule in ("saturate", "nan"):
@@ -332,15 +334,16 @@ assert all(map(math.isnan, [F.round_to(v, "e4m3fn", overflow="nan") for v in val
 # codec and, independently, by ml_dtypes:
 
 # %% [markdown] lang="zh" en="3d1dd35bd3b7"
-# 464 恰好位于 448 与下一个“本应存在”的值 480 的正中间，在两个库中都按“向偶数舍入”得到 448。
+# 464 恰好位于 448 与下一个“本应存在”的值 480 的正中间，在两个库中都按向最近偶数舍入的规则得到 448。
 # 一个悄无声息变成 448 的值会掩盖上溢，而 NaN 则会大声报警。这就是为什么 FP8 训练要对张量做缩放，
 # 让它们的 `amax` 落在最大值之下（notebook 05）。
 #
 # ## 7. 最新的格式：FP6、FP4 与 E8M0
 #
 # 在 8 位以下，OCP 微缩放（MX）规范新增了两种 6 位格式 **FP6 E2M3**（最大值 7.5）和 **FP6 E3M2**（最大值 28），
-# 以及一种 4 位格式 **FP4 E2M1**（最大值 6）。它们没有 inf，也没有 NaN：每个位模式都是一个数，上溢时饱和到 ±max。
-# 4 位只有 16 种位模式，所以 FP4 的取值可以完整列出；下面分别用 labkit 的编解码器和 ml_dtypes 独立列出：
+# 以及一种 4 位格式 **FP4 E2M1**（最大值 6）。它们没有 inf，也没有 NaN：每个位模式都是一个数，上溢时
+# 饱和到 ±max。4 位只有 16 种位模式，所以 FP4 的取值可以完整列出；下面分别用 labkit 的编解码器和 ml_dtypes
+# 独立列出：
 
 # %%
 fp4 = [F.decode(b, "e2m1fn") for b in range(16)]  # patterns 0000 to 1111; the top bit is the sign
@@ -358,10 +361,11 @@ assert F.get_format("e3m2fn").max == float(ml_dtypes.finfo(ml_dtypes.float6_e3m2
 # checked against both libraries:
 
 # %% [markdown] lang="zh" en="bb459e928a98"
-# 这么少的取值，单靠自身覆盖不了一个张量的范围：所以每 32 个元素（MX）或 16 个元素（NVFP4）共享一个缩放因子。
-# MX 用 **E8M0** 存储这个缩放因子：8 个指数位，别无其他。没有符号位，也没有尾数，所以位模式 E 表示 $2^{E-127}$，
-# 范围从 $2^{-127}$（0x00）到 $2^{127}$（0xFE）；0xFF 是 NaN。E8M0 **没有零**，也没有负数：ml_dtypes 会把 0 或 -4
-# 变成 NaN（torch 的转换则分别给出 $2^{-127}$ 和 4）。下面逐一检查所有位模式，并与两个库核对：
+# 这么少的取值，单靠自身覆盖不了一个张量的数值范围，因此每 32 个元素（MX）或每 16 个元素（NVFP4）共享
+# 一个缩放因子。MX 用 **E8M0** 存储这个缩放因子：8 个指数位，别无其他。没有符号位，也没有尾数，所以位模式
+# E 表示 $2^{E-127}$，范围从 $2^{-127}$（0x00）到 $2^{127}$（0xFE）；0xFF 是 NaN。E8M0 **没有零**，也没有
+# 负数：ml_dtypes 会把 0 或 -4 变成 NaN（torch 的转换则分别给出 $2^{-127}$ 和 4）。下面逐一检查所有位模式，
+# 并与两个库核对：
 
 # %%
 e8 = F.decode_array(np.arange(256), "e8m0fnu")
@@ -398,9 +402,9 @@ explorer.set_format("fp16"); explorer.set_value(1.0)
 # **1.** The largest finite FP16 value, as a number.
 
 # %% [markdown] lang="zh" en="c42656a35b8c"
-# 这些就是 notebook 17（*The low-precision frontier: FP8 scaling, MX and NVFP4*）中各种微缩放格式所用的元素格式和缩放因子格式：
-# MXFP4 和 MXFP6（每 32 个元素一块，配一个 E8M0 缩放因子），以及 NVFP4（FP4 元素每 16 个一块，配一个 E4M3 缩放因子，
-# 再乘以每个张量一个的 FP32 缩放因子）。
+# 这些就是 notebook 17（*低精度前沿：FP8 缩放、MX 与 NVFP4*）中各种微缩放格式所用的元素格式和缩放因子
+# 格式：MXFP4 和 MXFP6（每 32 个元素一块，配一个 E8M0 缩放因子），以及 NVFP4（FP4 元素每 16 个一块，配一个
+# E4M3 缩放因子，再乘以整个张量共用的一个 FP32 缩放因子）。
 #
 # ## 练习
 #
@@ -430,7 +434,8 @@ check("01.decode-bf16", answer)
 # **3.** Give the fields `(sign, exponent field, mantissa field)` of -2.5 in FP16, as integers.
 
 # %% [markdown] lang="zh" en="bd4b667bfccd"
-# **3.** 以整数形式给出 -2.5 在 FP16 中的各个字段 `(sign, exponent field, mantissa field)`（符号、指数字段、尾数字段）。
+# **3.** 以整数形式给出 -2.5 在 FP16 中的各个字段 `(sign, exponent field, mantissa field)`（符号位、指数
+# 字段、尾数字段）。
 
 # %%
 answer = (..., ..., ...)
@@ -487,4 +492,4 @@ check("01.bf16-eps", answer)
 #   而 ml_dtypes 给出 NaN。
 # - FP6（E2M3、E3M2）和 FP4 E2M1（15 个不同的值，最大值 6）没有 inf，也没有 NaN；E8M0 是一个单纯的 2 的幂
 #   $2^{E-127}$，没有符号，也没有零：它们是 MX 和 NVFP4 的元素格式与缩放因子格式（notebook 17）。
-# - 下一步：notebook 02 会展示这些限制给实际运算带来的后果：下溢、上溢、舍入和大数吃小数。
+# - 下一步：notebook 02 会展示这些限制给实际运算带来的后果，即下溢、上溢、舍入和大数吃小数。

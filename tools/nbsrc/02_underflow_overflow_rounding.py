@@ -22,7 +22,7 @@
 #   在这一点上 torch 与 ml_dtypes 的做法不同）；
 # - 预测就近舍入（偶数优先）的结果，包括恰好位于中点的情形；
 # - 理解*大数吃小数*（swamping）：为什么在 FP16 中把 0.01 累加 1000 次得不到 10，为什么在 FP16 中
-#   给权重 1.0 加上 1e-5 的更新会凭空消失。这正是需要 **FP32 主权重** 的理由；
+#   给权重 1.0 加上 1e-5 的更新会完全消失。这正是需要 **FP32 主权重** 的理由；
 # - 观察 FP16 下的 softmax 上溢为 inf/NaN，并通过减去行最大值或使用 FP32 局部计算区
 #   （`autocast(enabled=False)`）加以修复。
 #
@@ -53,21 +53,21 @@ from labkit.exercises.nb02 import UNDERFLOW_VALUES
 #   so the *relative* spacing is the same everywhere (2^-m);
 # - **subnormals**, below `smallest_normal`: the hidden bit is 0 and the spacing stays fixed at the smallest
 #   subnormal, so each step down the ramp loses one bit of precision;
-# - below half the smallest subnormal, a value **flushes to zero**; above `max` (plus half an ulp), it
+# - at or below half the smallest subnormal, a value **flushes to zero**; above `max` (plus half an ulp), it
 #   **overflows** to inf (or, in E4M3FN, which has no inf, to NaN or a saturated ±448).
 #
 # Pale bars are subnormals, solid bars normals:
 
-# %% [markdown] lang="zh" en="40044fc7e74b"
+# %% [markdown] lang="zh" en="95ff72a9802b"
 # ## 1. 一种格式的数轴
 #
 # 一种有 `e` 个指数位、`m` 个尾数位的格式，在正半轴上分为三个区域：
 #
-# - **正规数**，从 `smallest_normal` = 2^(1-bias) 到 `max`：每个 binade（即区间 [2^k, 2^(k+1))）都含有
-#   2^m 个值，因此*相对*间距处处相同（2^-m）；
+# - **正规数**，从 `smallest_normal` = 2^(1-bias) 到 `max`：每个二进制数量级（binade，即区间
+#   [2^k, 2^(k+1))）都含有 2^m 个值，因此*相对*间距处处相同（2^-m）；
 # - **次正规数**，位于 `smallest_normal` 之下：隐含的前导位为 0，间距固定为最小次正规数，因此沿着这段
 #   “斜坡”每往下走一个 binade，就损失一位精度；
-# - 小于最小次正规数的一半时，数值**下溢为 0**；大于 `max`（再加半个 ulp）时，数值**上溢**为 inf
+# - 小于或等于最小次正规数的一半时，数值**下溢为 0**；大于 `max`（再加半个 ulp）时，数值**上溢**为 inf
 #   （E4M3FN 没有 inf，上溢时变为 NaN 或饱和到 ±448）。
 #
 # 浅色条为次正规数，实色条为正规数：
@@ -113,7 +113,7 @@ assert math.isinf(cast[8]) and math.isinf(cast[9])
 # > about 6e-5 is lost.
 # >
 # > **Why it is wrong:** 6.1e-5 (2^-14) is FP16's smallest *normal* number. Below it come the subnormals, down to
-# > 6e-8 (2^-24), with fewer significant bits the closer they get to zero; only values below half of 2^-24 round to 0.
+# > 6e-8 (2^-24), with fewer significant bits the closer they get to zero; only values at or below half of 2^-24 round to 0.
 # >
 # > **What is true:** FP16 spans about 6e-8 to 65504, with full precision only from 6.1e-5 up. The cell above shows
 # > it: 2^-24 survives the cast and 2^-25 does not; 1e-7 survives with a 19 % error, as the next cell shows.
@@ -121,11 +121,11 @@ assert math.isinf(cast[8]) and math.isinf(cast[9])
 # **The subnormal ramp.** 1e-7 survives, but as 2 × 2^-24 = 1.19e-7: a 19 % error. Relative precision is
 # 2^-11 for normals, and it degrades one bit per binade below 2^-14:
 
-# %% [markdown] lang="zh" en="1401188ec907"
+# %% [markdown] lang="zh" en="284b3e069a0a"
 # > **常见误解**（seed 000 §3.1）：FP16 的范围“大约是 6e-5 到 65504”，所以小于约 6e-5 的数都会丢失。
 # >
 # > **错在哪里：** 6.1e-5（2^-14）是 FP16 最小的*正规数*。它下面还有次正规数，一直延伸到 6e-8（2^-24），
-# > 越接近 0，有效位越少；只有小于 2^-24 一半的值才会舍入为 0。
+# > 越接近 0，有效位越少；只有小于或等于 2^-24 一半的值才会舍入为 0。
 # >
 # > **实际情况：** FP16 的范围大约是 6e-8 到 65504，只是从 6.1e-5 往上才有完整精度。上面的单元格已经表明：
 # > 2^-24 经转换后保留了下来，2^-25 则没有；1e-7 也保留了下来，但有 19 % 的误差，下一个单元格会展示这一点。
@@ -169,8 +169,8 @@ print("FP32 1e-40 is a subnormal:", torch.tensor([1e-40]).item() < torch.finfo(t
 # %% [markdown] lang="zh" en="bd0e302ffcfd"
 # ## 2. FP8 在范围顶端：饱和、NaN 还是 inf
 #
-# E5M2 遵循 IEEE：指数位全为 1 表示 inf/NaN，上溢得到 inf（最大值 57344）。E4M3FN（“FN”即 finite, NaN
-# only：只有有限值和 NaN）把这个指数用来表示更多正规数，所以最大值是 448，而且*没有 inf*。于是上溢之后
+# E5M2 遵循 IEEE：指数位全为 1 表示 inf/NaN，上溢得到 inf（最大值 57344）。E4M3FN（“FN”表示只有有限值，
+# 外加 NaN）把这个指数用来表示更多正规数，所以最大值是 448，而且*没有 inf*。于是上溢之后
 # 变成什么，就成了一种选择，而各个库的选择不同：**torch 饱和**到 ±448，**ml_dtypes** 则返回 NaN
 # （即 OCP FP8 规范中的非饱和模式）。
 
@@ -230,8 +230,8 @@ assert [F.round_to(x, "bf16") for x in (257.0, 259.0, 261.0)] == [256.0, 260.0, 
 # `2^-40` is lost, what is left is exactly the halfway point, and ties-to-even then goes down to 1.0.
 
 # %% [markdown] lang="zh" en="3a453e9529e6"
-# **一个陷阱：两次舍入。** torch 把 float64 转换为 fp16、bf16 和 fp8 时会*经过 float32* 中转，ml_dtypes
-# 转换为 bf16 和 fp8 时也是如此。每一步都要舍入，而两次舍入并不等于一次。以 `1 + 2^-11 + 2^-40` 为例：
+# **一个陷阱：双重舍入。** torch 把 float64 转换为 fp16、bf16 和 fp8 时会*经过 float32* 中转，ml_dtypes
+# 转换为 bf16 和 fp8 时也是如此。每一步都要舍入，而舍入两次并不等于舍入一次。以 `1 + 2^-11 + 2^-40` 为例：
 # 离它最近的 fp16 值是 `1 + 2^-10`（它略高于中点 1 + 2^-11）。如果先舍入到 float32，微小的 `2^-40`
 # 就丢掉了，剩下的恰好是中点，再按偶数优先的规则舍入，结果就落到了 1.0。
 
@@ -390,12 +390,12 @@ assert dw < F.ulp(1.0, "fp16") / 2 and dw > F.ulp(1.0, "fp32") / 2
 # > weight), not on the format's smallest normal. The cell below shows all three cases.
 
 # %% [markdown] lang="zh" en="286393a4b627"
-# 如果模型权重以 FP16 存储，一旦更新量小于权重的半个 ulp，训练就会干脆停止学习。因此混合精度训练会保留
+# 如果模型权重以 FP16 存储，一旦更新量小于权重的半个 ulp，模型就会干脆停止学习。因此混合精度训练会保留
 # 一份 **FP32 主权重副本**：前向和反向传播用 FP16/BF16 运行（速度快，字节数减半），优化器则把更新加到
-# FP32 副本上。BF16 的尾数位更少（`ulp(1.0)` = 2^-7），所以同样离不开 FP32 主权重。
+# FP32 副本上。BF16 的尾数位还要更少（`ulp(1.0)` = 2^-7），所以同样离不开 FP32 主权重。
 #
 # > **常见误解**（seed 000 §3.2）：小于 FP16 最小正规数（约 6e-5）的权重更新会被清零，所以权重需要
-# > 一份 FP32 主副本。
+# > 一份 FP32 主权重副本。
 # >
 # > **错在哪里：** 它把下溢和大数吃小数混为一谈。1e-5 的更新量是一个完全合法的 FP16 数（一个次正规数）；
 # > 它之所以丢失，只是因为它被*加到*权重 1.0 上，而它小于该权重的半个 ulp。2e-4 的更新量远大于最小正规数，
@@ -429,12 +429,12 @@ assert (small + 1e-5).item() != small.item()                   # the same 1e-5 s
 # > 1e-5 that FP16 alone lost; the one after it reads the dtypes under `torch.amp.autocast`.
 
 # %% [markdown] lang="zh" en="6a84a25be280"
-# > **常见误解**（seed 000 §3.2）：梯度先在 FP32 中累积，然后在权重更新之前转换为半精度。
+# > **常见误解**（seed 000 §3.2）：梯度先在 FP32 中累积，直到权重更新前一刻才转换为半精度。
 # >
 # > **错在哪里：** 转换的方向弄反了。在 FP32 中累积梯度没有问题；但在更新前把梯度降为半精度，没有任何好处。
 # > 这样一来，要么更新在 FP16 中、对 FP16 权重进行，而上面 1000 次 1e-5 的更新正是这样全部丢失的；要么为了
 # > 更新 FP32 主权重再把梯度转回 FP32，而此前的降精度转换已经把每个梯度舍入到 11 个有效位，并把最小的那些
-# > （小于 2^-25）变成了 0。保留主副本，正是为了让更新本身在 FP32 中进行，所用梯度的精度至少不低于反向传播
+# > （小于 2^-25）变成了 0。保留主权重副本，正是为了让更新本身在 FP32 中进行，所用梯度的精度至少不低于反向传播
 # > 产生它们时的精度。
 # >
 # > **实际情况：** 模型权重为 FP16 时（即主权重方案），反向传播产生 FP16 梯度；这些梯度被*升*为 FP32，
@@ -540,7 +540,7 @@ assert torch.allclose(models.softmax(h, "fp32").float(), fixed.float())  # labki
 
 # %% [markdown] lang="zh" en="2b4b34497f05"
 # `labkit.models.softmax(x, "fp32")` 就是这种局部计算区，`TinyGPT` 的注意力默认使用它；notebook 04
-# 会换上朴素版本，看着一个真实的模型产生 NaN。
+# 会换上朴素版本，观察一个真实的模型如何产生 NaN。
 
 # %% [markdown]
 # ## 6. Exercises
@@ -613,7 +613,7 @@ check("02.lost-update", answer)
 
 # %% [markdown] lang="zh" en="c3cb97d795f9"
 # **6.5 调试：会上溢的 RMS。** 一个自定义的 RMS 归一化计算输入的均方根。它在 FP32 中工作正常，但对大小
-# 寻常的 FP16 激活值却返回 inf：
+# 再普通不过的 FP16 激活值却返回 inf：
 
 # %%
 def rms(x):
@@ -644,7 +644,7 @@ check("02.rms-overflow", rms)
 # %% [markdown]
 # ## Summary
 #
-# - Below the normals, FP16 loses a bit of precision per binade and flushes to zero under 2^-25 ≈ 3e-8; above
+# - Below the normals, FP16 loses a bit of precision per binade and flushes to zero at and under 2^-25 ≈ 3e-8; above
 #   65504 it overflows to inf. BF16 has FP32's range (no such trouble) but only 8 bits of precision.
 # - E4M3FN has no inf: torch saturates an overflow to 448, ml_dtypes makes it NaN; E5M2 gives inf in both.
 # - Rounding is to nearest, ties to even, in every cast and every operation.
@@ -658,10 +658,10 @@ check("02.rms-overflow", rms)
 # Next, notebook 03 measures how many *real* gradients fall below FP16's range, and brings them back with loss
 # scaling.
 
-# %% [markdown] lang="zh" en="b1e1b8d27c79"
+# %% [markdown] lang="zh" en="c94847ffbad7"
 # ## 小结
 #
-# - 在正规数以下，FP16 每低一个 binade 就损失一位精度，小于 2^-25 ≈ 3e-8 时下溢为 0；大于 65504 时上溢为
+# - 在正规数以下，FP16 每低一个 binade 就损失一位精度，小于或等于 2^-25 ≈ 3e-8 时下溢为 0；大于 65504 时上溢为
 #   inf。BF16 拥有 FP32 的范围（没有这些麻烦），但只有 8 位精度。
 # - E4M3FN 没有 inf：上溢时 torch 饱和到 448，ml_dtypes 则给出 NaN；E5M2 在两个库中都给出 inf。
 # - 每次类型转换、每个运算都采用就近舍入（偶数优先）。

@@ -68,7 +68,8 @@ torch.set_num_threads(1)  # tiny models: one thread is fastest (and fair on a sh
 # 在 torch 2.13 中，FP16 autocast 在任何 x86 CPU 上都能计算，硬件只决定它的*速度*（有 AVX512-FP16 或 AMX-FP16
 # 就快，没有就只能软件模拟，很慢）。`labkit.device.computes` 不靠猜，而是实际试跑一次很小的 FP16 autocast
 # 矩阵乘法。在试跑会失败的环境里（较旧的 torch、少见的平台），本 notebook 会**模拟** FP16 梯度：用 FP32 计算，
-# 再把每个缩放后的梯度经 FP16 舍入一遍。这样能重现梯度本身的下溢和上溢（但不能重现每一个中间值的）。
+# 再把每个缩放后的梯度经 FP16 舍入一遍。这样能重现梯度本身的下溢和上溢，但并非每个中间值的下溢和上溢都能
+# 重现。
 # 下面的单元格会告诉你走的是哪条路径。
 
 # %%
@@ -102,7 +103,7 @@ print("fp16 autocast on this CPU:", FP16, "-> real fp16 runs" if FP16 else "-> f
 # - 权重初始化为 PyTorch 默认大小的一半（`init_scale=0.5`）。反向传播时，梯度每经过一层都要乘以该层的 `Wᵀ`
 #   （以及 `tanh' <= 1`），所以会随深度按几何级数缩小：第一层的梯度最小。
 #
-# 一个权重的梯度是许多乘积之和，所以梯度的量级也分散在许多个二进制量级（binade）上。我们先用 FP32 训练
+# 一个权重的梯度是许多乘积之和，所以梯度的大小也分散在许多个二进制数量级（binade）上。我们先用 FP32 训练
 # 10 步，再收集下一个批次的全部梯度。
 
 # %%
@@ -156,9 +157,9 @@ assert scaling.underflow_fraction(g, "bf16") == 0     # ...BF16, with FP32's exp
 # without pushing the largest beyond 65504?
 
 # %% [markdown] lang="zh" en="f40ca11a344b"
-# 在 FP16 中，约 1 % 的梯度会变成精确的 0，而且几乎所有梯度都会成为次正规数，精度降低。（E5M2 是 FP8 中用于梯度的
-# 格式，丢失的要多得多；notebook 05 用逐张量的缩放因子来处理它。）BF16 一个都不丢：这就是 BF16 训练通常完全不需要
-# 损失缩放的原因。
+# 在 FP16 中，约 1 % 的梯度会恰好变成 0，而且几乎所有梯度都会成为次正规数，精度降低。（E5M2 是 FP8 中
+# 用于梯度的格式，丢失的要多得多；notebook 05 用逐张量的缩放因子来处理它。）BF16 一个都不丢：这就是 BF16
+# 训练通常完全不需要损失缩放的原因。
 #
 # ### 静态缩放因子 2^k
 #
@@ -188,7 +189,7 @@ plt.show()
 # %% [markdown] lang="zh" en="5fd9e1793c0e"
 # ## 2. 手动实现静态损失缩放
 #
-# 现在来真格的：在 FP16 autocast 下做前向和反向传播，这时 FP16 的下溢发生在反向传播*内部*（权重梯度由 FP16
+# 现在来看真实的情形：在 FP16 autocast 下做前向和反向传播，这时 FP16 的下溢发生在反向传播*内部*（权重梯度由 FP16
 # 矩阵乘法算出）。先缩放损失，再反向传播，然后在使用梯度之前先对它们**反缩放**（除以 `S`）。参数及其梯度仍然是
 # FP32：只有 FP16 的中间值需要缩放。
 
@@ -218,7 +219,7 @@ assert not torch.isfinite(scaled_grads(2.0 ** (hi + 8))).all()  # too big: inf, 
 
 # %% [markdown]
 # With `S = 1` real gradients are lost; with `S = 2^k` none is, and what is left is FP16's rounding error
-# (relative ~1e-3). With too big a scale the gradients overflow to inf and the whole step is garbage. A static
+# (relative ~5e-4). With too big a scale the gradients overflow to inf and the whole step is garbage. A static
 # scale has to be chosen for the *whole* training run, whose gradients drift over orders of magnitude; hence:
 #
 # ## 3. Dynamic loss scaling
@@ -231,19 +232,19 @@ assert not torch.isfinite(scaled_grads(2.0 ** (hi + 8))).all()  # too big: inf, 
 # checks on 240 random sequences with injected inf/NaN that `DynamicLossScaler` and `GradScaler("cpu")` produce
 # the same scales, skip the same steps and leave bit-identical weights. Here is one pattern, by hand:
 
-# %% [markdown] lang="zh" en="1fc92a49a84e"
-# `S = 1` 时会丢失真实梯度；`S = 2^k` 时一个都不丢，剩下的只有 FP16 的舍入误差（相对误差约 1e-3）。缩放因子过大时，
-# 梯度上溢为 inf，这一整步的结果都成了垃圾。静态缩放因子必须为*整个*训练过程选定，而训练中梯度的大小会漂移好几个
-# 数量级。于是有了：
+# %% [markdown] lang="zh" en="cca34099c96b"
+# `S = 1` 时会丢失真实梯度；`S = 2^k` 时一个都不丢，剩下的只有 FP16 的舍入误差（相对误差约 5e-4）。缩放
+# 因子过大时，梯度上溢为 inf，这一步的结果就全部作废了。静态缩放因子必须为*整个*训练过程选定，而训练中梯度
+# 的大小会漂移好几个数量级。于是有了：
 #
 # ## 3. 动态损失缩放
 #
-# `torch.amp.GradScaler` 的规则是：从一个较大的值（2^16）开始；如果某一步的梯度中含有 inf 或 NaN，就**跳过**这一步的
-# 优化器更新，并把缩放因子**减半**；连续 `growth_interval`（2000）个正常步（没有 inf/NaN）之后，就把它**翻倍**。
-# 这样缩放因子始终停在刚好不让梯度上溢的位置之下。`DynamicLossScaler` 就是用纯 Python 写成的这条规则（你会在练习
-# 7.3 中亲手实现它；该练习之后会打印出它的代码）。和 GradScaler 一样，缩放因子以 FP32 数值存储。
-# `tests/test_scaling.py` 在 240 个注入了 inf/NaN 的随机序列上检查：`DynamicLossScaler` 与 `GradScaler("cpu")`
-# 给出相同的缩放因子、跳过相同的步，并留下逐位相同的权重。下面手动演示其中一种模式：
+# `torch.amp.GradScaler` 的规则是：从一个较大的值（2^16）开始；如果某一步的梯度中含有 inf 或 NaN，就**跳过**
+# 这一步的优化器更新，并把缩放因子**减半**；连续 `growth_interval`（2000）个正常步（没有 inf/NaN）之后，就把
+# 它**翻倍**。这样，缩放因子始终保持在略低于梯度上溢的水平。`DynamicLossScaler` 就是用纯 Python 写成的这条
+# 规则（你会在练习 7.3 中亲手实现它；该练习之后会打印出它的代码）。和 GradScaler 一样，缩放因子以 FP32 数值
+# 存储。`tests/test_scaling.py` 在 240 个注入了 inf/NaN 的随机序列上检查：`DynamicLossScaler` 与
+# `GradScaler("cpu")` 给出相同的缩放因子、跳过相同的步，并留下逐位相同的权重。下面手动演示其中一种模式：
 
 # %%
 pattern = [False] * 4 + [True] + [False] * 7 + [True, True] + [False] * 4
@@ -286,7 +287,8 @@ assert mine == theirs
 #
 # ### 一次真实的 FP16 训练
 #
-# 从一个高得离谱的值（2^32）开始，每 20 个正常步增长一次，这样缩放因子得先找到自己的水平，然后不断试探这个边界。
+# 从一个高得离谱的值（2^32）开始，每 20 个正常步增长一次，这样缩放因子得先找到合适的水平，之后还会不断
+# 试探这个水平。
 # `scaling.train_with_scaler` 执行标准的训练循环（autocast 前向、缩放后反向、`unscale_`、`step`、`update`），
 # 并逐步记录所用的缩放因子以及这一步是否被跳过。
 
@@ -325,12 +327,13 @@ plt.show()
 # edge lies can shift a little. When `labkit.device` finds a GPU, the next cell repeats the run there:
 
 # %% [markdown] lang="zh" en="f1ca4ef6c1cc"
-# 锯齿形正是这条规则在起作用：每过 20 个正常步，缩放因子翻倍一次；有时翻倍后的缩放因子会让某个梯度上溢，于是这一步
-# 被跳过，缩放因子再减半回去。跳过一步的代价是一个批次；而一次没被察觉的上溢，代价会是整套权重。
+# 锯齿状的曲线正是这条规则在起作用：每过 20 个正常步，缩放因子翻倍一次；有时翻倍后的缩放因子会让某个梯度
+# 上溢，于是这一步被跳过，缩放因子再减半回去。跳过一步的代价是一个批次；而一次没被察觉的上溢，代价会是整套
+# 权重。
 #
-# **在 GPU 上**，循环完全一样，只是换成 `torch.amp.GradScaler("cuda")`；CUDA autocast 还会把 `softmax`、`exp`、
-# `sum` 等算子放在 FP32 中运行，FP16 矩阵乘法则在张量核心上执行，所以上溢边界的位置可能略有偏移。当 `labkit.device`
-# 找到 GPU 时，下一个单元格会在 GPU 上重复这次训练：
+# **在 GPU 上**，循环完全一样，只是换成 `torch.amp.GradScaler("cuda")`；CUDA autocast 还会把 `softmax`、
+# `exp`、`sum` 等算子放在 FP32 中运行，FP16 矩阵乘法则在张量核心上执行，所以上溢边界的位置可能略有偏移。
+# 当 `labkit.device` 找到 GPU 时，下一个单元格会在 GPU 上重复这次训练：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -358,7 +361,7 @@ else:
 # > dimensions that are multiples of 8 FP16 elements (16 bytes) were a requirement before cuBLAS 11 and cuDNN 7.6.3,
 # > and are still the most efficient (notebook 05). NVIDIA's deep-learning performance guide ("matrix
 # > multiplication background") documents the rules per generation; `torch.cuda.get_device_capability()` tells a
-# > GPU's generation. A CPU has nothing here to run.
+# > GPU's generation. Nothing in this box runs on a CPU.
 #
 # ### Scale collapse
 #
@@ -368,19 +371,19 @@ else:
 # **Predict, then run.** A `GradScaler` with its defaults (2^16) sees 170 steps in a row that all overflow. What is its
 # scale at the end? Record a number:
 
-# %% [markdown] lang="zh" en="bd677e7758fe"
-# > **常见误解**（seed 002 §2.2）：要让混合精度跑得快，“要确保驱动支持 Tensor Core”。
+# %% [markdown] lang="zh" en="c2fc83ad68e0"
+# > **常见误解**（seed 002 §2.2）：为了让混合精度跑得快，“要确保驱动支持 Tensor Core”。
 # >
 # > **错在哪里：** 张量核心（Tensor Core）是 GPU 自身的硬件单元，从 Volta 架构（V100，计算能力 7.0）起才有。驱动
 # > 无法给较老的 GPU 添上张量核心，也没有哪个驱动设置能“开启”它们；驱动只需足够新，能支持构建 PyTorch 时所用的
 # > CUDA 版本即可（见 NVIDIA 的 CUDA 兼容性指南）。
 # >
-# > **实际情况：** 一次矩阵乘法或卷积是否在张量核心上运行，是 cuBLAS 和 cuDNN 逐次调用时决定的：只要 GPU 有张量
-# > 核心、数据类型也合适（FP16；从 Ampere 起还有 BF16，以及启用后用于 FP32 输入的 TF32，见 notebook 05；从 Ada 和
-# > Hopper 起还有 FP8），它们就会选用张量核心内核。形状也有影响：维度为 8 个 FP16 元素（16 字节）的整数倍，在
-# > cuBLAS 11 和 cuDNN 7.6.3 之前是硬性要求，如今也仍然效率最高（notebook 05）。NVIDIA 的深度学习性能指南
-# > （“matrix multiplication background”一节）按架构代际列出了这些规则；`torch.cuda.get_device_capability()`
-# > 可以查出一块 GPU 属于哪一代。CPU 上则没有这方面的东西可运行。
+# > **实际情况：** 一次矩阵乘法或卷积是否在张量核心上运行，由 cuBLAS 和 cuDNN 在每次调用时决定：只要 GPU
+# > 有张量核心、数据类型也合适（FP16；从 Ampere 起还有 BF16，以及启用后用于 FP32 输入的 TF32，见 notebook 05；
+# > 从 Ada 和 Hopper 起还有 FP8），它们就会选用张量核心内核。形状也有影响：维度为 8 个 FP16 元素（16 字节）
+# > 的整数倍，在 cuBLAS 11 和 cuDNN 7.6.3 之前是硬性要求，如今也仍然效率最高（notebook 05）。NVIDIA 的深度
+# > 学习性能指南（“matrix multiplication background”一节）按架构代际列出了这些规则；
+# > `torch.cuda.get_device_capability()` 可以查出一块 GPU 属于哪一代。这一部分的内容在 CPU 上都不会运行。
 #
 # ### 缩放因子崩塌
 #
@@ -423,10 +426,11 @@ assert all(bad["skipped"]) and bad["scale"][-1] == 0.0
 # gradient was non-zero, and 0 × inf = NaN where it was 0. That is 22 halvings before the scale reaches 0:
 
 # %% [markdown] lang="zh" en="180db9270b6a"
-# 减半 16 次后缩放因子为 1，减半 142 次后为 FP32 最小的正规数（2^-126），此后它一路走过 FP32 的次正规数，最终变成
-# **精确的 0**。GradScaler 没有下限，而损害远在到达 0 之前就开始了。一旦缩放因子小于等于 2^-128，`1/scale` 就会
-# 在 FP32 中上溢为 inf。GradScaler 的 inf 检查看的是梯度本来的值，而它们是有限的，所以这一步照常执行；但反缩放已经
-# 把它们乘上了 inf：原本非零的梯度变成 inf，原本为 0 的梯度变成 0 × inf = NaN。这比缩放因子到达 0 早了 22 次减半：
+# 减半 16 次后缩放因子为 1，减半 142 次后为 FP32 最小的正规数（2^-126），此后它一路走过 FP32 的次正规数，
+# 最终**恰好变成 0**。GradScaler 没有下限，而损害远在到达 0 之前就开始了。一旦缩放因子小于等于 2^-128，
+# `1/scale` 就会在 FP32 中上溢为 inf。GradScaler 的 inf 检查看的是梯度原本的值，而它们是有限的，所以这一步
+# 照常执行；但反缩放已经把它们乘上了 inf：原本非零的梯度变成 inf，原本为 0 的梯度变成 0 × inf = NaN。这比
+# 缩放因子到达 0 早了 22 次减半：
 
 # %%
 poisoned = {}
@@ -477,10 +481,10 @@ assert torch.isnan(net.net[0].weight).all()
 # > **What is true:** bounds are yours to add, and the floor is the one that matters: `min_scale` here,
 # > `min_loss_scale` in DeepSpeed (default 1). A floor as high as 2^10 would be a trap: any true gradient above
 # > 65504 / 2^10 ≈ 64 then overflows at every step, and the run skips steps forever (DeepSpeed stops). A scale that
-# > grows too far overflows and halves again, so a ceiling is rarely needed. The cell below puts a floor under
+# > grows too far makes the gradients overflow and halves again, so a ceiling is rarely needed. The cell below puts a floor under
 # > `DynamicLossScaler`, and shows a real GradScaler passing 2^24 upwards and (in the collapse run) 2^10 downwards.
 
-# %% [markdown] lang="zh" en="caea507f035b"
+# %% [markdown] lang="zh" en="942da6cdb34b"
 # 这正是 pytorch/pytorch#40497 中的情形（#99640 则提议永远不让缩放因子降到 1 以下）。有两个调节参数决定着它：
 #
 # - **最小缩放因子。** `DynamicLossScaler(min_scale=1.0)` 降到 1 就停住，因此权重永远不会被污染。DeepSpeed 中
@@ -499,9 +503,10 @@ assert torch.isnan(net.net[0].weight).all()
 # > 除了 FP32 能表示的最大的 2 的幂之外没有上限。
 # >
 # > **实际情况：** 上下限要你自己加，而真正要紧的是下限：这里是 `min_scale`，DeepSpeed 中是 `min_loss_scale`
-# > （默认为 1）。把下限设到 2^10 那么高反而是个陷阱：任何大于 65504 / 2^10 ≈ 64 的真实梯度都会在每一步上溢，训练
-# > 就会永远在跳步（DeepSpeed 则会终止训练）。缩放因子涨得太高时会上溢，然后再减半，所以很少需要上限。下面的单元格
-# > 给 `DynamicLossScaler` 加上下限，并展示真实的 GradScaler 向上越过 2^24、（在那次崩塌中）向下越过 2^10。
+# > （默认为 1）。把下限设到 2^10 那么高反而是个陷阱：任何大于 65504 / 2^10 ≈ 64 的真实梯度都会在每一步
+# > 上溢，训练就会永远在跳步（DeepSpeed 则会终止训练）。缩放因子涨得太高时，梯度会上溢，缩放因子随即再减半，
+# > 所以很少需要上限。下面的单元格给 `DynamicLossScaler` 加上下限，并展示真实的 GradScaler 向上越过 2^24、
+# > （在那次崩塌中）向下越过 2^10。
 
 # %%
 net, floored = fp16_run(DynamicLossScaler(min_scale=1.0), steps=40, data_fn=corrupt_batches)
@@ -536,11 +541,11 @@ print("clean steps from 1 back to 2^16:", recover.index(2.0**16))
 # ## 4. 正确的调用顺序，以及检查点
 #
 # ```python
-# scaler.scale(loss).backward()     # gradients are S times too big
-# scaler.unscale_(optimizer)        # now they are true gradients (and inf/NaN has been noted)
+# scaler.scale(loss).backward()     # 梯度是真实值的 S 倍
+# scaler.unscale_(optimizer)        # 现在是真实梯度了（inf/NaN 也已记录在案）
 # torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-# scaler.step(optimizer)            # skipped if inf/NaN was found; does not unscale twice
-# scaler.update()                   # adjust the scale for the next step
+# scaler.step(optimizer)            # 若发现过 inf/NaN 就跳过；不会重复反缩放
+# scaler.update()                   # 为下一步调整缩放因子
 # ```
 #
 # 梯度裁剪把梯度范数与 `max_norm` 相比较。在 `unscale_` 之前，这个范数是真实值的 `S` 倍，于是裁剪会在不该触发时
@@ -596,8 +601,8 @@ assert abs(wrong * 2.0**16 - 1.0) < 1e-4                          # wrong order:
 # > **实际情况：** 在 `scaler.unscale_(optimizer)` 之后再裁剪。上面的单元格已经测过：顺序错误时，梯度范数最终为
 # > `max_norm / 2^16`，而顺序正确时梯度原封未动。
 #
-# **检查点**必须包含 scaler 的状态（缩放因子和连续正常步的计数），否则恢复训练时缩放因子会从 2^16 重新开始，并为此
-# 付出跳过若干步的代价。它的 `state_dict` 很小：
+# **检查点**必须包含 scaler 的状态（缩放因子和连续正常步的计数），否则恢复训练时缩放因子会从 2^16 重新
+# 开始，并为此付出跳过若干步的代价。它的 `state_dict` 很小：
 
 # %%
 scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=5)
@@ -670,8 +675,8 @@ assert scaling.scaler_kwargs_from_deepspeed(ds_fp16)["init_scale"] == gs_default
 # 即使设置了 `hysteresis: 1`，仍有两处差异；`deepspeed_scale_sequence`（已在 200 个随机序列上与 DeepSpeed 自己的
 # `DynamicLossScaler` 对照检查过）在同一个模式上把两处都展示出来：
 #
-# - **hysteresis（迟滞）**（默认为 2）：DeepSpeed 要等上溢累计到这个次数才减半；这个计数器只在缩放因子增长时才重新
-#   填满（若设置了 `consecutive_hysteresis`，则每个正常步之后都会重新填满）；
+# - **hysteresis（迟滞）**（默认为 2）：DeepSpeed 要等上溢累计到这个次数才减半（默认值下可以容忍一次上溢）；
+#   这个计数器只在缩放因子增长时才重新填满（若设置了 `consecutive_hysteresis`，则每个正常步之后都会重新填满）；
 # - **窗口晚一步**：DeepSpeed 统计的是*自上次上溢以来*的正常步数，当这个计数（不含当前步）是 `loss_scale_window`
 #   的整数倍时才增长，因此第一次增长需要 window + 1 个正常步。
 
@@ -700,11 +705,11 @@ assert show["DeepSpeed, hysteresis 2"][6] == show["DeepSpeed, hysteresis 2"][5] 
 # %% [markdown] lang="zh" en="1c1f545a1730"
 # ## 6. 找到第一个 NaN
 #
-# scaler 分辨不出是缩放因子过大还是代码有 bug：两者都会产生 inf/NaN，而它一律跳过这一步并减半。如果缩放因子已经
-# 很小了还在不断跳步，或者损失本身变成了 NaN，那就是别处出了问题，而损失不会告诉你是哪里：一个 NaN 会传遍之后的
-# 每一层、损失和每一个梯度。要找的是**第一个** NaN。在前向传播中，`labkit.debug.first_nonfinite` 给每个模块都挂上
-# 前向钩子（`register_forward_hook`），按执行顺序报告第一个输出不是有限值的模块。这里让第三个 Linear 层的一个权重
-# 为 NaN，就像一次被污染的更新留下的那样：
+# scaler 分辨不出是缩放因子过大还是代码有 bug：两者都会产生 inf/NaN，而它一律跳过这一步并减半。如果缩放因子
+# 已经很小了还在不断跳步，或者损失本身变成了 NaN，那就是别处出了问题，而损失不会告诉你是哪里：一个 NaN 会
+# 传遍之后的每一层、损失和每一个梯度。要找的是**第一个** NaN。在前向传播中，`labkit.debug.first_nonfinite`
+# 给每个模块都挂上前向钩子（`register_forward_hook`），按执行顺序报告第一个输出不是有限值的模块。这里让第三个
+# Linear 层的一个权重为 NaN，就像一次被污染的更新留下的那样：
 
 # %%
 net = models.MLP(16, 64, 1, depth=3, activation="tanh", init_scale=0.5, seed=0)
@@ -738,9 +743,9 @@ assert debug.nonfinite_count(yb_bad) == 1
 # [0, 1] have an exact 0, the smallest:
 
 # %% [markdown] lang="zh" en="4cd38defe993"
-# **反向传播。** 前向传播的结果可以是有限的，而梯度却是 NaN。一个经典的例子：用 `torch.where` 来“保护” log。前向
-# 在 p = 0 处选取 0，但反向传播仍会在所有位置经过 `log(p)`，并把它的导数 1/0 = inf 乘以 `where` 传给这一分支的 0：
-# 0 × inf = NaN。经过 min-max 缩放到 [0, 1] 的分数中恰好有一个 0，即最小值：
+# **反向传播。** 前向传播的结果可以是有限的，而梯度却是 NaN。一个经典的例子：用 `torch.where` 来“保护”
+# log。前向传播在 p = 0 处选取 0，但反向传播仍会在所有位置经过 `log(p)`，并把它的导数 1/0 = inf 乘以 `where`
+# 传给这一分支的 0：0 × inf = NaN。经过 min-max 缩放到 [0, 1] 的分数中恰好有一个 0，即最小值：
 
 # %%
 score_net = models.MLP(16, 64, 1, depth=2, activation="tanh", seed=0)
@@ -763,8 +768,9 @@ assert torch.isfinite(loss) and torch.isnan(score_net.net[0].weight.grad).all()
 # returns the function and the forward line:
 
 # %% [markdown] lang="zh" en="e6f01802ecf6"
-# `torch.autograd.detect_anomaly()` 检查每个反向函数的输出，在第一个返回 NaN 的函数处抛出异常；如果前向传播也在它
-# 里面运行，它还会记录每个节点是在哪里创建的。（它会让每一步慢上好几倍：它是调试工具，不是生产训练该开的设置。）
+# `torch.autograd.detect_anomaly()` 检查每个反向函数的输出，在第一个返回 NaN 的函数处抛出异常；如果前向
+# 传播也在它里面运行，它还会记录每个节点是在哪里创建的。（它会让每一步慢上好几倍：它是调试工具，不应在正式
+# 训练中开启。）
 # `debug.backward_anomaly` 运行它，并返回出错的函数和对应的前向代码行：
 
 # %%
@@ -797,8 +803,8 @@ print("fixed: same loss, finite gradients")
 # %% [markdown] lang="zh" en="4c99b2a0b006"
 # ## 7. 练习
 #
-# **7.1** `exercise_gradients()` 给出某个模型的梯度，下面是它们的直方图。选一个静态损失缩放因子 `S`，使这些梯度在
-# FP16 中既没有一个被清零，也没有一个上溢。
+# **7.1** `exercise_gradients()` 给出某个模型的梯度，下面是它们的直方图。选一个静态损失缩放因子 `S`，使这些
+# 梯度在 FP16 中既没有一个被清零，也没有一个上溢。
 
 # %%
 ax = plots.grad_histogram(exercise_gradients(), ("fp16",))
@@ -905,8 +911,8 @@ assert not finite  # the bad batch went straight into the weights
 # halved), a clean one must train and let the scale grow. The check runs it on fresh models and batches.
 
 # %% [markdown] lang="zh" en="225765b686b0"
-# 写一个修正后的 `train_step(model, opt, scaler, xb, yb)`：遇到坏批次必须跳过（权重不动，缩放因子减半），遇到正常
-# 批次则必须照常训练，并让缩放因子得以增长。检查程序会在新建的模型和批次上运行它。
+# 写一个修正后的 `train_step(model, opt, scaler, xb, yb)`：遇到坏批次必须跳过（权重不动，缩放因子减半），
+# 遇到正常批次则必须照常训练，并让缩放因子得以增长。检查程序会在新建的模型和批次上运行它。
 
 # %%
 def train_step(model, opt, scaler, xb, yb):
@@ -943,14 +949,15 @@ check("03.scaler-step", train_step)
 # %% [markdown] lang="zh" en="36634eec01bc"
 # ## 小结
 #
-# - 真实梯度横跨许多个二进制量级；目标值很小、模型较深且初始化偏小时，约 1 % 的梯度会低于 FP16 最小的次正规数而
-#   变成 0。BF16 一个都不丢。
-# - 把损失乘以 2^k，会把每个梯度精确地上移 k 个二进制量级；使用梯度之前要先反缩放（除回去）。缩放因子太大会上溢为 inf。
-# - 动态缩放（GradScaler、`DynamicLossScaler`）遇到 inf/NaN 就跳过这一步并减半，连续 `growth_interval` 个正常步后
-#   翻倍。没有下限时，一次不断产生 inf 的训练会让缩放因子崩塌到 0，继而用 NaN 污染权重；`min_scale`/`min_loss_scale`
-#   可以防止这种情况。
+# - 真实梯度横跨许多个二进制数量级；目标值很小、模型较深且初始化偏小时，约 1 % 的梯度会低于 FP16 最小的
+#   次正规数而变成 0。BF16 一个都不丢。
+# - 把损失乘以 2^k，会把每个梯度精确地上移 k 个二进制数量级；使用梯度之前要先反缩放（除回去）。缩放因子
+#   太大会上溢为 inf。
+# - 动态缩放（GradScaler、`DynamicLossScaler`）遇到 inf/NaN 就跳过这一步并减半，连续 `growth_interval` 个
+#   正常步后翻倍。没有下限时，一次不断产生 inf 的训练会让缩放因子崩塌到 0，继而用 NaN 污染权重；
+#   `min_scale`/`min_loss_scale` 可以防止这种情况。
 # - 顺序：`scale(loss).backward()`、`unscale_`、裁剪、`step`、`update`；检查点中要保存 `scaler.state_dict()`。
-# - DeepSpeed：`loss_scale: 0` = 动态，`initial_scale_power`，`loss_scale_window`（晚一步），`hysteresis`（默认 2），
-#   `min_loss_scale`（默认 1）。
+# - DeepSpeed：`loss_scale: 0` = 动态，`initial_scale_power`，`loss_scale_window`（晚一步），
+#   `hysteresis`（默认 2），`min_loss_scale`（默认 1）。
 # - NaN 会扩散，要找第一个：前向钩子能指出第一个输出非有限值的模块（如果全都有限，就怀疑数据或损失函数），
 #   `detect_anomaly` 能指出出错的反向函数，以及产生它的那行前向代码。

@@ -17,7 +17,7 @@
 #
 # **学习目标**
 # - 用 `torch.amp` 写出 AMP 的三步流程，并说明每一行的作用；
-# - 实测在本设备上的 autocast（自动精度转换）下**哪个算子以哪种数据类型运行**，并与 CUDA autocast 对比；
+# - 实测本设备上的 autocast（自动精度转换）让**哪个算子以哪种数据类型运行**，并与 CUDA autocast 对比；
 # - 在六种精度策略下训练同一个小型 GPT，并解释其中两种为什么失败；
 # - 在半精度下让一个手写的注意力 softmax 出错，再用 **FP32 局部计算区** 修复它；
 # - 在反缩放*之后*裁剪梯度，并从检查点（连同 scaler 一起）恢复训练，结果与不中断时完全一致。
@@ -132,7 +132,7 @@ print("scale:", scaler.get_scale())
 assert logits.dtype == AMP and loss.dtype == torch.float32 and w.dtype == w.grad.dtype == torch.float32
 
 # %% [markdown]
-# The logits come out of a matmul, so they are FP16; `cross_entropy` is on autocast's FP32 list, so the loss is
+# The logits come out of a matmul, so they are in the autocast dtype (FP16 here); `cross_entropy` is on autocast's FP32 list, so the loss is
 # FP32. The weights and their gradients are FP32: the FP32 "master" copy is the model itself.
 #
 # > **Common misconception** (seed 000 §4.1): a batch and model inputs created *outside* the autocast block stay
@@ -166,18 +166,18 @@ assert logits.dtype == AMP and loss.dtype == torch.float32 and w.dtype == w.grad
 # **Predict, then run.** Before you look at the table: on this device (the setup cell printed which one), which of
 # `PREDICT_OPS` come out of autocast in low precision (`"low"`) and which in `"fp32"`?
 
-# %% [markdown] lang="zh" en="1ace0297c30b"
-# logits 是矩阵乘法的输出，所以是 FP16；`cross_entropy` 在 autocast 的 FP32 列表上，所以损失是 FP32。
-# 权重及其梯度是 FP32：FP32 的“主”副本就是模型本身。
+# %% [markdown] lang="zh" en="cbbd88e90d16"
+# logits 是矩阵乘法的输出，所以是 autocast 的数据类型（这里是 FP16）；`cross_entropy` 在 autocast 的 FP32 列表上，所以损失是 FP32。
+# 权重及其梯度是 FP32：FP32 的“主”副本（主权重）就是模型本身。
 #
 # > **常见误解**（seed 000 §4.1）：在 autocast 块*之外*创建的批次数据和模型输入会保持 FP32，因此享受不到
 # > 半精度的好处。
 # >
-# > **错在哪里：** autocast 并不在乎张量是在哪里创建的。它在块内逐个算子地做决定，时机是算子运行的时候：
-# > 块内的矩阵乘法会把 FP32 输入临时转换为 FP16/BF16，不管这些输入从何而来。
+# > **错在哪里：** autocast 并不在乎张量是在哪里创建的。它在算子于块内运行的那一刻逐个算子地做决定：块内的
+# > 矩阵乘法会把 FP32 输入临时转换为 FP16/BF16，不管这些输入从何而来。
 # >
 # > **实际情况：** 上面的批次数据就是在块外、`torch.autocast` 的前一行创建的，FP32 权重也是在块外创建的；
-# > logits 仍然以半精度输出（上面已经断言）。必须放在块内的是前向传播和损失计算。
+# > logits 仍然以半精度输出（上面的断言已验证这一点）。必须放在块内的是前向传播和损失计算。
 #
 # > **常见误解**（seed 000 §4.1，seed 002 §2.1）：AMP 要用 `torch.cuda` 自己的 `amp` 模块来写（即它的
 # > `autocast()` 和 `GradScaler()`），两篇文章的代码都是这样写的。
@@ -292,7 +292,7 @@ else:
 # > 运算），否则就以收到的数据类型计算。自定义内核（C++/CUDA 扩展、Triton）则得不到任何帮助。而且，一个
 # > 没有该数据类型内核的算子并不会退回 FP32，而是直接报错。
 # >
-# > **实际情况：** 自定义算子要用 FP32，必须主动选择。给 `autograd.Function` 的 `forward` 加上装饰器
+# > **实际情况：** 自定义算子要以 FP32 计算，必须由你显式启用。给 `autograd.Function` 的 `forward` 加上装饰器
 # > `torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float32)`（并给它的 `backward` 加上
 # > `torch.amp.custom_bwd(device_type=...)`），或者写一个 FP32 局部计算区（第 5 节）。下面的单元格在 CPU
 # > 的 BF16 autocast 下运行这两种自定义算子；然后仍在 autocast 下，运行一个位于 CPU autocast FP32 列表上的
@@ -370,7 +370,7 @@ assert listed.dtype == torch.float32 and no_kernel is not None   # an error, not
 # 主权重，也就是 DeepSpeed 的做法。notebook 06 和 10 会用到它们。）
 #
 # **贴近实际的梯度大小。** 真实的 LLM 训练中，一步的损失是在约 10^5–10^6 个 token 上求平均的，所以每个
-# logit 的梯度约为 1/tokens。我们的批次只有 96 个计分 token（16 个序列 × 6 个答案数字）。`loss_weight=2**-12`
+# logit 的梯度约为 1/token 数。我们的批次只有 96 个计分 token（16 个序列 × 6 个答案数字）。`loss_weight=2**-12`
 # 把损失乘以 1/4096，让每个梯度都具有在约 390 K 个 token 的批次中应有的大小。（批次取得小，是为了让六次
 # 训练在用软件模拟半精度的 CPU 上也能很快跑完。）这正是 FP16 需要损失缩放因子的情形（而且乘以 2 的幂
 # 不会改变任何一个尾数位）。
@@ -510,7 +510,7 @@ assert lost["fp32"] == 0 and lost["bf16-pure"] > 0.3
 # 自定义的注意力代码常常把 softmax 直接写出来：`exp(s) / sum(exp(s))`。在 FP16 中，只要 `s > 11.09`
 # （e^11.09 ≈ 65504），`exp(s)` 就会上溢为 `inf`，而 `inf / inf = NaN`。`labkit.models.softmax` 提供了
 # 几种变体：`naive`（朴素公式）、`stable`（先减去行最大值）和 `fp32`（一个 **FP32 局部计算区**：关闭
-# autocast，升为 FP32，计算稳定的 softmax，再转换回原来的类型）。
+# autocast，提升为 FP32，计算稳定的 softmax，再转换回原来的类型）。
 
 # %%
 s = torch.tensor([[12.0, 1.0, 0.0]], dtype=torch.float16)
@@ -661,9 +661,9 @@ assert clipped.final_loss() < 1.0 < clipped.loss[0]
 # ## 7. 检查点、崩溃、恢复：曲线分毫不差地接续下去
 #
 # `train.train` 每隔 `checkpoint_every` 步**原子地**写一次检查点（先写入临时文件，再用 `os.replace` 替换，
-# 这样写到一半时崩溃也不会留下残缺的文件）。检查点中包含模型、优化器、`GradScaler` 的状态（缩放因子及其
-# 增长计数器）、随机数生成器的状态和训练历史。批次是步数的函数，所以恢复后的训练看到的数据完全相同。我们让
-# 缩放因子每 10 步增长一次，这样 scaler 的状态才真正起作用。文件开头是其内容的 sha256 校验值，读取时使用
+# 这样写到一半时崩溃也不会留下残缺的文件）。检查点中包含模型、优化器、`GradScaler` 的状态（损失缩放因子及
+# 其增长计数器）、随机数生成器的状态和训练历史。批次是步数的函数，所以恢复后的训练看到的数据完全相同。我们让
+# 损失缩放因子每 10 步增长一次，这样 scaler 的状态才真正起作用。文件开头是其内容的 sha256 校验值，读取时使用
 # `torch.load(..., weights_only=True)`：损坏或被篡改的检查点（检查点常常放在共享的临时存储上）会被拒绝，
 # 并给出一个明确的 `CheckpointError`，而不会去执行其中的代码或加载一堆垃圾数据。
 
@@ -840,7 +840,7 @@ check("04.resume-scaler", (save_checkpoint, load_checkpoint))
 #   `scale → backward → unscale_ → clip → step → update`。权重和优化器状态保持 FP32。
 # - autocast 的算子列表取决于设备：CUDA 会把 softmax、layer_norm、exp、sum 提升到 FP32；CPU autocast
 #   （torch 2.13）不会。请在你使用的设备上实测这张表。
-# - 在贴近实际的梯度大小下，不用损失缩放因子的 FP16 会丢失大部分梯度；BF16 不需要缩放因子。纯半精度会破坏
+# - 在贴近实际的梯度大小下，不用损失缩放因子的 FP16 会丢失大部分梯度；BF16 不需要损失缩放因子。纯半精度会破坏
 #   优化器（FP16：Adam 的 `g²` 和 `eps` 下溢），或者丢失小的更新（BF16：只有 8 位有效位），这就是混合精度
 #   要保留一份 FP32 主权重副本的原因。
 # - 在自定义代码中，把数值敏感的算子（softmax、归一化、exp）写成 FP32 局部计算区。

@@ -3,7 +3,7 @@
 #
 # **Objectives**
 # - train the same tiny GPT in fp32, fp16 (with a loss scaler) and bf16, **compare the runs**, and measure why
-#   bf16 is noisier: 8 mantissa bits against fp16's 11;
+#   bf16 is noisier: 8 significant bits against fp16's 11;
 # - know what `torch.backends.cuda.matmul.allow_tf32` and `torch.set_float32_matmul_precision` change, what
 #   PyTorch's default is and why NGC containers differ;
 # - **emulate TF32** on a CPU and measure the matmul error it costs against fp32, fp16 and bf16;
@@ -16,12 +16,12 @@
 #
 # **Estimated time:** 65 min
 
-# %% [markdown] lang="zh" en="8f4de8dc9a55"
+# %% [markdown] lang="zh" en="76d75b1ccb49"
 # # 05 · BF16、TF32 与 FP8
 #
 # **学习目标**
 # - 分别用 fp32、fp16（配合损失缩放）和 bf16 训练同一个小型 GPT，**比较这几次训练**，并测量 bf16 噪声更大的原因：
-#   它只有 8 个尾数位，而 fp16 有 11 个；
+#   它的有效位只有 8 位，而 fp16 有 11 位；
 # - 了解 `torch.backends.cuda.matmul.allow_tf32` 和 `torch.set_float32_matmul_precision` 分别改变什么、PyTorch 的
 #   默认值是什么，以及 NGC 容器为什么与之不同；
 # - 在 CPU 上**模拟 TF32**，测量它给矩阵乘法带来的误差，并与 fp32、fp16 和 bf16 对比；
@@ -201,16 +201,16 @@ assert noise["bf16"][1] > 3 * noise["fp16"][1]  # 3 fewer mantissa bits: about 8
 # device gate:
 
 # %% [markdown] lang="zh" en="64c651aac6ca"
-# bf16 梯度与 fp32 梯度之间的距离，大约比 fp16 梯度远一个数量级：少 3 个尾数位，就是 2^3 = 8 倍。（两者的误差中都有一部分
-# 来自 softmax 和层归一化：CPU autocast 以低精度运行它们，而 CUDA autocast 会把它们提升到 fp32；见 notebook 04。）那么，
-# 这种差别什么时候会在曲线上显现出来？
+# bf16 梯度偏离 fp32 梯度的程度，大约比 fp16 梯度高一个数量级：少 3 个尾数位，就是 2^3 = 8 倍。（两者的误差中
+# 都有一部分来自 softmax 和层归一化：CPU autocast 以低精度运行它们，而 CUDA autocast 会把它们提升到 fp32；见
+# notebook 04。）那么，这种差别什么时候会在曲线上显现出来？
 #
 # - **训练后期**，每步的损失改善已经小于噪声时：fp16 和 fp32 的曲线仍然平滑，bf16 的曲线却已参差不齐。比较几次训练时，
 #   要看窗口内的平均值，不要看单步。
 # - **学习率小、训练时间长**时，微小的系统误差会不断累积；还有任何**以 bf16 计算的归约**（对长序列求和、以 bf16 求平均
 #   的损失）。
-# - **权重以 bf16 存储**、又没有 fp32 主权重副本时：小于权重 2^-9 的更新会被完全舍入掉（即 notebook 02 讲的大数吃小数；
-#   也就是 notebook 04 中的 `bf16-pure`）。
+# - **权重以 bf16 存储**、又没有 fp32 主权重副本时：小于权重值 2^-9 倍的更新会被完全舍入掉
+#   （即 notebook 02 讲的大数吃小数；也就是 notebook 04 中的 `bf16-pure`）。
 #
 # FP16 的精度是用范围换来的：没有损失缩放，它的梯度就会下溢（notebook 03）。这里 GradScaler 在全部 60 步中一直保持
 # 2^16，一步也没有跳过；bf16 则根本不需要损失缩放。这就是取舍所在：在两者都支持的硬件上，bf16 是默认选择，因为它不会
@@ -769,8 +769,8 @@ for k, t in shapes.timings.items():
 
 # %% [markdown]
 # Read GFLOP/s, not time: 520 does (520/512)³ − 1 = 4.8 % more work than 512. On a GPU the odd size can cost far more (a fallback to
-# non-tensor-core kernels in older cuBLAS versions); the rule of thumb is to pad vocabulary, hidden and batch sizes
-# to multiples of 8, or 64 to be safe. On a shared CPU, repeat the cell: the spread column says how much to trust one
+# non-tensor-core kernels in older cuBLAS versions); the rule of thumb is to pad the matmul dimensions (tokens per
+# step, hidden, vocabulary) to multiples of 8, or 64 to be safe. On a shared CPU, repeat the cell: the spread column says how much to trust one
 # run. The speed part is the one place this notebook prints figures that belong to this machine alone.
 #
 # > **Common misconception** (seed 002 §2.2): for tensor cores, "the batch size should be a multiple of 8".
@@ -788,9 +788,9 @@ for k, t in shapes.timings.items():
 #
 # **5.1 Choose a format.** For each workload, pick one of `FORMAT_CHOICES`:
 
-# %% [markdown] lang="zh" en="abe3936a631b"
+# %% [markdown] lang="zh" en="cc3cdd65c718"
 # 要看 GFLOP/s，而不是时间：520 的计算量比 512 多 (520/512)³ − 1 = 4.8 %。在 GPU 上，不规整的尺寸代价可能大得多（在较老的
-# cuBLAS 版本中会退回不使用张量核心的内核）；经验法则是把词表大小、隐藏层大小和批大小填充到 8 的倍数，稳妥起见填充到 64
+# cuBLAS 版本中会退回不使用张量核心的内核）；经验法则是把矩阵乘法的各个维度（每步的 token 数、隐藏层大小、词表大小）填充到 8 的倍数，稳妥起见填充到 64
 # 的倍数。在共享的 CPU 上，请把这个单元格多运行几次：spread 一栏告诉你单次运行有多可信。速度这一部分，是本 notebook 唯一
 # 打印只属于这台机器的数字的地方。
 #
@@ -925,8 +925,8 @@ check("05.fp8-roundtrip", fp8_roundtrip)
 # - **FP8** 需要每个张量一个缩放因子：E4M3（精度）用于激活值和权重，E5M2（范围）用于梯度。没有缩放因子时，几乎所有
 #   真实梯度都下溢为 0；有了缩放因子，剩下的是 2-3 个尾数位水平的误差。延迟缩放从 amax 历史中得到缩放因子：不需要额外
 #   开销，但遇到尖峰会滞后一步。
-# - **速度**来自矩阵单元：有 AMX-BF16（或张量核心）时，bf16 矩阵乘法快很多倍，而小型模型的训练步几乎不变快（阿姆达尔
-#   定律）；没有 bf16 硬件时，bf16 靠软件模拟，比 fp32 还慢。让形状取 8 的倍数，能让这些单元保持满负荷。第 4 节已经
-#   打印出这台机器属于哪种情况。
+# - **速度**来自矩阵单元：有 AMX-BF16（或张量核心）时，bf16 矩阵乘法快很多倍，而小型模型的训练步几乎不变快
+#   （阿姆达尔定律）；没有 bf16 硬件时，bf16 靠软件模拟，比 fp32 还慢。让形状取 8 的倍数，才能让这些单元充分
+#   运转。第 4 节已经打印出这台机器属于哪种情况。
 #
 # 下一步：notebook 06 将统计一个训练步的显存都花在了哪里。

@@ -26,14 +26,14 @@
 #   哪些随批大小增长；
 # - 厘清混合精度 Adam 常被引用的**每参数 16、18 和 20 字节**：三种说法各自统计了一种不同的、真实存在的
 #   显存布局；
-# - 先**预测**微型 GPT（tiny GPT）的显存，再精确地**测量**它（张量存储、保存张量钩子），看到两者精确到字节地吻合；
+# - 先**预测**小型 GPT（tiny GPT）的显存，再精确地**测量**它（张量存储、保存张量钩子），看到两者精确到字节地吻合；
 # - 解释为什么“打开 AMP 之后显存反而涨了”；
 # - 用交互式计算器预测 ZeRO 0-3 各阶段以及 CPU 卸载（offload）下每块 GPU 的显存；
 # - 权衡各种手段：批大小、梯度累积、激活重计算（梯度检查点）、序列长度、优化器；
 # - 找出降不下来的显存：是残留的引用（保留下来的 loss 及其计算图、视图、优化器状态），还是 GPU 的缓存分配器
 #   （`memory_allocated` 与 `memory_reserved`、`empty_cache`、碎片化）。
 #
-# **前置知识：** notebook 02（为什么需要 fp32 主权重）、notebook 04（autocast、微型 GPT）。
+# **前置知识：** notebook 02（为什么需要 fp32 主权重）、notebook 04（autocast、小型 GPT）。
 #
 # **预计用时：** 65 分钟
 
@@ -131,7 +131,7 @@ plt.show()
 # as aliases, each with one meaning; `bf16` no longer stands for the master-copy layout.
 
 # %% [markdown] lang="zh" en="421eddfe5dc6"
-# ## 2. 预测与测量：以微型 GPT 为例
+# ## 2. 预测与测量：以小型 GPT 为例
 #
 # `mem.predict_torch_state` 逐个张量地预测模型及其优化器在一步之后持有的内容（对 Adam 还包括 torch 为每个张量
 # 保存的 4 字节 `step` 计数器）。随后 `mem.measure_model_state` 统计真实存储的字节数：每个参数、每个 `.grad`、
@@ -255,7 +255,7 @@ else:
 # 完全一致）。它反而*增加*了一样东西：前向中每个 Linear 层的权重都会被转换成 bf16，而 autograd 会把这些副本一直
 # 保留到反向（每参数再多 2 B）。激活值一部分是 bf16（矩阵乘法的输入），一部分仍是 fp32（LayerNorm 的输入、softmax
 # 所在的 fp32 局部计算区、残差流）。
-# 保存张量钩子能准确显示微型 GPT 的前向为反向保留了什么。
+# 保存张量钩子能准确显示小型 GPT 的前向为反向保留了什么。
 #
 # **先预测，再运行。** 使用 bf16 autocast 时，前向保留的字节（激活值 + 权重副本）是 fp32 运行时的几分之几？
 # （`1.0`：一样多；`0.5`：一半。）
@@ -286,7 +286,7 @@ assert 0.5 < kept["bf16 autocast"] / kept["fp32"] < 1
 # not move at all, and the weight copies add 14 GB:
 
 # %% [markdown] lang="zh" en="6eef240ab089"
-# 激活值缩小不到一半，权重副本还要另外加上。对于 7B 模型，模型状态纹丝不动，权重副本却多出 14 GB：
+# 激活值减少的幅度不到一半，权重副本还要另外加上。对于 7B 模型，模型状态纹丝不动，权重副本却多出 14 GB：
 
 # %%
 for policy in ("fp32", "bf16"):
@@ -319,14 +319,14 @@ print(f"master + Adam states: {adam_share:.0%} of mixed-precision model states")
 # 所以在使用 Adam 时，混合精度换来的是**速度**（16 位矩阵乘法）和更小的激活值，而不是更小的模型状态。
 # 真正能缩小模型状态的，是把它们分片（ZeRO，第 5 节）、换用更精简的优化器（第 6 节），或者把它们卸载到 CPU。
 #
-# > **常见误解**（seed 002 §2.1，seed 000 §3.2）：混合精度在一份 FP32 主副本之外再保存一份 FP16 模型权重（两篇
+# > **常见误解**（seed 002 §2.1，seed 000 §3.2）：混合精度在一份 FP32 主权重副本之外再保存一份 FP16 模型权重（两篇
 # > 文章都这么说），FP16 能“把显存减少 50 %”（seed 002），而且文章给出的 `autocast` + `GradScaler` 代码
 # > （seed 002 §2.1，seed 000 §4.1）实现的正是这种方案。
 # >
-# > **错在哪里：** 文字和代码描述的是两种不同的方案。常驻的 16 位权重加一份 FP32 主副本（apex 的“O2”、DeepSpeed
-# > 的 fp16/bf16 引擎、这里的 `bf16-master`），每个参数的权重占 2 + 4 字节。`autocast`（apex 的“O1”、文章中的
-# > 代码、这里的 `bf16`）只保留 FP32 参数这一份权重，占 4 字节，在前向中临时生成 16 位副本，并一直保留到反向
-# > （上面已经测过）。两者都不能让模型状态减半：使用 Adam 时都是每参数 16 B（第 2 节）。
+# > **错在哪里：** 文字和代码描述的是两种不同的方案。常驻的 16 位权重加一份 FP32 主权重副本（apex 的“O2”、
+# > DeepSpeed 的 fp16/bf16 引擎、这里的 `bf16-master`），每个参数的权重占 2 + 4 字节。`autocast`（apex 的“O1”、
+# > 文章中的代码、这里的 `bf16`）只保留 FP32 参数这一份权重，占 4 字节，在前向中临时生成 16 位副本，并一直保留
+# > 到反向（上面已经测过）。两者都不能让模型状态减半：使用 Adam 时都是每参数 16 B（第 2 节）。
 # >
 # > **实际情况：** 减半只适用于真正以 16 位存储的东西：autocast 以 BF16/FP16 计算的激活值（如上面所测，只是其中
 # > 一部分），以及在主权重方案中前向读取的那份权重。下面的单元格根据真实的张量，统计两种方案的权重字节数。
@@ -351,9 +351,9 @@ assert {p.element_size() for p in o2.parameters()} == {2} and {m.element_size() 
 # sizes and sequence lengths, with and without autocast:
 
 # %% [markdown] lang="zh" en="bdb018a05a55"
-# ## 4. 激活值：预测、测量、重计算
+# ## 4. 激活值：预测、测量、重计算（梯度检查点）
 #
-# `mem.gpt_activation_bytes` 逐个算子地统计微型 GPT 保存的内容：每个块中 LayerNorm 的输入和统计量、四次矩阵乘法
+# `mem.gpt_activation_bytes` 逐个算子地统计小型 GPT 保存的内容：每个块中 LayerNorm 的输入和统计量、四次矩阵乘法
 # 的输入、q 和 kᵀ 的副本、注意力矩阵和 softmax 保存的张量、GELU 的输入和输出、因果掩码。这里用钩子对它进行核对，
 # 覆盖几种批大小和序列长度，并分别开启和关闭 autocast：
 
@@ -419,9 +419,9 @@ assert len(calls) == 2
 # > **常见误解**（seed 002 §5.2）：激活重计算（梯度检查点）能“减少 50 % 的显存”。
 # >
 # > **错在哪里：** 并不存在一个固定的比例。一个做重计算的分段会丢掉其内部各算子保存的内容，只保留它的输入，所以
-# > 节省量等于各分段内部的激活值减去它们的输入，取决于分段切在哪里。在微型 GPT 中按块切分，节省的比例就是上面打印
+# > 节省量等于各分段内部的激活值减去它们的输入，取决于分段切在哪里。在小型 GPT 中按块切分，节省的比例就是上面打印
 # > 的那个数；而一个由 ReLU 层组成的 MLP 若逐层做重计算，则什么也省不下，因为这样的层只保存自己的输入（ReLU 保存
-# > 的是它的输出，也就是下一层的输入），而这恰恰就是检查点要保留的东西。重计算只涉及激活值，从不触及模型状态，
+# > 的是它的输出，也就是下一层的输入），而这恰恰就是重计算分段要保留的东西。重计算只涉及激活值，从不触及模型状态，
 # > 而且在反向中，正在重计算的那个分段的激活值还要另外算上。
 # >
 # > **实际情况：** 节省量 = 各重计算分段的（内部激活值 − 保留的输入），代价是每个分段多一次前向。下一个单元格在同样的
@@ -477,10 +477,10 @@ assert [round(e.device_total / 1e9, 1) for e in mem.zero_table(7_500_000_000, 64
 # 8 × A100-80GB with ZeRO-2, bf16 weights with fp32 masters (`bf16-master`) and the optimizer offloaded to the CPU.
 
 # %% [markdown] lang="zh" en="c6e6165035ba"
-# DeepSpeed 自带估算函数（如 `estimate_zero2_model_states_mem_needs_all_cold` 等）。`tests/test_memory.py` 针对多种
-# 模型规模和进程总数（world size），把它们与本模型进行比较：它的 ZeRO-2 估算就是我们每参数 20 B 的布局，ZeRO-3 估算
-# 是我们每参数 18 B 的布局再加上全收集（all-gather）的最大一层，而它给出的 CPU 数字还加上了 1.5 倍的安全系数，以及
-# 每个进程在加载模型时生成的那份 fp32 副本。notebook 10 测量一个真实的 DeepSpeed 引擎。
+# DeepSpeed 自带估算函数（如 `estimate_zero2_model_states_mem_needs_all_cold` 等）。`tests/test_memory.py`
+# 针对多种模型规模和进程总数（world size），把它们与本模型进行比较：它的 ZeRO-2 估算就是我们每参数 20 B 的布局，
+# ZeRO-3 估算是我们每参数 18 B 的布局再加上全收集（AllGather）到本地的最大一层，而它给出的 CPU 数字还加上了
+# 1.5 倍的安全系数，以及每个进程在加载模型时生成的那份 fp32 副本。notebook 10 测量一个真实的 DeepSpeed 引擎。
 #
 # **计算器。** 选择模型规模、GPU、ZeRO 阶段、卸载方式和精度，它会告诉你模型状态能否放下，以及还剩多少显存留给
 # 激活值。它的初始设置就是 seed 文章中的配置：13B 模型，8 × A100-80GB，ZeRO-2，bf16 权重加 fp32 主权重
@@ -497,11 +497,11 @@ assert "fits" in calc.result.value and calc.result.value.startswith("per GPU: 26
 
 # %% [markdown]
 # The 26 GB are the replicated bf16 weights (2 B × 13B); the fp32 masters, the Adam states and the fp32 gradient
-# partition DeepSpeed keeps beside them (16 B/param, measured in notebook 10) live in the node's CPU memory. Change the stage and watch the per-GPU figure:
+# partition DeepSpeed keeps beside them (16 B/param, measured in notebook 10) live in the node's CPU memory. Change the stage (offload off) and watch the per-GPU figure:
 
-# %% [markdown] lang="zh" en="8af76ba3c02c"
+# %% [markdown] lang="zh" en="84e2f944faeb"
 # 这 26 GB 是每块 GPU 上都有一份的 bf16 权重（2 B × 13B）；fp32 主权重、Adam 状态，以及 DeepSpeed 在它们旁边保存的
-# fp32 梯度分区（每参数 16 B，在 notebook 10 中测量）都放在节点的 CPU 内存里。改变阶段，观察每块 GPU 上的数字：
+# fp32 梯度分区（每参数 16 B，在 notebook 10 中测量）都放在节点的 CPU 内存里。改变阶段（不开启卸载），观察每块 GPU 上的数字：
 
 # %%
 for stage in (0, 1, 2, 3):
@@ -535,7 +535,7 @@ for stage in (0, 1, 2, 3):
 # | 更精简的优化器 | 模型状态（每参数 16 → 12、10、~8 B） | 收敛行为需要重新调参 |
 # | ZeRO / 卸载 | 模型状态 ÷ N，或移到 CPU | 通信；PCIe 流量和 CPU 时间 |
 #
-# 下面是对微型 GPT 预测的各项激活值手段（fp32，默认批大小 32）：
+# 下面是对小型 GPT 预测的各项激活值手段（fp32，默认批大小 32）：
 
 # %%
 levers = {"baseline B=32": mem.gpt_activation_bytes(cfg, 32), "B=8": mem.gpt_activation_bytes(cfg, 8),
@@ -602,8 +602,9 @@ for opt_name in ("adam", "sgd-momentum", "adam-8bit", "adafactor", "sgd"):
 #    把它们算作已占用。对 PyTorch 的下一个张量来说，这部分显存*确实*是空闲的。
 #
 # **残留的 loss。** 一个验证循环如果不在 `torch.no_grad()` 中运行，又把 `loss` 追加到列表里，就会让每个批次的
-# 每个激活值都一直活着：loss 是一张计算图的根，而保存下来的张量归这张图所有。`mem.graph_saved_bytes(t)` 遍历这张图，
-# 统计它仍持有的内容（参数除外：模型本来就持有它们）。`loss.item()` 是一个 Python 浮点数，什么也不持有：
+# 每个激活值都一直无法释放：loss 是一张计算图的根，而保存下来的张量归这张图所有。
+# `mem.graph_saved_bytes(t)` 遍历这张图，统计它仍持有的内容（参数除外：模型本来就持有它们）。`loss.item()` 是
+# 一个 Python 浮点数，什么也不持有：
 
 # %%
 model = models.TinyGPT(cfg, seed=0)
@@ -644,7 +645,7 @@ kept.clear()  # the list was the last reference: the 4 graphs are freed now
 # 4 MiB alive after `del`. `.clone()` copies the 10 elements and lets the big storage go:
 
 # %% [markdown] lang="zh" en="724f43e345a0"
-# **视图会保住它的整个存储。** 切片不会复制：一个 4 MiB 张量的 10 元素视图，在 `del` 之后仍让整整 4 MiB 活着。
+# **视图会保住它的整个存储。** 切片不会复制：一个 4 MiB 张量的 10 元素视图，在 `del` 之后仍让整整 4 MiB 无法释放。
 # `.clone()` 只复制这 10 个元素，让大的存储得以释放：
 
 # %%
@@ -698,18 +699,18 @@ assert "grads" not in mem.measure_model_state(model, opt) and mem.measure_model_
 # **缓存分配器（GPU）。** `cudaMalloc`/`cudaFree` 很慢，而且会同步设备，所以 PyTorch 一次性向驱动申请大的内存段
 # （segment），再自己从中切出张量。有两个计数器跟踪它：
 #
-# - `torch.cuda.memory_allocated()`：活着的张量所占的字节数。最后一个引用一消失，它就下降。
+# - `torch.cuda.memory_allocated()`：存活张量所占的字节数。最后一个引用一消失，它就下降。
 # - `torch.cuda.memory_reserved()`：分配器从驱动那里持有的字节数，无论在用还是已缓存。`del` 之后它**不会**下降；
 #   `nvidia-smi` 显示的是它再加上 CUDA 上下文（每个进程几百 MB）。
 #
-# `torch.cuda.empty_cache()` 把*未使用*的缓存段还给驱动：当另一个进程（或你旁边的另一个 notebook）需要这块显存时
-# 它有用，但对付你自己进程中的显存不足错误毫无用处（PyTorch 在报错之前已经会释放缓存并重试）。保留但空闲的显存
-# 还很多时仍发生 OOM，可能的原因是**碎片化**：空闲块散落在活着的张量之间，没有一块大到足以满足下一次请求（此时
-# OOM 信息中显示的“reserved but unallocated”显存远大于请求的大小）。形状多变会让碎片化更严重；
-# `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`（在第一次 CUDA 调用之前设置）让内存段可以原地增长，通常就能
-# 解决问题。`torch.cuda.memory_summary()` 把分配器的计数器列成表格，而显存快照（`torch.cuda.memory._record_memory_history()`，
-# 在 https://pytorch.org/memory_viz 查看）能显示谁持有什么。`labkit.device` 封装了这些计数器；有 CUDA 设备时，
-# 下面的单元格会测量它们：
+# `torch.cuda.empty_cache()` 把*未使用*的缓存段还给驱动：当另一个进程（或你旁边的另一个 notebook）需要这块
+# 显存时它有用，但对付你自己进程中的显存不足错误毫无用处（PyTorch 在报错之前已经会释放缓存并重试）。保留但
+# 空闲的显存还很多时仍发生 OOM，可能的原因是**碎片化**：空闲块散落在存活的张量之间，没有一块大到足以满足下一次
+# 请求（此时 OOM 信息中显示的“reserved but unallocated”显存远大于请求的大小）。形状多变会让碎片化更严重；
+# `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`（在第一次 CUDA 调用之前设置）让内存段可以原地增长，通常
+# 就能解决问题。`torch.cuda.memory_summary()` 把分配器的计数器列成表格，而显存快照
+# （`torch.cuda.memory._record_memory_history()`，在 https://pytorch.org/memory_viz 查看）能显示谁持有什么。
+# `labkit.device` 封装了这些计数器；有 CUDA 设备时，下面的单元格会测量它们：
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -22,6 +22,30 @@
 # All timings below depend on the machine and on what else runs on it, so their cells are not compared by the
 # tests; the cells assert only facts that hold everywhere (same results, fewer bytes, which side of the ridge).
 
+# %% [markdown] lang="zh" en="d379b9094cf0"
+# # 07 · 性能分析、算子融合与屋顶线模型
+#
+# **学习目标**
+# - 用 `torch.profiler` 分析一个真实的训练步：阅读按 *self* 时间排序的 key_averages 表，找出占去大部分时间的
+#   少数几个算子，并导出一份 Chrome trace（追踪文件），在 Perfetto 中打开；
+# - 测量**内核启动开销**：许多微小算子对比一个大算子；
+# - 手工以及用 `torch.compile` 融合一条访存密集型的算子链（bias + GELU + dropout），并解释为什么融合对访存
+#   密集型的算子链有帮助，而对计算密集型的矩阵乘法作用不大；
+# - 在矩阵乘法周围同样做融合：把 Q、K、V 三个投影合成一个矩阵乘法，把 BatchNorm 折叠进卷积，并用
+#   `torch.autograd.gradcheck` 检查融合算子手写的反向传播；
+# - 测量本机的性能上限（各数据类型的矩阵乘法峰值 FLOP/s、拷贝带宽），与理论峰值比较，并把实测的算子放到
+#   **屋顶线模型**上：是访存密集型还是计算密集型，达到了屋顶的百分之几；
+# - 正确解读利用率：`nvidia-smi` 的 GPU-Util 测的是什么（以及 DCGM 和 Nsight 能补充什么）、trace 中的
+#   忙碌比例、以 tokens/s 计的吞吐量，以及 **MFU**（模型算力利用率）；
+# - 像工程师一样工作：先测基线，每次只改一处，用一张笔记表记录结果。
+#
+# **前置知识：** notebook 04（小型 GPT、autocast），notebook 06（显存都用在了哪里）。
+#
+# **预计用时：** 70 分钟
+#
+# 下面所有的计时都取决于机器本身，以及机器上同时在运行什么，所以测试不会比对这些单元格的输出；这些单元格
+# 只断言在任何机器上都成立的事实（结果相同、搬运的字节更少、位于脊点（ridge point）的哪一侧）。
+
 # %%
 # %matplotlib inline
 import os
@@ -48,7 +72,7 @@ notes = []  # the lab notebook of this session: one row per measurement
 # ## 1. Measure first: profile a training step
 #
 # The rule: **never optimise what you have not measured.** In a typical step a minority of the distinct ops takes
-# most of the time (section 1 counts how many cover 80 % here); an op above ~20 % is worth a look, one below 2 % is
+# most of the time (the cells below count how many cover 80 % here); an op above ~20 % is worth a look, one below 2 % is
 # not, however ugly its code. The profiler records every
 # op (`aten::...`) with its **self** time (inside the op, excluding the ops it calls) and its **total** time
 # (including them). Sort by self time: total time counts the children again, so `aten::linear` looks expensive
@@ -56,6 +80,18 @@ notes = []  # the lab notebook of this session: one row per measurement
 #
 # `P.profile_steps` runs one warm-up step (the first step pays one-off costs: allocations, lazy init), then
 # profiles 3 steps of the tiny GPT (forward, backward, AdamW):
+
+# %% [markdown] lang="zh" en="ae6f07d97328"
+# ## 1. 先测量：分析一个训练步
+#
+# 原则是：**没有测量过的东西，绝不去优化。** 在一个典型的训练步中，少数几种算子占去了大部分时间（下面的单元格
+# 会统计在这里需要多少种算子才能覆盖 80 %）；占比超过约 20 % 的算子值得一看，低于 2 % 的则不值得，
+# 不管它的代码写得多难看。性能分析器会记录每个算子（`aten::...`）的 **self** 时间（算子自身内部的时间，
+# 不含它调用的其他算子）和 **total** 时间（包含这些算子）。要按 self 时间排序：total 时间会把子算子的时间
+# 再算一遍，所以 `aten::linear` 看上去很耗时，实际的工作却是在 `aten::addmm` 里完成的。
+#
+# `P.profile_steps` 先运行一个预热步（第一步要付出一次性的开销：内存分配、延迟初始化），然后对小型 GPT 的
+# 3 个训练步（前向、反向、AdamW）做性能分析：
 
 # %%
 step = P.make_gpt_step(batch=32, device=dev)
@@ -69,6 +105,10 @@ print(P.op_table(prof, row_limit=12))
 # %% [markdown]
 # The top ops and their share of the total self time (annotations are left out: our `train_step` label, which is
 # Python between ops, and torch's own, such as `Optimizer.step#AdamW.step`):
+
+# %% [markdown] lang="zh" en="e87b869fe839"
+# 排名靠前的算子，以及它们在总 self 时间中所占的份额（注解不计在内：一是我们自己的 `train_step` 标签，
+# 它的 self 时间就是算子之间运行的 Python 代码；二是 torch 自己的注解，例如 `Optimizer.step#AdamW.step`）：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -92,6 +132,13 @@ notes.append(("profile tiny GPT step", f"{n80} of {len(ops)} ops = 80 % of self 
 # Open the file in <https://ui.perfetto.dev> ("Open trace file"; it stays in your browser) or in
 # `chrome://tracing`. Look for gaps between ops: on a GPU, gaps on the stream mean the GPU waits for Python.
 
+# %% [markdown] lang="zh" en="f35497c7b065"
+# ### 时间线：Chrome trace
+#
+# 表格做的是汇总；**trace** 则把每个算子按线程（在 GPU 上还按 CUDA 流）排在时间线上。在
+# <https://ui.perfetto.dev> 中打开这个文件（点“Open trace file”；文件只留在你的浏览器里），或者用
+# `chrome://tracing` 打开。留意算子之间的空隙：在 GPU 上，流上的空隙意味着 GPU 在等 Python。
+
 # %%
 trace = P.write_chrome_trace(prof, "_out/07_gpt_step_trace.json")
 events = P.read_chrome_trace(trace)["traceEvents"]
@@ -108,6 +155,14 @@ assert trace.exists() and steps_seen == 3
 # **Nsight Compute** (`ncu --set full -k regex:gemm python train.py`) for one kernel's achieved FLOP/s, memory
 # throughput and its own roofline.
 
+# %% [markdown] lang="zh" en="ce0138b95ecc"
+# **在 GPU 上**，同一个调用还会记录 CUDA 活动：表格多出 *Self CUDA* / *CUDA total* 两列，这时应该按设备
+# 时间排序（`P.op_table(prof, by="device")`），因为 CPU 只负责*启动*内核，它记下的时间只是启动的时间。
+# 更深入的 GPU 分析请使用 NVIDIA 的工具：用 **Nsight Systems**（`nsys profile -o step python train.py`）
+# 查看整条时间线（CPU、CUDA API、内核、NCCL、memcpy），用 **Nsight Compute**
+# （`ncu --set full -k regex:gemm python train.py`）查看单个内核实际达到的 FLOP/s、访存吞吐量以及它自己的
+# 屋顶线。
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 if device.is_cuda(dev):
@@ -122,6 +177,13 @@ else:
 # **Predict, then run.** 2000 adds of 64 elements race one add of 128 000 elements: the same arithmetic. Which
 # finishes first: `"one big add"`, `"2000 tiny adds"`, or are they `"about the same"`?
 
+# %% [markdown] lang="zh" en="08c711aef8df"
+# ## 2. 内核启动开销：许多微小算子对比一个大算子
+#
+# **先预测，再运行。** 2000 次 64 个元素的加法，与一次 128 000 个元素的加法赛跑：两边的算术量完全相同。
+# 哪个先完成：`"one big add"`（一次大加法）、`"2000 tiny adds"`（2000 次微小加法），还是差不多
+# （`"about the same"`）？
+
 # %%
 prediction = ...
 ### BEGIN SOLUTION
@@ -132,6 +194,10 @@ predict("07.launch-overhead", prediction)
 # %% [markdown]
 # Every op costs a fixed overhead before any arithmetic: Python, PyTorch's dispatcher, and on a GPU the kernel
 # launch (a few µs). The race, measured round-robin in one run, median of 5:
+
+# %% [markdown] lang="zh" en="31408cd9d264"
+# 每个算子在做任何算术之前，都要先付出一笔固定开销：Python、PyTorch 的分发器（dispatcher），在 GPU 上
+# 还有内核启动（几 µs）。下面是这场比赛的结果，在同一次运行中轮流交替测量，取 5 次的中位数：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -154,6 +220,15 @@ assert lo["ratio"] > 2  # per-op overhead dwarfs 64 elements of work on any devi
 # A GPT-2-style MLP computes `dropout(gelu(x @ W + b))`, and old code writes GELU's tanh formula out by hand.
 # Each line of `P.gelu_chain_unfused` is its own kernel that reads its inputs from memory and writes a new tensor:
 
+# %% [markdown] lang="zh" en="6ccc913d0607"
+# 这就是为什么小模型会慢得不成比例，为什么框架要把工作合并成批（`torch._foreach_*` 优化器、融合版 Adam），
+# 以及为什么会有 CUDA graphs：它把整个训练步的所有内核启动当作一次来重放。
+#
+# ## 3. 算子融合
+#
+# GPT-2 风格的 MLP 计算 `dropout(gelu(x @ W + b))`，老代码还会把 GELU 的 tanh 公式手写出来。
+# `P.gelu_chain_unfused` 的每一行都是一个独立的内核，它从内存读入输入，再写出一个新张量：
+
 # %%
 for i, (what, reads, writes, mask) in enumerate(P.CHAIN_STEPS, 1):
     print(f"{i:>2}. {what:<20} reads {reads + mask} tensor(s), writes {writes}")
@@ -170,6 +245,18 @@ for i, (what, reads, writes, mask) in enumerate(P.CHAIN_STEPS, 1):
 #
 # The byte counts, from the model (12 FLOPs per element in every version):
 
+# %% [markdown] lang="zh" en="1a5988c8b368"
+# 三个版本计算的是同一个结果（dropout 掩码作为参数传入，所以三者完全一致；融合的 dropout 内核则会在内核
+# 内部用基于计数器的随机数生成器来生成掩码）：
+#
+# - **未融合**：12 个内核，12 次往返内存；
+# - **手工融合**（`P.gelu_chain_fused`）：整条链按块处理，每块是能放进 L2 缓存的若干行，原地计算，
+#   因此每个元素只与内存往返一次：这正是融合内核的思路，只不过借助缓存来实现；
+# - **`torch.compile`**：Inductor 追踪这个函数，生成*一个*循环（CPU 上是 C++/OpenMP，GPU 上是 Triton），
+#   只读一次 x 和掩码，只写一次 y。
+#
+# 按代价模型算出的字节数（每个版本都是每个元素 12 次浮点运算）：
+
 # %%
 rows, cols, p = 2048, 2048, 0.1
 x = torch.randn(rows, cols, device=dev)
@@ -185,6 +272,10 @@ assert cost_fused.bytes * 10 < cost_unfused.bytes and cost_fused.flops == cost_u
 # Compile it. The first call traces and compiles (seconds to tens of seconds on 2 cores; cached on disk for next
 # time), so it is timed on its own and never mixed into the steady-state comparison:
 
+# %% [markdown] lang="zh" en="eb528520b3fb"
+# 编译它。第一次调用会追踪并编译（在 2 个核上需要几秒到几十秒；结果缓存在磁盘上，下次直接复用），所以它
+# 单独计时，绝不混进稳态下的比较：
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 chain_compiled, first_call_s = P.compile_timed(P.gelu_chain_unfused, x, bias, mask, p)
@@ -193,6 +284,9 @@ notes.append(("torch.compile first call", f"{first_call_s:.1f} s"))
 
 # %% [markdown]
 # Same numbers from all four, then the race (round-robin, median of 5, one run):
+
+# %% [markdown] lang="zh" en="e06f6584974f"
+# 先确认四个版本给出相同的数值，然后开始比赛（轮流交替运行，取 5 次的中位数，在同一次运行中完成）：
 
 # %%
 ref = P.gelu_chain_reference(x, bias, mask, p)
@@ -214,7 +308,7 @@ notes.append(("fusion (2048x2048 fp32)", ", ".join(f"{k}: {v * 1e3:.1f} ms" for 
 # prints its intensity): it is memory-bound, so time is bytes moved, and cutting the bytes 12x is the whole game. A large matmul is the opposite: each element
 # is reused ~n times from cache, the time is arithmetic, and fusing its bias or activation in (an *epilogue*)
 # saves one pass over the output, a few percent. Fuse chains of elementwise ops, norms and softmaxes; for a
-# matmul, get a faster matmul (lower precision, tensor cores / AMX). Section 4 puts numbers on this.
+# matmul, get a faster matmul (lower precision, tensor cores / AMX). Sections 4 and 5 put numbers on this.
 #
 # > **Common misconception** (seed 002 §3.2): a module whose `forward` returns `relu(linear(x))` is a "fused"
 # > Linear+ReLU that runs as a single kernel.
@@ -225,6 +319,23 @@ notes.append(("fusion (2048x2048 fp32)", ", ".join(f"{k}: {v * 1e3:.1f} ms" for 
 # >
 # > **What is true:** the profiler below lists the module's operations: `aten::addmm` and `aten::relu`, two
 # > kernels. `torch.compile` (above) or a hand-written kernel (notebook 08) fuses them into one.
+
+# %% [markdown] lang="zh" en="2ca4a51bc926"
+# **融合什么时候有用，什么时候没用。** 即使融合之后，这条链每搬运一个字节也只做约 1 次浮点运算（第 5 节
+# 会打印它的算术强度）：它是访存密集型的，所以耗时取决于搬运的字节数，把字节数降到原来的 1/12 便是全部
+# 要义。大矩阵乘法正好相反：每个元素从缓存中被重复使用约 n 次，耗时取决于算术运算，把它的 bias 或激活
+# 函数融合进去（即 *epilogue*，尾处理）只省下对输出的一次遍历，收益只有百分之几。该融合的是逐元素算子链、
+# 归一化和 softmax；对矩阵乘法，应该换一个更快的矩阵乘法（更低的精度、张量核心 / AMX）。第 4、5 节会给出
+# 具体数字。
+#
+# > **常见误解**（seed 002 §3.2）：一个 `forward` 返回 `relu(linear(x))` 的模块，就是“融合”了的
+# > Linear+ReLU，会作为单个内核运行。
+# >
+# > **错在哪里：** 把两个运算写进同一个 `forward`，丝毫不会改变它们的运行方式：eager 模式的 PyTorch 仍然
+# > 先运行矩阵乘法，把输出写入内存，再运行 ReLU，把它读回来。融合要由编译器或内核作者来完成。
+# >
+# > **实际情况：** 下面的性能分析器列出了这个模块的运算：`aten::addmm` 和 `aten::relu`，是两个内核。
+# > `torch.compile`（见上文）或手写内核（notebook 08）才会把它们融合成一个。
 
 # %%
 class FusedLinearReLU(torch.nn.Module):          # the article's "fused" module, as it writes it
@@ -247,6 +358,15 @@ assert {"aten::addmm", "aten::relu"} <= set(ran)
 # (seed 002 §3.1): the article's own figure, for its model on its GPU. The same computation here, with the weights
 # copied, so both versions must give the same numbers:
 
+# %% [markdown] lang="zh" en="f09d471a91c4"
+# ### 融合矩阵乘法：Q、K、V 投影
+#
+# 注意力对同一个输入做三次投影：`q = x Wq + bq`、`k = x Wk + bk`、`v = x Wv + bv`，即三次矩阵乘法，每次
+# 都要读一遍 `x`。把三个权重矩阵堆叠成一个 `(3d, d)` 的矩阵，就只需要一次矩阵乘法，再把输出拆分成 q、k
+# 和 v。文章称，这种融合在它的 Transformer 中带来了“端到端约 15 %”的提升（seed 002 §3.1）：这是文章
+# 自己的数字，针对的是它的模型和它的 GPU。下面在这里做同样的计算，权重是复制过去的，所以两个版本必须给出
+# 相同的数值：
+
 # %%
 d = 256
 proj = [torch.nn.Linear(d, d, device=dev) for _ in range(3)]               # q, k, v: three Linear(d, d)
@@ -263,6 +383,10 @@ with torch.no_grad():
 # %% [markdown]
 # What changed: the profiler counts the matmul launches (`aten::addmm`), `T.torch_traffic` (notebook 08 uses it
 # too) counts the bytes each op reads, from the tensors it is handed, and `FlopCounterMode` the FLOPs:
+
+# %% [markdown] lang="zh" en="0a47362b798b"
+# 变化在哪里：性能分析器统计矩阵乘法的启动次数（`aten::addmm`），`T.torch_traffic`（notebook 08 也会用到）
+# 根据传给每个算子的张量统计它读取的字节数，`FlopCounterMode` 则统计浮点运算次数：
 
 # %%
 mm_calls, moved = {}, {}
@@ -281,8 +405,14 @@ assert [m.read for m in moved.values()] == [weights + 3 * xq.nbytes, weights + x
 # %% [markdown]
 # Same FLOPs, two fewer launches, `x` read once instead of three times. The launches saved are a fixed cost, which
 # shrinks next to the matmul's work as the number of tokens grows; the bytes saved (two reads of `x`) grow with the
-# tokens, but so do the FLOPs, and the weights, read either way, are most of the bytes while the tokens are fewer
-# than 3d. The race, for a decoding step (4 tokens) and a long prompt (512 tokens), round-robin, median of 21:
+# tokens, but so do the FLOPs, and the weights, read either way, are most of the bytes while the tokens are far
+# fewer than d. The race, for a decoding step (4 tokens) and a long prompt (512 tokens), round-robin, median of 21:
+
+# %% [markdown] lang="zh" en="fc159238d56f"
+# 浮点运算次数相同，内核启动少了两次，`x` 只读一次而不是三次。省下的启动是固定开销，随着 token 数增加，
+# 它相对于矩阵乘法的工作量会越来越小；省下的字节（两次读取 `x`）随 token 数增长，但浮点运算次数也随之
+# 增长，而且只要 token 数远少于 d，两个版本都要读取的权重就占了字节数的大头。下面是解码步（4 个 token）
+# 和长提示词（512 个 token）两种情形下的比赛，轮流交替运行，取 21 次的中位数：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -309,8 +439,26 @@ with torch.no_grad():
 # $$W' = W \cdot \frac{\gamma}{\sigma}, \qquad b' = (b - \mu) \cdot \frac{\gamma}{\sigma} + \beta$$
 #
 # (per output channel). Inference tools (TensorRT, ONNX Runtime) do this among their first graph passes;
-# `torch.nn.utils.fusion.fuse_conv_bn_eval` does it for one pair. A small CNN, whose BatchNorm layers get a scale,
-# a shift and running statistics (five training-mode batches), then switches to eval mode:
+# `torch.nn.utils.fusion.fuse_conv_bn_eval` does it for one pair. A small CNN, whose BatchNorm layers get a random
+# scale and shift, and running statistics from five training-mode batches, then switches to eval mode:
+
+# %% [markdown] lang="zh" en="9631090bf06d"
+# 上面几行给出了这台机器上的结果。在 GPU 上，融合后的投影还有一个好处：`(tokens, 3d)` 输出的 tile 数
+# 是 `(tokens, d)` 输出的三倍，所以在小矩阵乘法会让部分 SM 闲置的地方，它能让更多的 SM 忙起来。这在端到端
+# 上能带来多少收益，取决于模型的规模，以及训练步中还做了什么，所以请把文章的 15 % 看作一次测量结果，而不是
+# 一个常数：在你自己的模型上测一测。
+#
+# ### 把 BatchNorm 折叠进卷积
+#
+# 在 eval 模式下，BatchNorm 是每个通道上的一个固定仿射变换，`y = γ (z − μ) / σ + β`，其中
+# `σ = sqrt(running_var + eps)`；而卷积 `z = W ∗ x + b` 也是仿射变换，所以两者可以折叠成一个卷积，
+# 其参数为
+#
+# $$W' = W \cdot \frac{\gamma}{\sigma}, \qquad b' = (b - \mu) \cdot \frac{\gamma}{\sigma} + \beta$$
+#
+# （逐输出通道计算）。推理工具（TensorRT、ONNX Runtime）在最先执行的几道图优化中就会做这件事；
+# `torch.nn.utils.fusion.fuse_conv_bn_eval` 对一对层做这件事。下面是一个小型 CNN：给它的 BatchNorm 层
+# 随机设定缩放和平移参数，再用五个训练模式的批次积累运行统计量，然后切换到 eval 模式：
 
 # %%
 cnn = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
@@ -329,6 +477,11 @@ folded = torch.nn.Sequential(fuse_conv_bn_eval(cnn[0], cnn[1]), cnn[2], fuse_con
 # differs; on an Ampere or newer GPU cuDNN would run fp32 convolutions in TF32 by default, whose 10-bit rounding of
 # the folded weights exceeds that, so the check turns it off), its operations as the profiler counts them, and the
 # formula above against the folded layer's weights:
+
+# %% [markdown] lang="zh" en="8413d2f89c42"
+# 把折叠后的网络与原网络对比（float32，绝对容差和相对容差都是 `1e-5`：两者只有舍入上的差别；在 Ampere
+# 或更新的 GPU 上，cuDNN 默认会以 TF32 运行 fp32 卷积，它对折叠后权重做的 10 位舍入会超出这个容差，
+# 所以检查时把它关掉了），再看性能分析器统计的运算次数，最后用上面的公式核对折叠层的权重：
 
 # %%
 img = torch.randn(4, 3, 16, 16, device=dev)
@@ -367,6 +520,28 @@ assert n_ops == {"conv+BN+ReLU": 6, "folded": 4}
 # of the forward, in float64 (in float32 the differences drown in rounding). It passes the exact backward and
 # fails the typical mistake, a backward that treats `tanh u` as a constant and keeps only the first term:
 
+# %% [markdown] lang="zh" en="239bb24f75a5"
+# ReLU 仍然是独立的算子。把激活函数融合进卷积需要编译器或库内核：用于推理、开启了 Inductor `freezing`
+# 选项的 `torch.compile` 会以同样的方式折叠 BatchNorm，并且在 CPU 上向 oneDNN 请求一个在写出输出时顺便
+# 应用 ReLU 的卷积（即“post-op”：生成的代码会调用 `mkldnn._convolution_pointwise(..., 'relu', ...)`）；
+# 在 GPU 上，TensorRT 和 cuDNN 的融合卷积也做同样的事。这里不运行它：编译要占去本 notebook 相当一部分
+# 时间预算，而它要讲的道理，上面的 GELU 链已经展示过了。
+#
+# ### 融合算子需要自己的反向传播
+#
+# 文章警告说，融合算子可能导致梯度消失（seed 002 §6.2）。原因在于：autograd 看不到手写融合内核（CUDA、
+# Triton，notebook 08）的内部，所以内核作者还得手写反向传播，而导数中漏掉的某一项不会被察觉，因为前向
+# 是对的。（`torch.compile` 是个例外：它在融合之前先用 autograd 推导出反向传播。）
+# `fusion.fused_bias_gelu` 把 bias + GELU 写成一个 `torch.autograd.Function`；它的反向传播利用保存下来的
+# `h = x + b` 和 `u = sqrt(2/π) (h + 0.044715 h³)` 计算：
+#
+# $$\frac{\partial y}{\partial h} = \tfrac12 (1 + \tanh u) + \tfrac12\, h\, (1 - \tanh^2 u)\,
+# \sqrt{2/\pi}\, (1 + 3 \cdot 0.044715\, h^2),$$
+#
+# bias 的梯度则是它沿各行的求和。`torch.autograd.gradcheck` 用前向的有限差分来检验反向传播，在 float64
+# 下进行（在 float32 下，差分会淹没在舍入误差中）。精确的反向传播能通过它，典型的错误则通不过：一个把
+# `tanh u` 当作常数、只保留第一项的反向传播：
+
 # %%
 xg = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
 bg = torch.randn(16, dtype=torch.float64, requires_grad=True)
@@ -385,6 +560,12 @@ assert exact and not buggy
 # kernel reaches, not the datasheet), for fp32 and bf16. **Memory:** a large copy, counting the bytes read
 # *and* written.
 
+# %% [markdown] lang="zh" en="70d081989b7b"
+# ## 4. 本机的性能上限
+#
+# **计算：** 在几种形状中取最好的矩阵乘法 FLOP/s（即“可达到的最大矩阵乘法 FLOPs”：真实内核能达到的水平，
+# 而不是数据手册上的数字），fp32 和 bf16 分别测量。**内存：** 做一次大规模拷贝，读*和*写的字节都计入。
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 shapes = ((512, 512, 512), (1024, 1024, 1024), (2048, 1024, 1024))
@@ -402,6 +583,12 @@ print(f"copy bandwidth: {bw.bytes_per_s / 1e9:.1f} GB/s (read + write)")
 # per cycle (AVX-512 FMA: 16 fp32 lanes × 2 FLOPs × 2 units; AMX-BF16: 1024 FLOPs/cycle); on a GPU, SMs × clock
 # × FLOPs/clock/SM of its tensor cores. The formula rests on assumptions, printed with it. Real jobs reach part of it:
 
+# %% [markdown] lang="zh" en="6dac16625754"
+# **理论**峰值 = 单元数 × 频率 × 每周期 FLOPs：在 CPU 上是核数 × 时钟频率 × 指令集每周期能完成的运算量
+# （AVX-512 FMA：16 个 fp32 通道 × 2 FLOPs × 2 个单元；AMX-BF16：每周期 1024 FLOPs）；在 GPU 上是
+# SM 数 × 时钟频率 × 其张量核心每 SM 每时钟周期的 FLOPs。这个公式建立在若干假设之上，下面会把这些假设随公式
+# 一起打印出来。实际作业只能达到其中的一部分：
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 for name, pk in peaks.items():
@@ -418,6 +605,12 @@ notes.append(("copy bandwidth", f"{bw.bytes_per_s / 1e9:.1f} GB/s"))
 # fused multiply-adds (FMA) per clock (`DGX_A100`). Its theoretical dense FP16 peak, in FLOP/s
 # (devices × units × clock × FLOPs per unit per cycle)?
 
+# %% [markdown] lang="zh" en="57ecf0b45271"
+# **07.peak-formula.** 对 GPU 节点套用同一个公式，数据来自 NVIDIA 的 A100 白皮书：一台 DGX A100 装有
+# 8 块 A100 GPU，每块有 108 个 SM，加速频率（boost clock）为 1410 MHz，每个 SM 的四个张量核心每个时钟
+# 周期合计完成 1024 次稠密 FP16 融合乘加（FMA）（`DGX_A100`）。它的理论稠密 FP16 峰值是多少 FLOP/s
+# （设备数 × 单元数 × 时钟频率 × 每单元每周期的 FLOPs）？
+
 # %%
 peak_dgx = ...   # FLOP/s, a Python float
 ### BEGIN SOLUTION
@@ -431,6 +624,12 @@ check("07.peak-formula", peak_dgx)
 #
 # Time four kinds of op on this machine and place them: a 1024³ fp32 matmul (the shape measured above), a bf16
 # matmul, LayerNorm and softmax over 2048 × 2048, and the GELU chain unfused and compiled.
+
+# %% [markdown] lang="zh" en="396f67c6a0bb"
+# ## 5. 屋顶线模型
+#
+# 在本机上为四类算子计时，并把它们放到屋顶线图上：一个 1024³ 的 fp32 矩阵乘法（即上面测过的形状）、
+# 一个 bf16 矩阵乘法、在 2048 × 2048 上的 LayerNorm 和 softmax，以及未融合和编译后的 GELU 链。
 
 # %%
 n = 1024
@@ -466,6 +665,17 @@ plt.show()
 # whose ridge point lies between ~2 and ~150 FLOP/byte (CPUs: ~5-30; GPUs: ~10-20 on their FP32 cores, ~100-300 on
 # tensor cores, where even the 1024³ fp32 matmul, run in TF32, is closer to the ridge):
 
+# %% [markdown] lang="zh" en="30137724fc59"
+# 一个*高于*其屋顶 100 % 的点并不是错误：拷贝测的是主存带宽，用的张量远大于缓存，而一个 16 MiB 的激活值
+# 可以部分留在 L2/L3 中，那里的带宽更高。真实机器的每一级存储都有一条自己的带宽屋顶（即*分层*屋顶线模型；
+# Nsight Compute 会在 GPU 上画出它）。
+#
+# 解读这张图：矩阵乘法位于脊点右侧（计算密集型；bf16 的屋顶更高，这就是混合精度能加速矩阵乘法的原因）；
+# LayerNorm、softmax 和 GELU 链位于远远的左侧（访存密集型：它们的屋顶是带宽那条斜线，只有少搬运字节才
+# 有用）。融合把这条链向*右*移动了（浮点运算次数不变，字节更少）：这就是融合在屋顶线图上的作用。这些判定
+# 由算术强度决定，在任何脊点位于约 2 到约 150 FLOP/byte 之间的机器上都成立（CPU：约 5-30；GPU：在 FP32
+# 核心上约 10-20，在张量核心上约 100-300，在那里即使是以 TF32 运行的 1024³ fp32 矩阵乘法也更接近脊点）：
+
 # %%
 bounds = {pt.name: pt.bound for pt in points}
 ridge = R.ridge_point(peaks["fp32"].flops_per_s, bw.bytes_per_s)
@@ -494,6 +704,22 @@ for pt in points:  # the intensities are exact: they come from the FLOP and byte
 # > cell below computes two intensities from what torch counts (`FlopCounterMode`'s FLOPs, the tensors' bytes) and
 # > puts them on either side of this machine's measured ridge; then it takes one fp32 matmul that is compute-bound
 # > on an A100's FP32 roof and memory-bound on its TF32 roof: same op, same bytes, another threshold.
+
+# %% [markdown] lang="zh" en="107c10da6c04"
+# > **常见误解**（seed 002 §7.2）：“计算密度”应该高于 30 %；低于这个值，内核就是访存密集型的。
+# >
+# > **错在哪里：** 算术强度是浮点运算次数与搬运字节数之比，单位是 FLOP/byte，不是百分比，也没有一个固定
+# > 的阈值能把访存密集型和计算密集型分开。这个阈值是机器的脊点，即峰值 FLOP/s 除以带宽，它因机器而异，
+# > 也因数据类型而异。按数据手册：A100（40 GB，1.555 TB/s）的脊点在 FP32 下（19.5 TFLOP/s）约为
+# > 12.5 FLOP/byte，使用 TF32 张量核心（156 TFLOP/s）时约为 100，在 FP16 下（312 TFLOP/s）约为 200；
+# > H100 在 bf16 下约为 295。（如果把这个数理解为利用率，即内核实际达到的 FLOP/s 占峰值的比例，那么数值
+# > 低只说明这个内核不是计算密集型的，并不说明它受内存限制：它也可能受制于延迟，或者在等待内核启动；
+# > Nsight Compute 会在旁边同时给出它的访存吞吐量。）
+# >
+# > **实际情况：** 把一个算子的算术强度，与它所运行的机器和数据类型的脊点相比较。下面的单元格根据 torch
+# > 统计的数据（`FlopCounterMode` 给出的 FLOPs、张量的字节数）计算两个算术强度，并把它们放在本机实测
+# > 脊点的两侧；然后取一个 fp32 矩阵乘法，它在 A100 的 FP32 屋顶下是计算密集型的，在 TF32 屋顶下却是
+# > 访存密集型的：同一个算子，同样的字节数，阈值却不同。
 
 # %%
 mm_intensity = P.count_flops(lambda: a @ b) / (a.nbytes + b.nbytes + (a @ b).nbytes)  # FlopCounterMode: 2·n³ FLOPs
@@ -526,6 +752,27 @@ assert 19.5e12 / 1.555e12 < mm256 < 156e12 / 1.555e12  # A100: right of the FP32
 # this CPU trace, where the rest is Python and dispatcher time between ops). First on a made-up trace, to see how
 # little it takes to read 100 %:
 
+# %% [markdown] lang="zh" en="ce2628b76c86"
+# ## 6. 利用率、吞吐量与 MFU
+#
+# **`nvidia-smi` 的“GPU-Util”测的是什么。** 它是上一个采样周期（1/6 s 到 1 s）中，GPU 上*至少有一个
+# 内核*在运行的时间比例。一个小内核在整个周期内只占用 H100 的 132 个 SM 中的 1 个，读数就是 100 %。所以
+# GPU-Util 回答的是“GPU 有没有空闲？”（0-60 % 说明它在等 CPU、数据加载器或网络：也就是第 1 节 trace
+# 中的那些空隙），而从不回答“它是不是在卖力工作？”。要回答第二个问题：
+#
+# - **DCGM** 的性能分析指标（`dcgmi dmon -e 1002,1003,1004,1005`，或者供 Prometheus 使用的 DCGM
+#   exporter）：*SM 活跃度*（`DCGM_FI_PROF_SM_ACTIVE`：每个 SM 上至少有一个 warp 的时间比例，在所有 SM
+#   上取平均）、*SM 占用率*（驻留的 warp 数 / 最大值）、*张量流水线活跃度*（`PIPE_TENSOR_ACTIVE`：
+#   张量核心有多忙）和 *DRAM 活跃度*；
+# - **Nsight Systems** 的 `nsys profile --gpu-metrics-devices=all python train.py` 把 SM 活跃度、张量核心
+#   活跃度和 DRAM 带宽画在与内核相同的时间线上；**Nsight Compute** 给出单个内核实际达到的占用率；
+# - 端到端的指标，完全不需要任何工具：**吞吐量**（samples/s、tokens/s）和 **MFU**。
+#
+# GPU-Util 就是内核时间线的忙碌比例。`P.busy_fraction` 从 Chrome trace 中计算它：在各个 `train_step`
+# 区间中，至少被某一类别的一个事件覆盖的时间所占的比例（GPU trace 上的类别是 `"kernel"`，这份 CPU trace
+# 上是 `"cpu_op"`，其余时间是算子之间的 Python 和分发器时间）。先在一份虚构的 trace 上看一看，读数达到
+# 100 % 有多容易：
+
 # %%
 window = {"ph": "X", "name": "train_step", "ts": 0, "dur": 1000}
 one_tiny_kernel = {"ph": "X", "cat": "kernel", "name": "tiny", "ts": 0, "dur": 1000}   # 1 block on 1 SM, all along
@@ -536,6 +783,9 @@ assert P.busy_fraction([window, one_tiny_kernel], "kernel") == 1.0 and P.busy_fr
 
 # %% [markdown]
 # And on the trace of section 1 (on a GPU, with `category="kernel"`: the same figure `nvidia-smi` would show):
+
+# %% [markdown] lang="zh" en="df06a2a8bf20"
+# 再看第 1 节的 trace（在 GPU 上使用 `category="kernel"`：得到的就是 `nvidia-smi` 会显示的那个数字）：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -552,6 +802,15 @@ notes.append(("busy fraction (GPU-Util analogue)", f"{busy:.0%}"))
 # (`P.gpt_train_flops`; PaLM's appendix). PyTorch's `FlopCounterMode` (`P.count_flops`) counts the matmuls of a
 # real step, and the two agree exactly. Recomputation under activation checkpointing does not count: with it
 # counted, the figure is HFU (*hardware* FLOPs utilisation).
+
+# %% [markdown] lang="zh" en="278632294c3f"
+# **吞吐量与 MFU。** 比较不同的运行要看每秒 token 数（只看单步时间会掩盖批大小）。**MFU**，即*模型算力
+# 利用率*（model FLOPs utilisation），把吞吐量与硬件联系起来：在该吞吐量下模型每秒所需的浮点运算次数，
+# 除以峰值 FLOP/s。稠密 Transformer 训练时，每个 token 每个参数约需 **6 次浮点运算**（前向 2 次，反向
+# 4 次），另加注意力部分的 12 × 层数 × 序列长度 × d_model（`P.gpt_train_flops`；见 PaLM 论文附录）。
+# PyTorch 的 `FlopCounterMode`（`P.count_flops`）统计一个真实训练步中的矩阵乘法，两者完全一致。激活
+# 重计算（梯度检查点）带来的重复计算不计入；如果计入，这个指标就成了 HFU（*硬件*算力利用率，hardware
+# FLOPs utilisation）。
 
 # %%
 gpt_cfg = models.GPTConfig(vocab_size=12, seq_len=12)  # the model P.make_gpt_step built
@@ -575,9 +834,18 @@ notes.append(("tiny GPT throughput", f"{32 * 12 / step_s:,.0f} tokens/s, MFU {mf
 # it, and the busy fraction above says
 # part of the step is not even inside an op. Large-model training on GPUs reports an MFU of about 30-50 %
 # (PaLM 540B: 46 %). Published MFU divides by the **datasheet** peak (the theoretical one); the first figure above
-# divides by the peak measured here, which is lower, so it reads higher: compare an MFU only with one that used the
+# divides by the peak measured here, which is not the same number, so the two figures differ: compare an MFU only with one that used the
 # same denominator, which is why the cell prints both. The same formula, for a 7B model at 3000 tokens/s per H100 (989 TFLOP/s dense bf16), and the
 # throughput 40 % MFU would give (attention left out: small next to 6 × 7B at moderate sequence lengths):
+
+# %% [markdown] lang="zh" en="3a8f2660ca5c"
+# 远低于峰值（上面那一行给出了在本机上低多少）：d_model = 96 时矩阵乘法太小，达不到峰值；而上面的忙碌
+# 比例说明，训练步中有一部分时间甚至不在任何算子之内。在 GPU 上训练大模型，报告的 MFU 约为 30-50 %
+# （PaLM 540B：46 %）。公开发表的 MFU 除以的是**数据手册**上的峰值（即理论峰值）；上面第一个数字除以的
+# 是在这里实测的峰值，两者并不相同，所以这两个数字也不同：只能把一个 MFU 与使用相同分母的 MFU 相比较，这也是该单元格
+# 把两者都打印出来的原因。下面用同一个公式计算一个在每块 H100（稠密 bf16 989 TFLOP/s）上跑到
+# 3000 tokens/s 的 7B 模型的 MFU，以及 40 % MFU 对应的吞吐量（不计注意力：在中等序列长度下，它与
+# 6 × 7B 相比很小）：
 
 # %%
 mfu_7b = P.mfu(6 * 7e9 * 3000, 1.0, H100_BF16_FLOPS)
@@ -591,6 +859,13 @@ assert round(mfu_7b, 3) == 0.127
 # machine drifts by tens of percent between runs. Change one variable at a time (fusion, dtype, shape, threads),
 # and write each result down with what changed. This session's notes:
 
+# %% [markdown] lang="zh" en="0fb025cb2c8e"
+# ## 7. 方法：先测基线，每次只改一处
+#
+# 上面的每个数字都是与*同一次运行*中的基线对比测得的（轮流交替运行，取中位数），因为一台繁忙的机器在两次
+# 运行之间会漂移几十个百分点。每次只改变一个变量（融合、数据类型、形状、线程数），并把每个结果连同改动
+# 一起记下来。本次会话的笔记：
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 for what, result in notes:
@@ -600,6 +875,11 @@ for what, result in notes:
 # ## 8. Exercises
 #
 # **07.axpy-intensity.** The arithmetic intensity (FLOP/byte) of `y = a * x + y` on fp32 vectors, `a` a scalar.
+
+# %% [markdown] lang="zh" en="58c1b87440fd"
+# ## 8. 练习
+#
+# **07.axpy-intensity.** 在 fp32 向量上计算 `y = a * x + y`（`a` 是标量）的算术强度（FLOP/byte）。
 
 # %%
 answer = ...
@@ -611,6 +891,10 @@ check("07.axpy-intensity", answer)
 # %% [markdown]
 # **07.matmul-intensity.** Write `intensity(m, n, k, bytes_per_element)` for `(m, k) @ (k, n)`, reading A and B
 # and writing C once. (`R.matmul_cost` does it; write it yourself.)
+
+# %% [markdown] lang="zh" en="418ecc951adf"
+# **07.matmul-intensity.** 为 `(m, k) @ (k, n)` 编写 `intensity(m, n, k, bytes_per_element)`，假设 A 和 B
+# 各读一次、C 写一次。（`R.matmul_cost` 能算出它；请你自己写。）
 
 # %%
 def intensity(m, n, k, bytes_per_element):
@@ -625,6 +909,10 @@ check("07.matmul-intensity", intensity)
 # %% [markdown]
 # **07.optimise-first** and **07.ops-for-80.** A profile of a bigger model's step (self and total time in ms):
 
+# %% [markdown] lang="zh" en="614dfcc280dc"
+# **07.optimise-first** 和 **07.ops-for-80.** 一个更大模型的训练步的性能分析结果（self 时间和 total 时间，
+# 单位 ms）：
+
 # %%
 print(f"{'op':<28} {'self ms':>8} {'total ms':>9} {'calls':>6}")
 for op, self_ms, total_ms, calls in PROFILE_TABLE:
@@ -632,6 +920,9 @@ for op, self_ms, total_ms, calls in PROFILE_TABLE:
 
 # %% [markdown]
 # Which op do you optimise first? And how many ops, largest self time first, cover 80 % of the self time?
+
+# %% [markdown] lang="zh" en="ee5dab2edc3a"
+# 你会先优化哪个算子？把算子按 self 时间从大到小排列，需要多少个才能覆盖 80 % 的 self 时间？
 
 # %%
 first = ...
@@ -648,6 +939,12 @@ check("07.ops-for-80", n_for_80)
 # **07.bound.** On an H100 (datasheet: `H100_BF16_FLOPS` = 989 TFLOP/s dense bf16, `H100_BANDWIDTH` = 3.35 TB/s),
 # say `"memory"` or `"compute"` for: a bf16 8192³ matmul; a bf16 softmax over 8192 × 8192; a bf16
 # (8, 8192) @ (8192, 8192) matmul (a decoding step with batch 8).
+
+# %% [markdown] lang="zh" en="eed7353b50c9"
+# **07.bound.** 在 H100 上（数据手册：`H100_BF16_FLOPS` = 989 TFLOP/s 稠密 bf16，`H100_BANDWIDTH` =
+# 3.35 TB/s），对下列每一项回答 `"memory"` 或 `"compute"`：一个 bf16 8192³ 矩阵乘法；一个在
+# 8192 × 8192 上的 bf16 softmax；一个 bf16 的 (8, 8192) @ (8192, 8192) 矩阵乘法（批大小为 8 的一个
+# 解码步）。
 
 # %%
 bounds_h100 = ...
@@ -680,3 +977,26 @@ check("07.bound", bounds_h100)
 #
 # Next, notebook 08 writes fused kernels yourself, in Triton, and counts the bytes they save; notebook 09 spreads the
 # step over several processes, where the bottleneck becomes communication.
+
+# %% [markdown] lang="zh" en="80052a8b3b0f"
+# ## 小结
+#
+# - 优化之前先做性能分析：按 **self** 时间排序；少数几个算子就覆盖了 80 %。Chrome trace（Perfetto）展示
+#   时间线；在 GPU 上要按 CUDA 时间排序，并使用 Nsight Systems / Nsight Compute。
+# - 每个算子都要付出固定的启动/分发开销：许多微小算子会慢得不成比例。
+# - 逐元素算子链是访存密集型的：把它融合起来（手工融合，或者用 `torch.compile`，它第一次调用时会编译）能
+#   减少字节数、提高算术强度。大矩阵乘法是计算密集型的：融合在那里收益甚微。
+# - 矩阵乘法可以通过堆叠权重来融合（Q、K、V：浮点运算次数相同，少两次内核启动，输入只读一次），也可以
+#   通过折叠来融合（在 eval 模式下把 BatchNorm 折叠进它前面的卷积：W' = W·γ/σ，b' = (b − μ)·γ/σ + β）。
+#   融合算子的反向传播是手写的：在相信一条损失曲线之前，先在 float64 下用 `gradcheck` 检查它。
+# - 屋顶线模型：可达性能 = min(峰值, 算术强度 × 带宽)，其中的上限要用*实测*值。理论峰值，即
+#   设备数 × 单元数 × 频率 × 每单元每周期的 FLOPs（一次 FMA 算两次浮点运算；按稠密而非稀疏计算），是一个
+#   上界，实际作业只能达到其中的一部分。算术强度的单位是 FLOP/byte，要与机器和数据类型的脊点相比较，而不是
+#   与一个固定的百分比比较。
+# - `python -m labkit.bench peak` 打印本机实测峰值与理论峰值的对比。
+# - GPU-Util 是*某个*内核在运行的时间比例，而不是 GPU 工作得有多卖力：要看 DCGM 的 SM/张量核心活跃度，
+#   并用 tokens/s 和 MFU 来评判一次运行（模型浮点运算次数 ≈ 6 × 参数量 × token 数，再除以峰值；在 GPU 上
+#   训练大模型，30-50 % 就算不错）。
+#
+# 接下来，notebook 08 让你自己用 Triton 编写融合内核，并统计它们省下的字节；notebook 09 把训练步分布到多个
+# 进程上，这时瓶颈就变成了通信。

@@ -28,6 +28,35 @@
 # tests, only the facts that hold everywhere. **Explained, not run** sections need a GPU, a site's hardware or
 # a site's software: they say what you would type and what you would read.
 
+# %% [markdown] lang="zh" en="a1796958aac4"
+# # 14 · 平台与工具链
+#
+# **学习目标**
+# - 说明 HPC 与智算（智能计算）的共同点和差异（一边是 FP64 和 MPI，一边是低精度和数据并行），并在一个病态
+#   方程组上亲眼看到 FP64 的作用；
+# - 编译同一个 C 内核，每次只改一个选项（从 `-O0` 到 `-O3 -march=native`），读懂编译器向量化了什么、
+#   `-O2` 为什么可能不做向量化，并知道 `-march=native` 为什么会让二进制文件在另一个节点上无法运行；
+# - 复现 cuBLAS/cuDNN 版本不匹配时加载器报出的 `undefined symbol`（未定义符号）错误，并诊断它；
+# - 了解容器如何获得 GPU（NVIDIA Container Toolkit、Apptainer `--nv`）；
+# - 测量写一次检查点的开销，决定多久写一次，并让一次训练的结果可以核验；
+# - 从一个带索引的打包文件中读取数据集，而不是读成千上万个小文件，并说明为什么并行文件系统对小文件格外
+#   不友好；
+# - 用阿姆达尔定律审视加速比的宣传，并熟悉 GPU 端的工具（`nvidia-smi dmon`、Nsight Compute、TensorRT、
+#   能耗计数器、`NCCL_IB_TIMEOUT`），足以在 GPU 节点上使用它们；
+# - 用 send/recv 写出参数服务器和环形全归约，统计每个 rank 发送的字节数，并理解为什么使用本地统计量的
+#   BatchNorm 在 4 个 rank 上和在单个进程上不是同一个模型。
+#
+# **前置知识：** notebook 04（小型 GPT）、07（性能分析、屋顶线模型）、12（集群的节点与存储）。
+#
+# **预计用时：** 80 分钟（核心部分 40 分钟，进阶部分 40 分钟）
+#
+# 第 4、5、6、8 节是**进阶**内容：容器、检查点 I/O、训练的生命周期以及 GPU 端工具。第一遍学习可以只看
+# 其余各节及其练习；单元格仍然按顺序运行。
+#
+# 本 notebook 用两种标签标明在笔记本电脑上能演示什么、不能演示什么。标为**在本机运行**的小节在任何 CPU 上
+# 都能执行，并对所讲的内容做断言；耗时因机器而异，所以测试不比较这些单元格的输出，只检查处处成立的事实。
+# 标为**只讲解，不运行**的小节需要 GPU、计算中心的硬件或计算中心的软件：它们说明你要输入什么、会读到什么。
+
 # %%
 # %matplotlib inline
 import inspect
@@ -84,6 +113,37 @@ GCC = T.find_compilers()["gcc"] is not None
 #
 # **Predict, then run.** Which of the three get `x` back to a relative error below 1e-3? Give a set of names.
 
+# %% [markdown] lang="zh" en="f8720e632a12"
+# ## 1. HPC 与智算：同一个集群，两类工作
+#
+# 超算中心和 AI 训练集群由相同的部件搭建而成：配有 CPU 和加速器的节点、高速网络、共享的并行存储，以及
+# 批处理作业调度系统。在上面运行的工作却不一样：
+#
+# | | 传统 HPC | 智算 |
+# |---|---|---|
+# | 典型作业 | 仿真模拟（气象、材料、流体）、工程计算、大规模数据分析 | 训练、微调、推理、向量检索 |
+# | 运算类型 | 线性代数、FFT、偏微分方程 | 矩阵乘法、卷积、注意力 |
+# | 精度 | 双精度（FP64），有时用单精度（FP32） | FP32、TF32、BF16/FP16、FP8、INT8 |
+# | 并行方式 | 进程之间用 MPI，进程内部用线程和 SIMD | 数据并行、张量并行和流水线并行（torch.distributed、NCCL） |
+# | 在等什么 | CPU、内存带宽、网络、存储 | 加速器显存、互连、存储、作业排队 |
+#
+# 每类负载倚重的瓶颈各不相同（即 notebook 00 讲的三种瓶颈）。分子动力学的时间花在 MPI rank 之间的邻居
+# 数据交换和 FFT 上；流体力学让大型网格流过内存，属于访存密集型；训练则三种瓶颈同时用到：前向和反向传播
+# 靠算力，逐元素运算和归一化靠显存带宽，梯度同步靠网络；此外还有第四个瓶颈，即数据加载器，它等待的是存储
+# 和 CPU 的解码，而不是内存（第 5 节会测量它）。张量核心（Tensor Core）是 NVIDIA GPU 中的矩阵计算单元，
+# 随 Volta（2017 年，FP16）引入，在 Ampere（2020 年）上又增加了 BF16 和 TF32；它的速率是 FP32 的许多倍，
+# 这也是混合精度从 AI 领域扩散到 HPC 程序中的原因。两边的集合通信也是相同的：MPI 的 `MPI_Allreduce` 就是
+# DDP 的全归约（AllReduce），而且在编译时启用了 MPI 的 PyTorch 中，torch.distributed 甚至可以直接运行在
+# MPI 之上。
+#
+# ### FP64 依然重要：一个病态方程组
+#
+# **在本机运行。** AI 能容忍低精度，因为训练本来就充满噪声。许多科学计算问题却不行。8×8 的希尔伯特（Hilbert）
+# 矩阵 `H[i, j] = 1 / (i + j + 1)` 是经典的病态方程组：我们取 `x = (1, …, 1)`，用 FP64 计算 `b = H x`，
+# 然后分别用 FP64、用 FP32，以及把数据存成 BF16，来求解 `H x = b`。
+#
+# **先预测，再运行。** 三种方式中，哪几种求得的 `x` 相对误差低于 1e-3？请以名称的集合作答。
+
 # %%
 prediction = ...
 ### BEGIN SOLUTION
@@ -121,6 +181,16 @@ assert resid["fp32"] < 1e-5  # a tiny residual, and not one correct digit: the r
 # in FP64 and solve for a correction with the cheap factors. For a matrix that is not too ill-conditioned
 # (condition × FP32's eps well below 1) it converges to FP64 accuracy:
 
+# %% [markdown] lang="zh" en="3bb179474f57"
+# 经验法则：求解一个方程组大约会损失 log10(条件数) 位有效数字。FP64 约有 16 位有效数字，在这里至少还能
+# 保住约 6 位；FP32 约有 7 位，一位也保不住，可它的残差 `‖Ax − b‖` 已经小到 FP32 所能达到的极限。所以残差
+# 小不等于答案对：一个只凭“看起来已经收敛”来比较结果的程序，可能每一位数字都是错的。这就是仿真计算坚持
+# 使用 FP64 的原因，也是 HPC 只在有方法修正误差的地方才使用低精度的原因。
+#
+# **混合精度迭代精化**就是这样一种方法，也是 HPL-MxP 基准测试背后的思路：先用低精度对矩阵做一次分解（开销
+# 最大的 O(n³) 部分，张量核心能在这里发挥作用），然后反复用 FP64 计算残差，并用这份廉价的分解因子解出修正量。
+# 对于条件数不太大的矩阵（条件数 × FP32 的机器精度 ε 远小于 1），它的误差能收敛到 FP64 的水平：
+
 # %%
 g = torch.Generator().manual_seed(0)
 A = torch.randn(200, 200, generator=g, dtype=torch.float64) + 20 * torch.eye(200, dtype=torch.float64)
@@ -146,6 +216,16 @@ assert errors[0] > 1e-9 and errors[-1] < 1e-13
 # `ifort`) and, for CUDA, NVIDIA's `nvcc`; PyTorch itself compiles at run time too (`torch.compile` generates C++ or
 # Triton, notebook 07; Triton kernels, notebook 08). Which compilers this machine has:
 
+# %% [markdown] lang="zh" en="685b6bfd6179"
+# ## 2. 编译器与编译选项：同一个 C 内核，每次只改一个选项
+#
+# **在本机运行**（前提是装有 gcc）。工具链分为好几层（作业调度系统、编译器、库、性能分析器）；每一层熟练
+# 掌握一两个工具，胜过装上一大堆。编译器决定了程序能用上多少硬件能力：同一个循环，可以每条指令处理一个
+# 元素，也可以一次处理 8-16 个（SIMD）。在集群上你会遇到 GCC、LLVM 的 clang、Intel oneAPI 的 `icx`、
+# `icpx` 和 `ifx`（分别是 `icc`、`icpc` 和 `ifort` 的后继者），以及用于 CUDA 的 NVIDIA `nvcc`；PyTorch
+# 自己也会在运行时编译（`torch.compile` 生成 C++ 或 Triton 代码，见 notebook 07；Triton 内核见 notebook 08）。
+# 本机装有哪些编译器：
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 for name, path in T.find_compilers().items():
@@ -155,6 +235,10 @@ for name, path in T.find_compilers().items():
 # The kernel evaluates a cubic polynomial on every element of an array of 16 384 floats, 2000 times per round, and
 # reports its best round (the least disturbed one). Every element is independent of the others, so a compiler may
 # vectorise the loop:
+
+# %% [markdown] lang="zh" en="eb7d7497ac80"
+# 这个内核对一个含 16 384 个 float 的数组中的每个元素计算一个三次多项式，每轮计算 2000 次，并报告最好的
+# 一轮（受干扰最少的一轮）。每个元素都与其他元素无关，所以编译器可以把这个循环向量化：
 
 # %%
 print(T.KERNEL_C.strip())
@@ -168,6 +252,15 @@ print(T.KERNEL_C.strip())
 # may fuse `a*x + b` into one instruction with one rounding instead of two, and the bits of the result would change
 # with the flags. Beside each time, the widest vectors GCC says it used for the loop
 # (`-fopt-info-vec`: 16 bytes is SSE, 4 floats; 32 is AVX2, 8 floats; 64 is AVX-512, 16 floats):
+
+# %% [markdown] lang="zh" en="bab68160c3dc"
+# 下面几次构建**每次只差一个选项**，每次都与前一次比较：`-O0`（不优化：每个变量都要写回内存再读出来）、
+# `-O2`（常用的发布级别）、`-O3`（更激进的循环优化，向量化器使用完整的代价模型），然后是 `-march=native`
+# （使用构建所在 CPU 的全部指令），最后，如果 CPU 支持 AVX-512，再加上 `-mprefer-vector-width=512`。所有
+# 构建还都加了 `-ffp-contract=off`：没有它，一旦编译选项允许编译器使用 FMA 指令（在支持 FMA 的 CPU 上用
+# `-march=native`，或者用 `-mfma`），编译器就可能把 `a*x + b` 融合成一条指令，只做一次舍入而不是两次，
+# 结果的比特就会随编译选项而变。每个耗时旁边列出 GCC 报告它为该循环使用的最宽向量（`-fopt-info-vec`：
+# 16 字节是 SSE，4 个 float；32 字节是 AVX2，8 个 float；64 字节是 AVX-512，16 个 float）：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -203,7 +296,16 @@ else:
 # last `n mod 4` elements, since `n` is only known at run time. `restrict` on the pointers removes the first; a trip
 # count fixed at compile time, a multiple of the vector width, removes the second. `-O3` (the *dynamic* cost model)
 # or `-fvect-cost-model=cheap` accept both. GCC before 12 does not vectorise at `-O2` at all, and clang does, so
-# read the report of your compiler. Three variants of `poly`, as written and with one change each:
+# read the report of your compiler. Three variants of `poly`, as written and then one more change at a time:
+
+# %% [markdown] lang="zh" en="59effac55d95"
+# **为什么 `-O2` 可能让循环保持标量。** GCC 12 及更新的版本在 `-O2` 下也会运行向量化器，但用的是*非常廉价*
+# （very cheap）的代价模型：只有当向量代码不需要任何额外的辅助代码时，它才会向量化一个循环。这个循环需要
+# 两段辅助代码：一是运行时检查 `x` 和 `y` 不重叠（两个指针可能互为别名），二是处理最后 `n mod 4` 个元素的
+# 标量*收尾循环*（epilogue），因为 `n` 要到运行时才知道。给指针加上 `restrict` 可以去掉第一段；在编译时
+# 固定循环次数，并使它是向量宽度的整数倍，可以去掉第二段。`-O3`（*动态*代价模型）或
+# `-fvect-cost-model=cheap` 两段都能接受。GCC 12 之前的版本在 `-O2` 下根本不做向量化，而 clang 会做，
+# 所以要读你所用编译器的报告。下面是 `poly` 的三个版本：原样的写法，以及每次多改一处的两个版本：
 
 # %%
 if GCC:
@@ -247,6 +349,35 @@ if GCC:
 # of torch for CUDA bring their own cuBLAS, cuDNN and NCCL as `nvidia-*` packages. The GPU driver is the other half:
 # it must be at least as new as the CUDA version the libraries need. What this torch was built with:
 
+# %% [markdown] lang="zh" en="eb8550b29571"
+# 向量宽度还说明了另一件事。在支持 AVX-512 的 CPU 上，单用 `-march=native` 通常仍停留在 32 字节向量：
+# GCC 对大多数 AVX-512 CPU 的调优设定了 `-mprefer-vector-width=256`，因为在好几代 Intel 处理器上，512 位
+# 指令会降低时钟频率，而在短循环中又收益不大；最后一次构建要求使用 64 字节向量，它的耗时说明了这样做在
+# 这里是否划算。用测量来做决定，每次只改一个选项。
+#
+# 从中应该记住：
+#
+# - **测量，每次只改一个选项。** 以默认构建作为基线，改一个选项，只有测量结果支持时才保留它。从别处抄来
+#   的编译选项，是针对另一个编译器、另一种 CPU、另一份代码调出来的。
+# - **`-march=native` 把二进制文件绑定在构建它的那种 CPU 上。** 在支持 AVX-512 的登录节点上构建，到了较老
+#   的计算节点上就会因 `Illegal instruction` 而崩溃。要在实际运行的那类节点上构建，或者指定一个整个集群都
+#   支持的基线（`-march=x86-64-v3` 即 AVX2 加 FMA）。
+# - **有些选项改变的不只是速度，还有结果：** `-ffp-contract`（FMA）、`-ffast-math`（对求和重新结合、去掉
+#   NaN/inf 检查）。要在不同构建之间逐位比较结果，就必须把它们固定下来。
+# - **nvcc** 用主机编译器编译主机端代码，并为你列出的 GPU 架构编译设备端代码
+#   （`-gencode arch=compute_90,code=sm_90`，或 `-arch=sm_80`）；如果二进制文件中没有它所遇到的 GPU 的代码，
+#   就会报错“no kernel image is available for execution on the device”。`-lineinfo` 让 Nsight Compute
+#   能把指标对应到源代码行。
+#
+# ## 3. 库版本与“undefined symbol”（未定义符号）错误
+#
+# 在 PyTorch 和 GPU 之间，还隔着几个各有版本号的库：CUDA 运行时、**cuBLAS**（矩阵乘法）、**cuDNN**（卷积、
+# 注意力、归一化）、**NCCL**（集合通信），在 CPU 上则是 oneDNN 和某个 BLAS 库。新版本可能带来针对新 GPU
+# 的新内核、在多个内核之间做选择的不同启发式规则（因此速度和舍入都会不同：结果的最后几位会变）、新的默认值，
+# 以及修复的或新引入的 bug。单独升级 cuBLAS 可能让矩阵乘法变快，但受支持的做法是使用你的 PyTorch 构建
+# 经过测试的那一整套库：CUDA 版 torch 的 pip wheel 以 `nvidia-*` 包的形式自带 cuBLAS、cuDNN 和 NCCL。
+# GPU 驱动是另一半：它必须至少与这些库所需的 CUDA 版本一样新。当前这个 torch 构建时所用的版本：
+
 # %%
 # NBVAL_IGNORE_OUTPUT
 for lib, version in T.library_versions().items():
@@ -259,6 +390,12 @@ print("MPI backend in torch.distributed:", torch.distributed.is_mpi_available())
 # a `cudnn...` or `cublas...` name, after someone put another cuDNN first on `LD_LIBRARY_PATH`). The same thing, with
 # two versions of a tiny library: version 2 adds a function `scale_fast`, and an extension built against version 2
 # calls it.
+
+# %% [markdown] lang="zh" en="7dbe78dcf328"
+# **在本机运行。** 如果加载器找到的库比程序链接时所用的库*更旧*，程序就会引用一个旧库中没有的函数，于是
+# 加载失败：`undefined symbol: ...`（对 torch 来说，通常是某个 `cudnn...` 或 `cublas...` 开头的名字，起因
+# 是有人把另一个 cuDNN 放到了 `LD_LIBRARY_PATH` 的最前面）。下面用一个小库的两个版本重现同样的情况：版本 2
+# 新增了函数 `scale_fast`，一个针对版本 2 构建的扩展调用了它。
 
 # %%
 if GCC:
@@ -298,7 +435,37 @@ else:
 #   (`/dev/infiniband`, libibverbs in the image); Apptainer shares the host network by default, Docker needs
 #   `--network host` or an overlay, which is one reason clusters prefer Apptainer.
 #
-# Whether this kernel runs in a container, read from the marks runtimes leave:
+# Whether this notebook's kernel runs in a container, read from the marks runtimes leave:
+
+# %% [markdown] lang="zh" en="63842897c4e0"
+# 在真实节点上如何诊断：对 torch 的 `lib/libtorch_cuda.so`（位于
+# `python -c "import torch, os; print(os.path.dirname(torch.__file__))"` 打印出的文件夹中）运行 `ldd`，
+# 可以看到每个库解析到了哪个文件；`nm -D --defined-only libX.so | grep name` 可以查看某个文件是否导出了
+# 缺失的名字；`LD_DEBUG=libs python -c "import torch"` 会跟踪整个搜索过程。修复办法几乎从来不是把某个库
+# 复制进来，而是去掉覆盖了 torch 自带库的东西（`.bashrc` 中的一行 `LD_LIBRARY_PATH`、一条
+# `module load cudnn/...`），或者使用一个固定了整个软件栈的容器。每次运行都要记录版本（notebook 12 的
+# 可复现性记录，`python -m labkit doctor`）。
+#
+# ## 4. 容器：带 GPU 的 Docker 与 Apptainer
+#
+# **进阶。**
+# **只讲解，不运行**（需要装有容器运行时的 GPU 节点）。容器镜像冻结了用户态的软件栈：Python、PyTorch、
+# CUDA 运行时、cuBLAS、cuDNN、NCCL。GPU **驱动**不在镜像里：它属于宿主机的内核，由容器运行时在容器启动时
+# 把设备文件和用户态库（`libcuda.so`、`nvidia-smi`）带进容器：
+#
+# - **Docker 或 Podman 加上 NVIDIA Container Toolkit：** `docker run --gpus all image python train.py`
+#   （或者用 CDI：`--device nvidia.com/gpu=all`）。Docker Compose 可以为每个服务单独申请 GPU。适合一台或
+#   少数几台机器。
+# - **Apptainer（前身为 Singularity）** 是 HPC 集群上常用的运行时，因为它以用户身份运行，不需要 root
+#   守护进程：`apptainer exec --nv image.sif python train.py`；`--nv` 会把宿主机的驱动库和 GPU 挂载进来。
+#   在 Slurm 作业中：`srun apptainer exec --nv image.sif torchrun ...`。
+# - **规则：** 宿主机驱动必须支持镜像中的 CUDA 版本。驱动太旧会报错“CUDA driver version is insufficient
+#   for CUDA runtime version”。
+# - **容器中的多节点作业**需要容器内有 InfiniBand（无限带宽网络）设备和支持 RDMA 的网络栈
+#   （`/dev/infiniband`、镜像中的 libibverbs）；Apptainer 默认共享宿主机的网络，Docker 则需要
+#   `--network host` 或覆盖网络（overlay），这也是集群偏爱 Apptainer 的原因之一。
+#
+# 根据各种容器运行时留下的痕迹，判断本 notebook 的内核是否运行在容器中：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -312,6 +479,14 @@ print("container runtime:", T.container_runtime() or "none detected")
 # shared file system is shared: a hundred ranks each writing their shard at once, or a job writing thousands of
 # small log files, slow everybody down. First, what a write costs here, to the local temporary folder, with `fsync`
 # so that the bytes really reach the disk:
+
+# %% [markdown] lang="zh" en="198c7e664764"
+# ## 5. 检查点与日志 I/O：保存的代价
+#
+# **进阶。**
+# **在本机运行。** 写检查点时训练会停顿（除非异步写入）；而共享文件系统是大家共用的：一百个 rank 同时各写
+# 自己的分片，或者一个作业写成千上万个小日志文件，都会拖慢所有人。先看在这里写一次的代价：写到本地临时
+# 文件夹，并调用 `fsync`，确保字节真正落到磁盘上：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -336,6 +511,16 @@ print("file = payload + under 4 KiB of metadata; a 64x larger checkpoint takes l
 # 13B model with its AdamW state (about 16 bytes per parameter, 208 GB) written at 3.5 GB/s, about 60 s per
 # checkpoint, and a failure a day:
 
+# %% [markdown] lang="zh" en="cb49414e63b3"
+# 小块写入的耗时主要是固定开销（打开文件、元数据、`fsync`），大块写入则主要受带宽限制。在集群上，把
+# 检查点写到项目文件系统或并行文件系统（绝不要在那里写大量小文件），保留最近的几个，作业结束后把更早的
+# 归档，并且只让一个 rank 写日志。
+#
+# **多久写一次？** 写得太频繁，浪费的是写入的时间；写得太少，浪费的是作业失败时丢失的工作（平均为半个
+# 间隔）。Young 公式在两者之间取得平衡：间隔 = √(2 × 写入时间 × MTBF)，其中 MTBF 是作业的平均故障间隔
+# 时间（一个跑在 N 个节点上的作业，出故障的频率约为单个节点的 N 倍）。以一个 13B 模型为例，连同 AdamW
+# 状态（每个参数约 16 字节，共 208 GB）以 3.5 GB/s 写入，每个检查点约需 60 s，每天故障一次：
+
 # %%
 c_s, mtbf_s = 60.0, 24 * 3600.0
 every = L.young_interval(c_s, mtbf_s)
@@ -358,6 +543,21 @@ assert round(every / 60) == 54 and L.checkpoint_overhead(c_s, every) < 0.02
 # The same 2000 samples of 4 to 12 KiB (about 60 % of that once compressed), stored compressed as images are (JPEG,
 # PNG), once as one file per sample and once packed into a single file with an index of (offset, length) per sample:
 
+# %% [markdown] lang="zh" en="bcc4cb192fb2"
+# ### 读取数据：大量小文件，还是一个打包文件
+#
+# **在本机运行。** 数据集常常是一个样本一个文件：一张图片、一段视频、一个 JSON 文档。seed 004 §2.3 建议不要
+# 把大量小文件堆在一个被许多作业同时读取的共享目录里，而应把它们打包、建立索引，或者转换成顺序读取的格式。
+# 原因在于，一个文件的代价不止于它的字节。读一个文件要经过路径查找、`open`（权限检查、文件描述符）、
+# `fstat`、`read` 和 `close`。在节点自己的磁盘上，这些都是系统调用，只要内核缓存了目录和文件的 inode，
+# 几微秒就能完成。在并行文件系统（Lustre、GPFS）上，open、stat 以及每一次创建文件，都是通过网络发给文件
+# 系统**元数据服务**的请求（在 Lustre 上就是元数据服务器 MDS），而整个集群的所有作业共用这项服务；文件
+# 内容本身则从许多存储服务器并行读取。以随机顺序读取一百万张图片，就意味着每个 epoch、每个读数据的 rank
+# 都要与元数据服务往返一百万次。
+#
+# 同样的 2000 个样本，每个 4 到 12 KiB（压缩后约为原大小的 60 %），像图片（JPEG、PNG）那样以压缩形式
+# 存储：一次存成每个样本一个文件，一次打包成单个文件，并为每个样本附上 (offset, length) 索引：
+
 # %%
 g = torch.Generator().manual_seed(0)
 samples = [torch.randint(0, 16, (int(n),), generator=g, dtype=torch.uint8).numpy().tobytes()
@@ -373,6 +573,10 @@ print(f"{len(records)} samples, {sum(map(len, samples)) / 2**20:.1f} MiB before 
 # %% [markdown]
 # One shuffled epoch read both ways. The packed reader opens its file once and then only seeks: the index does
 # the work the directory did.
+
+# %% [markdown] lang="zh" en="9dca9208c914"
+# 以打乱后的顺序，用两种方式各读一个 epoch。打包读取器只打开一次文件，之后只做 seek：原来由目录完成的
+# 工作，现在由索引完成。
 
 # %%
 order = torch.randperm(len(records), generator=g).tolist()   # the order a shuffling DataLoader reads in
@@ -392,6 +596,10 @@ def epoch_packed():      # one open for the epoch, then a seek and a read per sa
 # `data.count_opens()` counts the files opened inside a block, from Python's own audit events (PEP 578: every
 # `open()`, `os.open` and `Path.read_bytes` raises one), the in-process view of what `strace -e trace=openat` shows:
 
+# %% [markdown] lang="zh" en="b9ed47718765"
+# `data.count_opens()` 统计一个代码块中打开的文件数，依据是 Python 自己的审计事件（PEP 578：每次 `open()`、
+# `os.open` 和 `Path.read_bytes` 都会触发一个），相当于在进程内部看到 `strace -e trace=openat` 所显示的内容：
+
 # %%
 with data.count_opens() as opens_small:
     got_small = epoch_small()
@@ -404,6 +612,10 @@ assert (opens_small.count, opens_packed.count) == (2000, 1)
 # %% [markdown]
 # What each costs here, measured in one run (interleaved, median of 5): the two epochs, and beside them two things
 # a loader also does with the same bytes, copying them in memory and decompressing them.
+
+# %% [markdown] lang="zh" en="d81a7e7e0b34"
+# 在同一次运行中（交替执行，取 5 次的中位数）测量各自的开销：两种方式各读一个 epoch；此外还有加载器对
+# 同样的字节也要做的两件事：在内存中复制，以及解压缩。
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -448,6 +660,32 @@ assert ms["small files"] > 4 * ms["memory copy"] and ms["decompress"] > 4 * ms["
 # > **What is true:** in the cell above, reading the epoch from small files and decompressing it both take more than
 # > 4 times as long as copying the same bytes in memory (the assert; the lines above say by how much here).
 
+# %% [markdown] lang="zh" en="a653d8910bb2"
+# 解读这些数字时，要记住这台机器掩盖了什么。这些文件刚刚才写入，所以每一个都在内核的页缓存里，根本没有
+# 碰到磁盘：上面每个文件的耗时只是系统调用和路径查找。在共享的并行文件系统上，每一次 open 和 stat 都是一次
+# 到元数据服务器的网络往返，还要排在其他所有作业的请求后面，所以两种读取方式在那里的差距通常比这里大得多。
+# 要看清一个真实加载器的时间花在哪里，就在集群上统计它的系统调用：
+# `strace -c -f -e trace=openat,newfstatat,statx,read,close python load.py`（加上 `-f`，连同它的 worker
+# 进程一起统计）。
+#
+# 基于打包思路的格式有：WebDataset 的 tar 分片、TFRecord、HDF5、LMDB、Parquet 和 Arrow 文件、MosaicML
+# 的 MDS 分片。这时要打乱顺序，就以随机顺序读取分片，再在缓冲区中打乱样本；或者像上面那样借助索引跳转
+# 读取。在数据准备阶段一次性转换好，并记录打包后数据集的版本（第 6 节）。
+#
+# > **常见误解**（seed 000 §1.2）：在训练中，前向和反向传播是计算密集型的，同步是通信密集型的，而数据加载
+# > 是“访存密集”的部分，也就是文章用 16 位格式把搬运的字节数减半来缓解的那类瓶颈（见其 §1.1）。
+# >
+# > **错在哪里：** 文章所说的“访存”涵盖 GPU 显存、主机内存和磁盘（见其 §1.1），但它给出的办法只作用于
+# > 内存带宽；而加载器每一步交出的数据只有几 MB 到几十 MB，内存几毫秒就能复制完，它等的既不是主机的
+# > DRAM，也不是 GPU 的 HBM。它的时间花在存储路径上（每个文件的延迟和元数据操作、共享文件系统的吞吐量），
+# > 以及 CPU 上（解码 JPEG 或压缩过的记录、数据增强、组装批次），而这些都不会因为模型改用 BF16 计算而减少：
+# > 文件和解码工作都还是原样。对症的办法是 worker 进程（`DataLoader(num_workers=...)`）、预取、打包文件，
+# > 以及在 GPU 上解码（NVIDIA DALI）。一步训练中访存密集的部分是逐元素运算、归一化和优化器更新
+# > （notebook 07 的屋顶线模型），16 位格式加速的正是这些。
+# >
+# > **实际情况：** 在上面的单元格中，从小文件读取一个 epoch 和解压缩，耗时都超过在内存中复制同样字节的
+# > 4 倍（见断言；上面打印的几行给出了在本机上具体是多少倍）。
+
 # %% [markdown]
 # ## 6. The lifecycle beyond checkpoints
 #
@@ -461,6 +699,19 @@ assert ms["small files"] > 4 * ms["memory copy"] and ms["decompress"] > 4 * ms["
 # **Run here.** The run to archive: the tiny GPT of notebook 04, trained on the reverse task, with a held-out test
 # set. The data gets a version from its content (a sha256 of the tensors), the run folder a manifest with the hash of
 # every file, and a restored model must give the same evaluation:
+
+# %% [markdown] lang="zh" en="b688560adb20"
+# ## 6. 检查点之外的生命周期
+#
+# **进阶。**
+# 一次跑完的训练，还不是一个别人能用、能核查的结果。一次可复用的训练要经过这些阶段：准备数据并记录其版本；
+# 固定环境；申请资源；先做小规模验证（notebook 12）；带着配置、随机种子、日志和检查点进行训练；在独立的
+# 数据上**评估**；以选定的批大小、并发数和精度**部署**（notebook 15）；**归档**模型、配置、指标、日志和
+# 环境。一次训练要能*跑起来*，只需要代码；要能*复现*，还需要同样的数据、环境和参数。
+#
+# **在本机运行。** 要归档的训练：notebook 04 的小型 GPT，在倒序任务上训练，另有一个留出的测试集。数据根据
+# 其内容得到一个版本号（张量的 sha256），训练目录中有一份清单（manifest），记录每个文件的哈希值；恢复出来
+# 的模型必须给出相同的评估结果：
 
 # %%
 task = data.make_token_task("reverse", n=4096, n_digits=6, vocab_size=12, seed=0)
@@ -502,6 +753,14 @@ assert L.verify_manifest(run_dir) == ["model.pt: changed (sha256 differs)"]
 # bottleneck. Amdahl's law says what part of a job a speed-up can reach: if a fraction `f` of the time gets `s` times
 # faster, the job gets 1 / ((1 − f) + f / s) faster, and never more than 1 / (1 − f).
 
+# %% [markdown] lang="zh" en="b635d56e8233"
+# ## 7. 如何看待加速比的宣传
+#
+# **在本机运行。** 有些文章承诺“混合精度、算子融合和更好的通信能带来 2-5 倍加速”，并给出“从 3 天缩短到
+# 18 小时”之类的案例。这些数字对它们所测的那个作业是真实的，那个作业有它自己的基线和瓶颈。阿姆达尔定律
+# 说明了一项加速能作用到作业的哪一部分：如果时间中占比 `f` 的部分快了 `s` 倍，整个作业就快
+# 1 / ((1 − f) + f / s) 倍，而且永远不会超过 1 / (1 − f) 倍。
+
 # %%
 for f, s in ((0.6, 2.0), (0.6, 8.0), (0.9, 8.0), (0.6, float("inf"))):
     print(f"{f:.0%} of the step {'infinitely' if s == float('inf') else f'{s:g}x'} faster -> the step "
@@ -520,6 +779,17 @@ assert math.isclose(T.amdahl(0.6, 1e9), 1 / (1 - 0.6), rel_tol=1e-6)
 # >
 # > **What is true:** measure the shares in one profile (notebook 07), check that they add up, and bound each fix
 # > with Amdahl's law before you promise a speed-up. The cell below does the arithmetic.
+
+# %% [markdown] lang="zh" en="54cdc2c520a7"
+# > **常见误解**（seed 002 §7.2）：对 BERT 的一次迭代做性能分析，发现“75 % 的时间花在低效的 LayerNorm
+# > 上”、“30 % 花在通信上”，注意力只达到峰值的 40 %，所以各项修复的收益应该可以叠加。
+# >
+# > **错在哪里：** 一次迭代中各部分的时间占比加起来最多是 100 %；75 % + 30 % 已经是 105 %。要么通信与
+# > LayerNorm 是重叠的（那么去掉其中一个并不会去掉另一个的时间），要么这些数字来自不同的运行。只有当几项
+# > 修复作用于时间中互不重叠的部分时，它们各自的加速比才能相乘。
+# >
+# > **实际情况：** 在同一次性能分析中测量各部分的占比（notebook 07），检查它们的总和说得通，并在承诺加速
+# > 之前用阿姆达尔定律算出每项修复的上限。下面的单元格做的就是这笔算术。
 
 # %%
 shares = {"LayerNorm": 0.75, "communication": 0.30}  # the article's figures (nothing to assert: they are given)
@@ -588,6 +858,65 @@ print(f"if LayerNorm really were 75 % and fusion made it 3x faster: at most {T.a
 # needs code without data-dependent Python: the tiny GPT does not export as it is, because its attention records a
 # statistic with `float(tensor)` on every call, a value the graph cannot know in advance.
 
+# %% [markdown] lang="zh" en="0712f3c5e405"
+# ## 8. 需要 GPU 或计算中心硬件的内容
+#
+# **进阶。**
+# 除非某一小节另有说明，以下内容都是**只讲解，不运行**。在 GPU 节点上，这些是应该用到的工具和设置。
+#
+# ### 观察 GPU：`nvidia-smi dmon`、Nsight Compute 与张量核心利用率
+#
+# `nvidia-smi dmon -s pucm -d 1` 每秒为每块 GPU 打印一行：功耗（W）和温度（`p`）、`sm` 和 `mem` 利用率
+# （`u`）、时钟频率（`c`）、已用显存（`m`）。`sm` 与 `nvidia-smi` 的 GPU-Util 是同一种基于时间的指标
+# （notebook 07）：它表示*有某个*内核在运行的时间占比，而不是计算单元有多忙；`mem` 是设备内存处于读写
+# 状态的时间占比。`sm` 高而每秒训练步数低，说明内核很小或在等待显存；`sm` 低，说明 GPU 在等数据加载器、
+# CPU 或网络。
+#
+# 要看张量核心是否在工作，就用 **Nsight Compute** 分析几步：
+# `ncu --set full -k regex:gemm -c 10 -o report python train.py`，然后阅读 *Compute Workload Analysis*
+# （各流水线的利用率，包括张量流水线）和 *Memory Workload Analysis* 两部分。张量流水线的指标名称随架构
+# 而不同（在 Ampere 上是 `sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active`）；
+# `ncu --query-metrics | grep -i tensor` 会列出你的 GPU 上的指标。如果矩阵乘法占比高而张量核心活跃度低，
+# 说明矩阵乘法在以 FP32 运行（autocast 没有覆盖到它们，或者形状不是 8/16 的倍数），或者自定义算子没有
+# 半精度内核。要做持续监控，DCGM 的性能分析指标（`dcgmi dmon -e 1002,1004`：SM 活跃度、张量流水线
+# 活跃度）几乎没有开销。
+#
+# > **常见误解**（seed 002 §6.3）：要测量通信占一步训练的多少时间，该用 `nvprof`。
+# >
+# > **错在哪里：** `nvprof` 和 Visual Profiler 不支持计算能力 8.0 及以上的 GPU（A100、H100）；NVIDIA
+# > 已经用 Nsight Systems（时间线）和 Nsight Compute（单个内核）取代了它们。
+# >
+# > **实际情况：** `nsys profile --trace=cuda,nvtx,osrt -o step python train.py` 会把 NCCL 内核和计算
+# > 内核并排放在 GPU 时间线上，这正是计算通信占比所需要的；`torch.profiler` 也能显示它们（notebook 07），
+# > NVIDIA 的性能分析器文档写明了支持范围。
+#
+# ### L2 命中率、SM 效率和其他经验法则
+#
+# Nsight Compute 会为每个内核报告 **L2 缓存命中率**（`lts__t_sector_hit_rate.pct`）：L2 缓存无需访问 HBM
+# 就满足了的内存请求所占的比例。一个会复用数据的内核命中率低，说明它的分块（tile）放不下，或者访问过于
+# 分散；而流式的逐元素内核天生命中率就低，这没有问题。“L2 命中率高于 70 %”或“SM 效率 85-95 %”之类的
+# 目标，是针对特定内核的经验法则，而不是每个内核都该达到的目标：要对照内核自己的屋顶线（notebook 07）
+# 来评判它，看它是访存密集型还是计算密集型。在 CPU 上，同样的道理体现在缓存层次结构中，notebook 07 的
+# 屋顶线图上那些超过 100 % 的点已经展示过这一点。
+#
+# ### 推理用的图编译器：TensorRT、XLA、TorchScript
+#
+# - **TensorRT**（NVIDIA）接收一个训练好的模型（从 ONNX 导入，或通过 Torch-TensorRT），融合各层，在*你的*
+#   GPU 上为每一层挑选最快的内核，并针对这块 GPU 和这个 TensorRT 版本构建一个引擎，可使用 FP16、INT8 或
+#   FP8。动态形状需要配置 profile（最小、最优、最大形状），而且不同形状下的性能可能不同。
+# - **XLA** 为 JAX 和 TensorFlow（以及 TPU 上的 PyTorch/XLA）编译整张计算图；每遇到一个新的输入形状都要
+#   重新编译。
+# - **TorchScript**（`torch.jit.script`/`trace`）是 PyTorch 较早的图格式；在当前的 PyTorch 中它已被弃用，
+#   取而代之的是 `torch.compile`（即时编译，notebook 07）和 `torch.export`（提前导出，得到一张可供
+#   AOTInductor、TensorRT 等其他工具使用的计算图）。
+# - 再往前看：MLIR 和 TVM 之类的编译器框架能为多种硬件生成内核；结构化稀疏（每 4 个权重中有 2 个为零）
+#   在 Ampere 及以后的 GPU 上让张量核心的速率翻倍，但会损失一些准确率。等本练习册的基础方法见效之后再
+#   采用它们，每次只做一项经过测量的改动。
+#
+# **在本机运行：** `torch.export` 把一个 512 → 2048 → 512 的 MLP（notebook 15 的 INT8 示例）捕获为一张由
+# ATen 算子组成的计算图，其输出与原模型相同。捕获要求代码中没有依赖数据的 Python 逻辑：小型 GPT 无法原样
+# 导出，因为它的注意力在每次调用时都用 `float(tensor)` 记录一个统计量，而这个值是计算图无法预先知道的。
+
 # %%
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -607,7 +936,7 @@ assert sum("linear" in o for o in ops) == 2 and any("gelu" in o for o in ops)
 # - a **parameter server** holds the weights; workers push gradients and pull weights. It suits sparse updates
 #   (a recommendation model's embedding rows: each worker touches a few), but the server's link carries everything;
 # - **ring all-reduce** (DDP, NCCL; notebook 09) has no centre: each rank sends and receives 2(p−1)/p of the gradient
-#   bytes whatever the number of ranks p is, the least any all-reduce can send, so it suits dense gradients of every
+#   bytes, under twice the gradient however many ranks p there are, the least any all-reduce can send, so it suits dense gradients of every
 #   size. Its cost is latency: 2(p−1) steps one after another, which is why NCCL also has a tree algorithm for
 #   small messages on many ranks;
 # - **hybrid** schemes split the model: embeddings through a server or all-to-all, dense layers through all-reduce;
@@ -619,6 +948,26 @@ assert sum("linear" in o for o in ops) == 2 and any("gelu" in o for o in ops)
 # reduce-scatter each rank passes one piece to its right neighbour and adds the one from its left, until every rank
 # holds the full sum of one piece; the all-gather then passes the finished pieces around.
 
+# %% [markdown] lang="zh" en="c714406e67b3"
+# ### 通信策略：参数服务器、环形全归约、压缩、BatchNorm
+#
+# 梯度如何传输是一项设计选择：
+#
+# - **参数服务器**保存权重；worker 推送梯度、拉取权重。它适合稀疏更新（推荐模型的 embedding 行：每个
+#   worker 只涉及其中少数几行），但服务器的链路要承载全部流量；
+# - **环形全归约**（DDP、NCCL；notebook 09）没有中心：每个 rank 发送和接收的字节数都是梯度字节数的
+#   2(p−1)/p：无论 rank 数 p 有多大，都不到梯度字节数的两倍，而且是任何全归约所能做到的最少发送量，因此
+#   适合各种大小的稠密梯度。它的代价是延迟：要依次进行 2(p−1) 步，这也是为什么 NCCL 还为多 rank 上的小消息
+#   提供了树形算法；
+# - **混合**方案把模型拆开：embedding 走参数服务器或 all-to-all，稠密层走全归约；NCCL 本身也是分层的，
+#   节点内走 NVLink，节点间走网络。
+#
+# **在本机运行**，在一次 torchrun 启动的 4 个 gloo rank 上（`labkit.recipes.comm_patterns`）：两种方式都用
+# 点对点的 `send`/`recv` 写成，每个 rank 对 65 536 个 fp32 值（256 KiB）求和，并与 `dist.all_reduce`
+# 比较。rank 0 是服务器，同时也贡献它自己的梯度。环形算法把张量切成 p 块：在归约分散（reduce-scatter）
+# 阶段，每个 rank 把一块传给右边的邻居，并把从左边收到的那块累加上去，直到每个 rank 都持有其中一块的
+# 完整和；接着在全收集（all-gather）阶段，把这些已完成的块沿环传一圈。
+
 # %%
 print(inspect.getsource(comm.ps_allreduce))
 print(inspect.getsource(comm.ring_allreduce))
@@ -627,6 +976,11 @@ print(inspect.getsource(comm.ring_allreduce))
 # The bytes each rank sent and received are read from `torch.profiler`'s records of the `send` and `recv` calls
 # (`handpar.recorded_collectives`, notebook 11), not counted by the functions above, and compared with the formulas:
 # the server sends and receives (p−1)·N bytes, a worker N each way; every ring rank 2(p−1)/p·N.
+
+# %% [markdown] lang="zh" en="83c1a1fa062a"
+# 每个 rank 发送和接收的字节数读自 `torch.profiler` 对 `send` 和 `recv` 调用的记录
+# （`handpar.recorded_collectives`，notebook 11），而不是由上面的函数自己统计，然后与公式比较：服务器
+# 发送和接收各 (p−1)·N 字节，每个 worker 各 N 字节；环中的每个 rank 各 2(p−1)/p·N 字节。
 
 # %%
 cp = launch("labkit.recipes.comm_patterns", nproc=4, timeout=180, stream=False, args=["--device", "cpu"])
@@ -650,6 +1004,18 @@ assert ar["ps"]["max_rel_diff"] < 1e-5 and ar["ring"]["max_rel_diff"] < 1e-5    
 # full-precision warm-up (it needs NCCL or MPI on GPUs). One bit per value loses most of each step's information;
 # *error feedback* adds what was not sent to the next step, so nothing is lost for good. **Run here** on one rank's
 # gradients over 50 steps:
+
+# %% [markdown] lang="zh" en="0dd5e3df83fe"
+# 4 个 rank 时，服务器每个方向传输 3·N，而环中的一个 rank 传输 1.5·N；64 个 rank 时，则是 63·N 对不到
+# 2·N。求和结果与 `dist.all_reduce` 的结果在舍入误差范围内一致（断言允许 1e-5 的相对误差），但不一定逐位
+# 相同：每种算法可能以不同的顺序把四份贡献加起来（notebook 02）。
+#
+# 少发送数据的三种方法：在通信之前先在几个微批次上累积梯度（DDP 的 `no_sync()`，notebook 09）；让通信与
+# 反向传播重叠（DDP 的分桶、DeepSpeed 的 `overlap_comm`）；以及**压缩**梯度：压缩到 16 位（DDP 的
+# `fp16_compress_hook`）、压缩为低秩近似（PowerSGD），或者每个值只用 1 位，DeepSpeed 的 **1-bit Adam**
+# 就是这样做的：在全精度预热之后，它对 Adam 的动量做 1 位压缩（在 GPU 上需要 NCCL 或 MPI）。每个值只用
+# 1 位会丢掉每一步的大部分信息；*误差反馈*（error feedback）把没有发出去的部分加到下一步，于是没有任何
+# 信息被永久丢失。**在本机运行**，在一个 rank 的 50 步梯度上：
 
 # %%
 rng = torch.Generator().manual_seed(0)
@@ -681,12 +1047,30 @@ assert rel(sent_ef) < 0.5 * rel(sent_plain)
 # statistics by hand: one all-reduce of the row counts, one of the sums and one of the squared deviations, the last
 # two summing the gradients over ranks in backward as well:
 
+# %% [markdown] lang="zh" en="972c77986ac0"
+# **跨 rank 的 BatchNorm。** BatchNorm 用它所看到的那个批次的均值和方差做归一化，在 DDP 下就是每个 rank
+# 自己的那些行：DDP 让 BatchNorm 保持本地计算，并且在 `broadcast_buffers=True`（默认值）时，于每次前向
+# 传播之前把 rank 0 的滑动统计量复制到其他 rank。所以 p 个 rank、每个 b 行，与单个进程处理 p·b 行，计算
+# 的并不是同一个东西。文章对 BN 层所做的“局部同步”（seed 002 §4.3），即每个 rank 各自保留统计量，或只在
+# 一小组 rank 内同步（`SyncBatchNorm(process_group=...)`），正是这种取舍：通信更少，统计量来自更少的样本。
+# 每个 rank 的批次较大时，差别很小；批次较小时（检测和分割模型，每块 GPU 只有几张图片），统计量就会很
+# 嘈杂，这时 `torch.nn.SyncBatchNorm` 在每次前向传播中交换统计量（对每个 rank 的均值、标准差倒数和行数
+# 做一次全收集），并在反向传播中对两个梯度和做全归约。Transformer 使用 LayerNorm，它对每个样本单独
+# 归一化：没有什么需要同步。
+#
+# torch 只在 GPU 和其他加速器上运行 `SyncBatchNorm`，所以同一次启动中还手工同步了统计量：对行数做一次
+# 全归约，对和做一次，对偏差的平方和做一次；后两次在反向传播中也会把梯度在各 rank 之间求和：
+
 # %%
 print(inspect.getsource(comm.sync_batch_norm))
 
 # %% [markdown]
 # Each rank had b = 4 rows; the reference is one process with all 16. The largest difference from it, over every
 # rank, after one forward and backward:
+
+# %% [markdown] lang="zh" en="cdfc6a7789ed"
+# 每个 rank 有 b = 4 行；参照是一个处理全部 16 行的单进程。一次前向和反向传播之后，在所有 rank 中与参照
+# 的最大差异：
 
 # %%
 bn = cp["batchnorm"]
@@ -706,6 +1090,16 @@ assert bn["running_mean_differs_between_ranks"]
 # (`nvmlDeviceGetTotalEnergyConsumption`, or DCGM's energy field) integrates it, and Slurm can account a job's energy
 # (`sacct -j JOB --format=JobID,ConsumedEnergy`) where the site enabled it. On Intel and AMD CPUs, the RAPL counter
 # measures the package; many systems let only root read it, and virtual machines and containers usually hide it:
+
+# %% [markdown] lang="zh" en="3455a660d026"
+# ### 能耗：瓦、焦耳与每焦耳完成的工作
+#
+# 能耗效率（能效）是每焦耳完成的有用工作：每焦耳处理的 token 数或样本数，或每瓦秒完成的 FLOP 数。在 GPU
+# 上，`nvidia-smi --query-gpu=power.draw --format=csv -lms 100` 对功率采样，NVML 的累计能耗计数器
+# （`nvmlDeviceGetTotalEnergyConsumption`，或 DCGM 的能耗字段）对功率做积分；在计算中心启用了相应功能的
+# 地方，Slurm 还能统计一个作业的能耗（`sacct -j JOB --format=JobID,ConsumedEnergy`）。在 Intel 和 AMD 的
+# CPU 上，RAPL 计数器测量整个处理器封装（package）的能耗；许多系统只允许 root 读取它，而虚拟机和容器
+# 通常根本看不到它：
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -764,6 +1158,52 @@ else:
 #   GPU; offloading the optimizer to the CPU brings them to 26 GB and leaves more room for activations, at the cost
 #   of traffic to the host (notebook 10 sizes both).
 
+# %% [markdown] lang="zh" en="5c5cb7b3f43a"
+# ### `NCCL_IB_TIMEOUT` 与文章中的 13B 参考配置
+#
+# seed 000 在结尾给出了一份配置，是它在单节点 8 块 A100 80 GB GPU 上预训练一个 13B 模型时使用的，环境为
+# PyTorch 2.1 和 DeepSpeed，BF16，AdamW。下面按原文照录（注释已译为英文；提取出的文本丢失了 `=` 和引号，
+# 这里已经补回）：
+#
+# ```bash
+# # key environment variables
+# export NCCL_IB_DISABLE=0
+# export NCCL_IB_TIMEOUT=22
+# export NCCL_DEBUG=INFO
+# export OMP_NUM_THREADS=8
+# ```
+#
+# ```python
+# # DeepSpeed configuration, key items
+# ds_config = {
+#     "train_batch_size": 64,
+#     "gradient_accumulation_steps": 2,
+#     "fp16": {"enabled": False},
+#     "bf16": {"enabled": True},
+#     "zero_optimization": {
+#         "stage": 2,
+#         "offload_optimizer": {"device": "cpu"},
+#         "overlap_comm": True,
+#         "contiguous_gradients": True
+#     },
+#     "gradient_clipping": 1.0,
+#     "steps_per_print": 100
+# }
+# ```
+#
+# 文章报告说，训练比使用动态损失缩放的 FP16 更稳定，在 8 块 GPU 上的线性扩展效率约为 85 %（这不是 CPU
+# 能验证的）。每一行的含义：
+#
+# - `NCCL_IB_TIMEOUT=22` 的单位不是秒：它是 InfiniBand 确认超时的指数，每次尝试等待
+#   4.096 µs × 2^22 ≈ 17 s（较新的 NCCL 版本默认为 20，约 4.3 s；较旧的版本为 18）。较大的值能扛过短暂
+#   的网络抖动，而不至于让作业失败；但也会让真正的故障要更久才暴露出来。
+# - `NCCL_IB_DISABLE=0` 是 NCCL 的默认值（允许使用 InfiniBand）；真正有害的是误设的 `=1`（notebook 09）。
+# - `OMP_NUM_THREADS=8` 是按进程计算的：8 个 rank 就是 64 个线程，不能超过节点的核心数。
+# - DeepSpeed 要求 `train_batch_size` = 微批次大小 × 累积步数 × GPU 数，所以每块 GPU 每个微步处理 4 条
+#   序列。ZeRO-2 对梯度和优化器状态做分片，使 13B 模型的模型状态降到每块 GPU 约 49 GB；把优化器卸载
+#   （offload）到 CPU 后降到 26 GB，为激活值留出更多空间，代价是与主机之间的数据传输（notebook 10 对
+#   两者都做了估算）。
+
 # %%
 ds_config = {"train_batch_size": 64, "gradient_accumulation_steps": 2, "fp16": {"enabled": False},
              "bf16": {"enabled": True},
@@ -792,6 +1232,21 @@ assert (tbs, micro, accum) == (64, 4, 2) and round(T.ib_timeout_seconds(22), 1) 
 # **14.amdahl.** The matmuls take 60 % of a training step (`AMDAHL`); BF16 tensor cores make them 4 times faster.
 # How much faster does the whole step get?
 
+# %% [markdown] lang="zh" en="89718b14c2f3"
+# > **常见误解**（seed 000 §2.3）：跨节点时，必须明确告诉 NCCL 使用 InfiniBand，否则它的流量会走 TCP。
+# >
+# > **错在哪里：** NCCL 在启动时会自己查找 InfiniBand/RoCE 网卡，找到就用（`NCCL_IB_DISABLE` 默认为 0，
+# > 正如上面引用的配置所设）。只有在以下几种情况下它才会退回到 socket：IB 被禁用（`NCCL_IB_DISABLE=1`）、
+# > 看不到可用的网卡或 verbs 库（容器中没有 `/dev/infiniband` 或 libibverbs），或者网络插件加载失败。
+# >
+# > **实际情况：** 不需要手动开启任何东西；要做的是检查 NCCL 选择了什么。`NCCL_DEBUG=INFO` 会在启动时
+# > 打印 `NET/IB` 或 `NET/Socket`（NCCL 关于环境变量的文档列出了各项默认值；notebook 09 里有这张表）。
+#
+# ## 9. 练习
+#
+# **14.amdahl.** 矩阵乘法占一个训练步的 60 %（`AMDAHL`）；BF16 张量核心让它们快了 4 倍。整个训练步会
+# 快多少倍？
+
 # %%
 print(AMDAHL)
 answer = ...
@@ -805,6 +1260,11 @@ check("14.amdahl", answer)
 # Every how many **minutes** should it checkpoint, by Young's rule (section 5, stretch: the interval that balances
 # the time spent writing against the work lost to a failure, √(2 · write time · mean time between failures))?
 
+# %% [markdown] lang="zh" en="2a825f1b0943"
+# **14.young.** 写一次检查点会让训练停顿 90 s，作业平均每 12 小时出一次故障（`YOUNG`）。按照 Young 公式
+# （第 5 节，进阶内容：在写入所花的时间和故障丢失的工作之间取得平衡的间隔，
+# √(2 · 写入时间 · 平均故障间隔时间)），应该每隔多少**分钟**写一次检查点？
+
 # %%
 print(YOUNG)
 answer = ...
@@ -816,6 +1276,10 @@ check("14.young", answer)
 # %% [markdown]
 # **14.ib-timeout.** How many seconds does one InfiniBand attempt wait with the article's `NCCL_IB_TIMEOUT=22`?
 # (Section 8, stretch: the value n sets a wait of 4.096 µs × 2ⁿ.)
+
+# %% [markdown] lang="zh" en="50370a2d1a2f"
+# **14.ib-timeout.** 按文章中的 `NCCL_IB_TIMEOUT=22`，一次 InfiniBand 尝试要等待多少秒？（第 8 节，进阶
+# 内容：取值 n 对应的等待时间为 4.096 µs × 2ⁿ。）
 
 # %%
 answer = ...
@@ -844,6 +1308,27 @@ check("14.ib-timeout", answer)
 #
 # Next: notebook 15 serves a model under load. Notebook 13's clinic is where to practise diagnosing broken runs
 # with all of it.
+
+# %% [markdown] lang="zh" en="d3b6bf3216a6"
+# ## 小结
+#
+# - HPC 和 AI 共用硬件和集合通信；问题病态时，HPC 程序需要 FP64（残差小不等于答案对），只有在配合迭代精化
+#   之类的修正手段时才使用低精度。
+# - 编译选项：先建立基线，每次只改一个选项；`-O3 -march=native` 为*这台* CPU 做向量化，换一台 CPU 就可能
+#   崩溃；`-ffp-contract` 和 `-ffast-math` 会改变结果。
+# - `undefined symbol` 意味着加载的库比二进制文件链接时所用的库更旧：用 `ldd`、`nm -D`、`LD_DEBUG=libs`
+#   把它找出来，并且不要再覆盖 torch 自带的库。
+# - 容器携带用户态软件栈；宿主机的驱动和 GPU 通过 NVIDIA Container Toolkit（`--gpus all`）或 Apptainer
+#   （`--nv`）进入容器；驱动必须支持镜像中的 CUDA 版本。
+# - 检查点：测量写入时间，大约每隔 √(2 × 写入时间 × MTBF) 写一次检查点，并保留一份记录哈希值的清单。
+# - 数据：把小文件打包成少数几个带索引的大文件；加载器等待的是文件元数据和解码，而不是内存带宽；笔记本
+#   电脑上的页缓存掩盖了并行文件系统对每个文件收取的大部分代价。
+# - 通信：参数服务器的链路每个方向承载 (p−1)·N，环中的一个 rank 承载 2(p−1)/p·N；使用每个 rank 各自
+#   统计量的 BatchNorm 不等于单个大批次，同步了统计量的才等于。
+# - 对每一个承诺的加速比，都要基于同一次性能分析中测得的占比，用阿姆达尔定律算出上限。
+#
+# 下一步：notebook 15 让一个模型在负载下提供推理服务。想综合运用这些知识、练习诊断出问题的训练任务，
+# 请去 notebook 13 的故障排查门诊。
 
 # %%
 shutil.rmtree(WORK)  # this notebook's scratch folder (created by tempfile above), nothing else
