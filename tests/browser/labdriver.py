@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -336,6 +337,37 @@ _KERNEL_IDLE_JS = r"""
   return !!kernel && kernel.status === 'idle' && kernel.connectionStatus === 'connected';
 }
 """
+
+
+#: The URL `make lab` prints once JupyterLab is up.
+MAKE_LAB_URL = re.compile(r"http://127\.0\.0\.1:(\d+)/lab\?token=([0-9a-f]+)")
+
+
+def start_make_lab(root: Path, env: dict[str, str], log_path: Path, make_args: list[str],
+                   timeout_s: float = 120.0) -> LabServer:
+    """Run `make lab` (with ``make_args``, the test's .venv and a free port) in the checkout ``root`` until its
+    JupyterLab prints its URL and answers; return the server (``stop()`` ends the whole process group).
+    The tests read the page through window.jupyterapp, which a private config exposes (not make lab's flags)."""
+    lab_config = {"LabApp": {"expose_app_in_browser": True, "news_url": ""}}
+    for name in ("jupyter_lab_config.json", "jupyter_server_config.json"):
+        (Path(env["JUPYTER_CONFIG_DIR"]) / name).write_text(json.dumps(lab_config))
+    venv = Path(sys.prefix)
+    cmd = ["make", "lab", *make_args, f"VENV={venv}", f"PORT={free_port()}", "-o", f"{venv}/.base"]
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = MAKE_LAB_URL.search(log_path.read_text(errors="replace"))
+        if found:
+            server = LabServer(proc=proc, port=int(found[1]), token=found[2], root=root, log_path=log_path, env=env)
+            if server.request("/api/status").status == 200:
+                return server
+        time.sleep(0.25)
+    if proc.poll() is None:
+        LabServer(proc=proc, port=0, token="", root=root, log_path=log_path, env=env).stop()
+    raise AssertionError(f"make lab {' '.join(make_args)} did not start JupyterLab (exit {proc.poll()}):\n"
+                         + log_path.read_text(errors="replace")[-3000:])
 
 
 def error_outputs(cell: dict[str, Any]) -> list[str]:

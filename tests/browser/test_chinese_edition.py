@@ -11,11 +11,8 @@ import contextlib
 import io
 import json
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +21,9 @@ from labdriver import (
     Lab,
     LabServer,
     error_outputs,
-    free_port,
     mirror_worktree,
     private_env,
+    start_make_lab,
     write_lab_settings,
 )
 
@@ -39,7 +36,6 @@ RUN_ALL = "work-zh/00_environment.ipynb"
 NOTEBOOK = "work-zh/01_float_bit_layouts.ipynb"
 #: The status bar's idle kernel in the Chinese UI (the zh_CN pack translates "Idle" as 空闲).
 KERNEL_IDLE_ZH = "Python 3 (ipykernel) | 空闲"
-URL = re.compile(r"http://127\.0\.0\.1:(\d+)/lab\?token=([0-9a-f]+)")
 
 
 @pytest.fixture(scope="module")
@@ -56,35 +52,11 @@ def make_lab_zh(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Itera
     # make lab LAB_LANG=zh points JupyterLab at .lab-settings/zh; the tests' quiet settings go there first, and
     # make lab must add the UI language to them without dropping them
     write_lab_settings(root / ".lab-settings" / "zh")
-    lab_config = {"LabApp": {"expose_app_in_browser": True, "news_url": ""}}
-    for name in ("jupyter_lab_config.json", "jupyter_server_config.json"):
-        (Path(env["JUPYTER_CONFIG_DIR"]) / name).write_text(json.dumps(lab_config))
-    log_path = base / "make-lab.log"
-    venv = Path(sys.prefix)
-    cmd = ["make", "lab", "LAB_LANG=zh", f"VENV={venv}", f"PORT={free_port()}", "-o", f"{venv}/.base"]
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    server = None
+    server = start_make_lab(root, env, base / "make-lab.log", ["LAB_LANG=zh"])
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            found = URL.search(log_path.read_text(errors="replace"))
-            if found:
-                server = LabServer(proc=proc, port=int(found[1]), token=found[2], root=root, log_path=log_path,
-                                   env=env)
-                if server.request("/api/status").status == 200:
-                    break
-            time.sleep(0.25)
-        else:
-            raise AssertionError(f"make lab LAB_LANG=zh did not start JupyterLab (exit {proc.poll()}):\n"
-                                 + log_path.read_text(errors="replace")[-3000:])
         yield server
     finally:
-        if server is not None:
-            server.stop()
-        elif proc.poll() is None:
-            LabServer(proc=proc, port=0, token="", root=root, log_path=log_path, env=env).stop()
+        server.stop()
 
 
 def _zh_check(answer: float) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import re
 import stat
 import subprocess
 import sys
@@ -22,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labdriver import _STATE_JS, Lab, LabServer, free_port, mirror_worktree, private_env, write_lab_settings
+from labdriver import (
+    _STATE_JS,
+    Lab,
+    LabServer,
+    mirror_worktree,
+    private_env,
+    start_make_lab,
+    write_lab_settings,
+)
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
@@ -31,7 +38,6 @@ pytestmark = pytest.mark.slow
 EXERCISE = "01.fp16-max"
 NOTEBOOK = "work/01_float_bit_layouts.ipynb"
 PROGRESS = "work/00_environment.ipynb"
-URL = re.compile(r"http://127\.0\.0\.1:(\d+)/lab\?token=([0-9a-f]+)")
 
 
 @pytest.fixture(scope="module")
@@ -45,36 +51,11 @@ def make_lab(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator
     env.pop("LABKIT_PROGRESS", None)
     env["XDG_STATE_HOME"] = str(home / "xdg" / "state")
     write_lab_settings(Path(env["JUPYTERLAB_SETTINGS_DIR"]))
-    # the tests read the page through window.jupyterapp: exposed by the private config, not by make lab's flags
-    lab_config = {"LabApp": {"expose_app_in_browser": True, "news_url": ""}}
-    for name in ("jupyter_lab_config.json", "jupyter_server_config.json"):
-        (Path(env["JUPYTER_CONFIG_DIR"]) / name).write_text(json.dumps(lab_config))
-    log_path = base / "make-lab.log"
-    venv = Path(sys.prefix)
-    cmd = ["make", "lab", f"VENV={venv}", f"PORT={free_port()}", "-o", f"{venv}/.base"]
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    server = None
+    server = start_make_lab(root, env, base / "make-lab.log", [])
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            found = URL.search(log_path.read_text(errors="replace"))
-            if found:
-                server = LabServer(proc=proc, port=int(found[1]), token=found[2], root=root, log_path=log_path,
-                                   env=env)
-                if server.request("/api/status").status == 200:
-                    break
-            time.sleep(0.25)
-        else:
-            raise AssertionError(f"make lab did not start JupyterLab (exit {proc.poll()}):\n"
-                                 + log_path.read_text(errors="replace")[-3000:])
         yield server
     finally:
-        if server is not None:
-            server.stop()
-        elif proc.poll() is None:
-            LabServer(proc=proc, port=0, token="", root=root, log_path=log_path, env=env).stop()
+        server.stop()
 
 
 def test_make_lab_creates_the_workspace_and_opens_jupyterlab_on_it(make_lab: LabServer, browser: Any) -> None:
