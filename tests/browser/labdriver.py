@@ -343,6 +343,19 @@ _KERNEL_IDLE_JS = r"""
 MAKE_LAB_URL = re.compile(r"http://127\.0\.0\.1:(\d+)/lab\?token=([0-9a-f]+)")
 
 
+def fresh_checkout(base: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of the checkout under ``base`` and a learner's environment for `make lab` there: a private HOME, no
+    LABKIT_PROGRESS or LABKIT_LANG (the progress record and the language are what make lab sets up), and
+    XDG_STATE_HOME inside that HOME."""
+    root = mirror_worktree(base / "checkout").parent
+    home = base / "home"
+    env = private_env(home)
+    env.pop("LABKIT_PROGRESS", None)
+    env.pop("LABKIT_LANG", None)
+    env["XDG_STATE_HOME"] = str(home / "xdg" / "state")
+    return root, env
+
+
 def start_make_lab(root: Path, env: dict[str, str], log_path: Path, make_args: list[str],
                    timeout_s: float = 120.0) -> LabServer:
     """Run `make lab` (with ``make_args``, the test's .venv and a free port) in the checkout ``root`` until its

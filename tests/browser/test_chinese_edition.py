@@ -21,8 +21,7 @@ from labdriver import (
     Lab,
     LabServer,
     error_outputs,
-    mirror_worktree,
-    private_env,
+    fresh_checkout,
     start_make_lab,
     write_lab_settings,
 )
@@ -42,13 +41,8 @@ KERNEL_IDLE_ZH = "Python 3 (ipykernel) | 空闲"
 def make_lab_zh(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[LabServer]:
     """`make lab LAB_LANG=zh` in a copy of the checkout, until JupyterLab prints its URL; stopped (whole group)."""
     base = tmp_path_factory.mktemp("make-lab-zh")
-    root = mirror_worktree(base / "checkout").parent
+    root, env = fresh_checkout(base)
     assert not (root / "work-zh").exists(), "a fresh clone has no workspace"
-    home = base / "home"
-    env = private_env(home)
-    env.pop("LABKIT_PROGRESS", None)
-    env.pop("LABKIT_LANG", None)
-    env["XDG_STATE_HOME"] = str(home / "xdg" / "state")
     # make lab LAB_LANG=zh points JupyterLab at .lab-settings/zh; the tests' quiet settings go there first, and
     # make lab must add the UI language to them without dropping them
     write_lab_settings(root / ".lab-settings" / "zh")

@@ -25,8 +25,7 @@ from labdriver import (
     _STATE_JS,
     Lab,
     LabServer,
-    mirror_worktree,
-    private_env,
+    fresh_checkout,
     start_make_lab,
     write_lab_settings,
 )
@@ -44,12 +43,8 @@ PROGRESS = "work/00_environment.ipynb"
 def make_lab(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[LabServer]:
     """`make lab` in a copy of the checkout, until its JupyterLab prints its URL; stopped (whole group) after."""
     base = tmp_path_factory.mktemp("make-lab")
-    root = mirror_worktree(base / "checkout").parent
+    root, env = fresh_checkout(base)
     assert not (root / "work").exists(), "a fresh clone has no workspace"
-    home = base / "home"
-    env = private_env(home)
-    env.pop("LABKIT_PROGRESS", None)
-    env["XDG_STATE_HOME"] = str(home / "xdg" / "state")
     write_lab_settings(Path(env["JUPYTERLAB_SETTINGS_DIR"]))
     server = start_make_lab(root, env, base / "make-lab.log", [])
     try:
