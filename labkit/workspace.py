@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labkit._validate import safe_repr
-from labkit.i18n import LANGUAGES, translate
+from labkit.i18n import LANGUAGES, edition_of, translate
 
 __all__ = ["DEFAULT_DIR", "EDITION_DIRS", "LAB_LOCALES", "MARKER", "PROGRESS_FILE", "WorkspaceReport", "find_workspace",
            "lab_settings", "update_workspace", "updated_name", "workspace_notebook"]
@@ -393,16 +393,6 @@ def _check_places(root: Path, dest: Path) -> None:
                              f"would pick the copies up; choose a folder such as {root / DEFAULT_DIR}")
 
 
-def _marker_edition(dest: Path) -> str:
-    """The edition an existing workspace was made from (``"en"`` for a marker that names none)."""
-    try:
-        doc = json.loads((dest / MARKER).read_text())
-    except (OSError, ValueError):
-        return "en"
-    lang = doc.get("lang", "en") if isinstance(doc, dict) else "en"
-    return lang if isinstance(lang, str) else "en"
-
-
 def _edition_notebooks(root: Path, lang: str) -> list[Path]:
     """The reference notebooks of an edition: ``notebooks/<lang>/NN_*.ipynb``, and the English one for any notebook
     the edition does not have yet."""
@@ -468,8 +458,8 @@ def update_workspace(root: str | Path = ".", dest: str | Path | None = None, lan
         raise ValueError(f"workspace {dest_p} is an existing file, not a folder; choose another --dir")
     files = _read_marker(dest_p) if dest_p.is_dir() else None
     created = files is None
-    if not created and _marker_edition(dest_p) != lang:
-        raise ValueError(f"{dest_p} is a workspace of the {_marker_edition(dest_p)!r} edition, not {lang!r}; choose "
+    if not created and edition_of(dest_p) != lang:  # the edition its marker records (none: English)
+        raise ValueError(f"{dest_p} is a workspace of the {edition_of(dest_p)!r} edition, not {lang!r}; choose "
                          f"another folder for it (make lab LAB_LANG={lang} WORKSPACE=...); nothing was changed")
     if created and dest_p.is_dir():
         found = sorted(p.name for p in dest_p.iterdir())
