@@ -12,7 +12,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 #: Submodules, one per concern. Later notebooks add theirs here.
-__all__ = [
+_SUBMODULES = [
     "activations",
     "bench",
     "catalog",
@@ -53,10 +53,21 @@ __all__ = [
     "workspace",
     "zero",
 ]
+__all__ = [*_SUBMODULES, "load_ipython_extension"]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext labkit``, in every notebook's imports cell: in an edition other than English (a notebook under
+    ``notebooks/zh``, a workspace made with ``LAB_LANG=zh``, or ``LABKIT_LANG``), the lines the notebook's code
+    prints appear in that language (see :func:`labkit.i18n.translate_printed`); in English it does nothing.
+    Introduced in notebook 00."""
+    from labkit import i18n
+
+    i18n.translate_printed()
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'labkit' has no attribute {name!r}")
 

@@ -12,7 +12,7 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     """Run the labkit command line and return its exit status. Introduced in notebook 00."""
-    from labkit import _cli
+    from labkit import _cli, i18n
 
     ap = _cli.ArgumentParser(prog="python -m labkit", description="labkit workbook helpers",
                              checks=[lambda ns: _cli.device_env(ns) if ns.cmd == "doctor" else None])
@@ -36,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
                               "overwrites your edits (make lab runs it)")
     wsp.add_argument("--root", default=".", help="the workbook checkout (default: .)")
     wsp.add_argument("--dir", default=None, help="the workspace folder (default: ROOT/work)")
-    wsp.add_argument("--lang", default="en", choices=["en", "zh"],
+    wsp.add_argument("--lang", default="en", choices=list(i18n.LANGUAGES),
                      help="the edition to copy: en (notebooks/) or zh (notebooks/zh/, the Chinese edition)")
     lbs = sub.add_parser("lab-settings", help="write a JupyterLab settings folder whose UI language is the edition's "
                                               "(make lab LAB_LANG=zh uses it for that run)")
-    lbs.add_argument("--lang", required=True, choices=["en", "zh"])
+    lbs.add_argument("--lang", required=True, choices=list(i18n.LANGUAGES))
     lbs.add_argument("--dir", required=True, help="the settings folder (JUPYTERLAB_SETTINGS_DIR)")
     prg = sub.add_parser("progress", help="show which exercises you have solved (your local progress record)")
     prg.add_argument("--file", default=None,

@@ -7,6 +7,7 @@ Regenerate the README's blocks with ``python tools/readme.py`` (it also writes t
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,15 +139,26 @@ def missing(folder: str | os.PathLike = ".") -> list[str]:
     return [n.filename for n in available() if not any((p / n.filename).exists() for p in places)]
 
 
-def markdown_table(notebooks: list[Notebook] | None = None) -> str:
-    """Return the notebook map as a Markdown table (number, title, teaches, CPU, GPU).
+def markdown_table(notebooks: list[Notebook] | None = None, lang: str | None = None) -> str:
+    """Return the notebook map as a Markdown table (number, title, teaches, CPU, GPU), in the edition ``lang``
+    (default: the notebook's language); a translated edition links its own notebooks (``notebooks/zh/``).
 
     Introduced in notebook 00.
     """
+    from labkit import i18n
+
     chosen = available() if notebooks is None else notebooks
     if isinstance(chosen, (str, bytes)) or not all(isinstance(n, Notebook) for n in chosen):
         raise TypeError("notebooks must be a list of labkit.catalog.Notebook (or None for all)")
-    rows = ["| # | Notebook | What it teaches | On CPU | On a GPU |", "|---|---|---|---|---|"]
+    if lang is not None and not isinstance(lang, str):
+        raise TypeError(f"lang must be a str or None, got {type(lang).__name__}")
+    edition = i18n.language() if lang is None else i18n.normalise(lang)
+    if edition is None:
+        raise ValueError(f"no edition in {lang!r}: choose one of {', '.join(i18n.LANGUAGES)}")
+    t = functools.partial(i18n.translate, lang=edition)
+    folder = "notebooks/" if edition == "en" else f"notebooks/{edition}/"
+    rows = [i18n.translate("| # | Notebook | What it teaches | On CPU | On a GPU |", edition), "|---|---|---|---|---|"]
     for n in chosen:
-        rows.append(f"| {n.number} | [{n.title}](notebooks/{n.filename}) | {n.teaches} | {n.cpu} | {n.gpu} |")
+        rows.append(f"| {n.number} | [{t(n.title)}]({folder}{n.filename}) | {t(n.teaches)} | {t(n.cpu)} "
+                    f"| {t(n.gpu)} |")
     return "\n".join(rows)

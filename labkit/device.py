@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from labkit._validate import safe_repr
+from labkit.i18n import gettext as _
 
 __all__ = [
     "Capabilities",
@@ -357,10 +358,12 @@ def cpu_summary() -> str:
     cores = os.cpu_count() or 1
     threads = torch.get_num_threads()
     caps = [f"{k}={os.environ[k]}" for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(k)]
-    speed = {True: "natively", False: "by emulation (slow)"}
-    return (f"{cores} CPU core{'s' if cores != 1 else ''} ({threads} torch thread{'s' if threads != 1 else ''}), "
-            f"class {cpu_class()}{' (capped: ' + ', '.join(caps) + ')' if caps else ''}: "
-            f"bf16 computed {speed[fast(torch.bfloat16, 'cpu')]}, fp16 computed {speed[fast(torch.float16, 'cpu')]}")
+    speed = {True: _("natively"), False: _("by emulation (slow)")}
+    return _("{cores} ({threads}), class {cls}{capped}: bf16 computed {bf16}, fp16 computed {fp16}").format(
+        cores=(_("{n} CPU core") if cores == 1 else _("{n} CPU cores")).format(n=cores),
+        threads=(_("{n} torch thread") if threads == 1 else _("{n} torch threads")).format(n=threads),
+        cls=cpu_class(), capped=_(" (capped: {caps})").format(caps=", ".join(caps)) if caps else "",
+        bf16=speed[fast(torch.bfloat16, "cpu")], fp16=speed[fast(torch.float16, "cpu")])
 
 
 def inductor_cache_per_cpu_class() -> str:

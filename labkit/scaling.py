@@ -29,6 +29,8 @@ import torch
 
 from labkit import precision
 from labkit._validate import as_float, check_dense, safe_repr
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = [
     "LossScaleAtMinimumError",
@@ -38,6 +40,7 @@ __all__ = [
     "ScaleEvent",
     "choose_scale_power",
     "deepspeed_fp16_config",
+    "deepspeed_knobs_markdown",
     "deepspeed_scale_sequence",
     "grad_values",
     "overflow_fraction",
@@ -535,22 +538,32 @@ def train_with_scaler(
 #: DeepSpeed ``fp16`` config keys, their GradScaler counterpart, both defaults, and how they differ.
 DEEPSPEED_KNOBS: list[dict[str, str]] = [
     {"deepspeed": "loss_scale", "gradscaler": "(enabled)", "ds_default": "0", "torch_default": "-",
-     "note": "0 = dynamic scaling; any other value is a fixed (static) scale"},
+     "note": N_("0 = dynamic scaling; any other value is a fixed (static) scale")},
     {"deepspeed": "initial_scale_power", "gradscaler": "init_scale", "ds_default": "16 (2**16)",
-     "torch_default": "65536.0", "note": "DeepSpeed takes the power k, the scale starts at 2**k"},
+     "torch_default": "65536.0", "note": N_("DeepSpeed takes the power k, the scale starts at 2**k")},
     {"deepspeed": "loss_scale_window", "gradscaler": "growth_interval", "ds_default": "1000",
-     "torch_default": "2000", "note": "clean steps per growth; after an overflow or at the start DeepSpeed needs window+1"},
+     "torch_default": "2000", "note": N_("clean steps per growth; after an overflow or at the start DeepSpeed needs window+1")},
     {"deepspeed": "hysteresis", "gradscaler": "-", "ds_default": "2", "torch_default": "(1)",
-     "note": "the h-th overflow halves the scale (h-1 are skipped, scale kept); GradScaler: the first"},
+     "note": N_("every overflow skips its step; the first h-1 keep the scale, the h-th halves it; GradScaler halves at the first")},
     {"deepspeed": "consecutive_hysteresis", "gradscaler": "-", "ds_default": "false", "torch_default": "-",
-     "note": "refill the hysteresis after every clean step instead of at growth"},
+     "note": N_("refill the hysteresis after every clean step instead of at growth")},
     {"deepspeed": "min_loss_scale", "gradscaler": "-", "ds_default": "1", "torch_default": "(0)",
-     "note": "floor for the scale; DeepSpeed stops the run on an overflow at the floor"},
+     "note": N_("floor for the scale; DeepSpeed stops the run on an overflow at the floor")},
     {"deepspeed": "(fixed 2.0)", "gradscaler": "growth_factor", "ds_default": "2", "torch_default": "2.0",
-     "note": "DeepSpeed always doubles"},
+     "note": N_("DeepSpeed always doubles")},
     {"deepspeed": "(fixed 2.0)", "gradscaler": "backoff_factor", "ds_default": "1/2", "torch_default": "0.5",
-     "note": "DeepSpeed always halves"},
+     "note": N_("DeepSpeed always halves")},
 ]
+
+
+def deepspeed_knobs_markdown() -> str:
+    """:data:`DEEPSPEED_KNOBS` as a Markdown table (DeepSpeed's ``fp16`` key, the GradScaler argument, both
+    defaults, the difference), in the notebook's language. Introduced in notebook 03."""
+    rows = [_("| DeepSpeed `fp16` key | GradScaler | DeepSpeed default | GradScaler default | difference |"),
+            "|---|---|---|---|---|"]
+    rows += [f"| `{r['deepspeed']}` | `{r['gradscaler']}` | {r['ds_default']} | {r['torch_default']} | {_(r['note'])} |"
+             for r in DEEPSPEED_KNOBS]
+    return "\n".join(rows)
 
 
 def deepspeed_fp16_config(scaler: Any = None, *, hysteresis: int = 1, min_loss_scale: float = 1.0) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from torch import nn
 from labkit import device as dev_gate
 from labkit import precision
 from labkit._validate import as_float, check_dense, safe_repr
+from labkit.i18n import gettext as _
 from labkit.precision import Policy, grad_norm
 
 __all__ = [
@@ -717,12 +718,12 @@ def train(
 
     if cuda:
         result.peak_memory = (dev_gate.max_memory_allocated(dev) or 0) - mem_before
-        result.memory_source = ("torch.cuda.max_memory_allocated during the run, minus what was allocated "
-                                "before it (a model already on the GPU counts as 'before')")
+        result.memory_source = _("torch.cuda.max_memory_allocated during the run, minus what was allocated "
+                                 "before it (a model already on the GPU counts as 'before')")
     elif start < steps:
         result.peak_memory = _state_bytes(model, opt) + activation_bytes
-        result.memory_source = ("tensor bytes counted on the CPU: weights + gradients + optimizer state + "
-                                "tensors saved for backward (not an allocator peak; temporaries not counted)")
+        result.memory_source = _("tensor bytes counted on the CPU: weights + gradients + optimizer state + "
+                                 "tensors saved for backward (not an allocator peak; temporaries not counted)")
     else:
-        result.memory_source = "not measured (no steps run)"
+        result.memory_source = _("not measured (no steps run)")
     return result

@@ -279,3 +279,122 @@ def test_make_lab_picks_the_edition_from_the_locale():
     assert "--dir work --lang en" in en and "JUPYTERLAB_SETTINGS_DIR=" not in en
     assert "--dir work-zh --lang zh" in dry(LANG="C", LAB_LANG="zh")
     assert "--dir work --lang en" in dry(LC_ALL="en_US.UTF-8", LANG="zh_CN.UTF-8"), "LC_ALL wins"
+
+
+# --- the notebooks' printed lines ------------------------------------------------------------------------------------
+
+def test_template_parts_reads_fields_nested_braces_and_literal_braces():
+    assert i18n.template_parts("loss {a.item():.3f} {{x}} {len({1, 2})}!") == \
+        ["loss ", ("a.item():.3f",), " {x} ", ("len({1, 2})",), "!"]
+    assert i18n.template_parts("{x:>{w}}") == [("x:>{w}",)]
+    for bad in ("a } b", "a {b", "{len({1)}"):
+        with pytest.raises(ValueError):
+            i18n.template_parts(bad)
+
+
+def _calls(code: str) -> list[str]:
+    import ast
+    return [t for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Call) for t in T._print_lines(node)]
+
+
+def test_the_extractor_writes_each_printed_line_as_a_template():
+    assert _calls('print(f"loss {loss.item():.3f} after {n} steps", "| fits:", ok)') == \
+        ["loss {loss.item():.3f} after {n} steps | fits: {ok}"]
+    # a choice between two literal sentences is two templates; a "\n" splits lines; a line with no word is no sentence
+    assert _calls('print(f"{total} KB: {\'fits\' if ok else \'does not fit\'} in SRAM")') == \
+        ["{total} KB: fits in SRAM", "{total} KB: does not fit in SRAM"]
+    assert _calls('print("first line:", a, "\\nsecond line:", b)') == ["first line: {a} ", "second line: {b}"]
+    assert _calls('print(a, "->", b)') == []
+    assert _calls('print(*rows)') == _calls('print("x y z", file=f)') == []   # text unknown / not stdout
+    assert _calls('print("a {brace}", x, sep=", ")') == ["a {{brace}}, {x}"]
+
+
+def test_every_printed_line_of_the_notebooks_is_in_the_catalog():
+    lines = T.printed_lines()
+    assert len(lines) > 300, "the extractor found too few printed lines: it stopped seeing print() calls"
+    cat = T._read("zh")
+    missing = [t for t, *_ in lines if cat.get(t, context=i18n.PRINTED) is None]
+    assert not missing, f"printed lines not in the catalog (python tools/i18n.py update): {missing[:3]}"
+
+
+def test_each_printed_template_translates_its_own_lines():
+    """A line made from each template (with values that appear nowhere else) comes out as that template's
+    translation with the same values: no other template shadows it."""
+    cat = T._read("zh")
+    wrong = []
+    for msg in cat:
+        if msg.context != i18n.PRINTED or not msg.id:
+            continue
+        src = i18n.template_parts(msg.id)
+        values = {p[0]: f"⟦{k}⟧" for k, p in enumerate(dict.fromkeys(x for x in src if isinstance(x, tuple)))}
+        line = "".join(values[p[0]] if isinstance(p, tuple) else p for p in src)
+        want = i18n.tidy("".join(values[p[0]] if isinstance(p, tuple) else p for p in i18n.template_parts(msg.string)))
+        if "\n" not in line and i18n.translate_line(line, "zh") != want:
+            wrong.append((line, i18n.translate_line(line, "zh"), want))
+    assert not wrong, f"{len(wrong)} printed lines not translated by their own template, e.g. {wrong[:2]}"
+
+
+def test_a_printed_line_keeps_its_values_and_an_unknown_line_passes(lang):
+    cat = T._read("zh")
+    msg = next(m for m in cat if m.context == i18n.PRINTED and m.id.startswith("This machine: {"))
+    got = i18n.translate_line("This machine: AMD EPYC, 2 cores", "zh")
+    assert got == i18n.tidy(msg.string.replace("{device.cpu_summary()}", "AMD EPYC, 2 cores")) and HAN.search(got)
+    assert i18n.translate_line("This machine: AMD EPYC, 2 cores", "en") == "This machine: AMD EPYC, 2 cores"
+    assert i18n.translate_line("no template prints this", "zh") == "no template prints this"
+    lang("zh")
+    assert i18n.translate_line("This machine: x") != "This machine: x"
+
+
+def test_printed_lines_translates_whole_lines_per_thread_and_flushes_a_partial_one():
+    import threading
+    out = io.StringIO()
+    s = i18n.PrintedLines(out, "zh")
+    print("This machine:", "box", file=s, end="")     # a partial line waits for its newline
+    assert out.getvalue() == ""
+    t = threading.Thread(target=lambda: print("no template prints this", file=s))
+    t.start()
+    t.join()
+    assert out.getvalue() == "no template prints this\n"   # the thread's line did not pick up the partial one
+    s.write("\n")
+    assert out.getvalue().endswith(i18n.translate_line("This machine: box", "zh") + "\n")
+    s.write("tail")
+    s.flush()
+    assert out.getvalue().endswith("tail") and s.encoding == getattr(out, "encoding", None)
+    with pytest.raises(TypeError):
+        s.write(b"bytes")
+    with pytest.raises(TypeError):
+        i18n.PrintedLines(object(), "zh")
+    with pytest.raises(ValueError):
+        i18n.PrintedLines(out, "fr")
+
+
+def test_translate_printed_wraps_stdout_once_and_only_in_another_edition(monkeypatch):
+    plain = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", plain)
+    assert i18n.translate_printed(lang="en") is plain and sys.stdout is plain
+    wrapped = i18n.translate_printed(lang="zh")
+    assert isinstance(wrapped, i18n.PrintedLines) and sys.stdout is wrapped and wrapped.stream is plain
+    assert i18n.translate_printed(lang="zh") is wrapped          # %load_ext twice: one wrapper
+    with pytest.raises(ValueError):
+        i18n.translate_printed(lang="xx")
+
+
+def _stream_lines(path: Path) -> list[str]:
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return [ln for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])
+            if o.get("output_type") == "stream" and o.get("name") == "stdout"
+            for ln in "".join(o["text"]).splitlines()]
+
+
+def test_the_chinese_notebooks_print_in_chinese():
+    """The stored Chinese notebooks hold no line an English template makes that has a different translation; and
+    the templates are the notebooks' own: most of them make a line the stored English notebooks print (the rest
+    belong to branches this machine does not take: a GPU, another CPU class, a missing package)."""
+    templates = [(i18n._pattern(i18n.template_parts(m.id)), m.id) for m in T._read("zh")
+                 if m.context == i18n.PRINTED and m.id and m.string and m.string != m.id]
+    left = [(p.name, ln) for p in sorted((ROOT / "notebooks" / "zh").glob("[0-9][0-9]_*.ipynb"))
+            for ln in _stream_lines(p) if any(pat.fullmatch(ln) for pat, _ in templates)]
+    assert not left, f"{len(left)} English lines in the Chinese notebooks' outputs, e.g. {left[:3]}"
+    english = [ln for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) for ln in _stream_lines(p)]
+    seen = [t for pat, t in templates if any(pat.fullmatch(ln) for ln in english)]
+    assert len(seen) > 0.75 * len(templates), f"only {len(seen)} of {len(templates)} templates match a printed line"

@@ -64,6 +64,9 @@ def test_notebook_skeleton(path):
     # inherited MPLBACKEND=Agg (batch jobs on clusters) would otherwise make every plot vanish
     assert "".join(code_cells(path)[0]["source"]).startswith("%matplotlib inline\n"), \
         f"{path.name}: the imports cell must start with %matplotlib inline"
+    # the Chinese edition prints in Chinese through labkit's IPython extension (a no-op in English)
+    assert "".join(code_cells(path)[0]["source"]).splitlines()[1] == "%load_ext labkit", \
+        f"{path.name}: the imports cell's second line must be %load_ext labkit"
     ignore = [c for c in code_cells(path) if "NBVAL_IGNORE_OUTPUT" in "".join(c["source"])]
     for c in ignore:
         first = "".join(c["source"]).splitlines()[0].strip()

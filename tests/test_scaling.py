@@ -479,3 +479,17 @@ def test_a_scale_collapsed_by_update_round_trips():
         again.load_state_dict({**mine.state_dict(), "scale": -1.0})
     with pytest.raises(ValueError):
         again.load_state_dict({**mine.state_dict(), "scale": math.nan})
+
+
+def test_the_deepspeed_knobs_table_has_every_knob_in_the_notebooks_language() -> None:
+    from labkit import i18n
+    en = scaling.deepspeed_knobs_markdown().splitlines()
+    assert len(en) == 2 + len(scaling.DEEPSPEED_KNOBS) and all(ln.count("|") == 6 for ln in en)
+    assert all(f"`{r['deepspeed']}`" in ln and r["note"] in ln for r, ln in zip(scaling.DEEPSPEED_KNOBS, en[2:]))
+    try:
+        i18n.set_language("zh")
+        zh = scaling.deepspeed_knobs_markdown().splitlines()
+    finally:
+        i18n.set_language(None)
+    assert zh[1:] != en[1:] and all(ln.count("|") == 6 for ln in zh)
+    assert [ln.split("|")[1:5] for ln in zh[2:]] == [ln.split("|")[1:5] for ln in en[2:]]  # keys and defaults kept

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,30 @@ def test_the_chinese_readme_maps_every_chinese_notebook_and_its_links_resolve():
     assert "make lab LAB_LANG=zh" in readme
     for target in _links(readme):
         assert (ROOT / target).exists(), f"README.zh-CN.md links {target}, which does not exist"
+
+
+def test_the_chinese_readme_tables_are_generated_and_link_chinese_headings():
+    """The notebook map and the seed-coverage map of README.zh-CN.md are tools/readme.py's, from the same data as
+    the English ones, in Chinese; each section link lands on a heading of the Chinese notebook."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme as R
+
+    text = (ROOT / "README.zh-CN.md").read_text()
+    assert R.lang_of(ROOT / "README.zh-CN.md") == "zh" and R.render(text, "zh") == text, \
+        "README.zh-CN.md's tables are stale: run python tools/readme.py"
+    block = text.split("<!-- seed-coverage:start -->")[1].split("<!-- seed-coverage:end -->")[0]
+    rows = R.load_coverage()
+    assert block.count("\n| ") == len(rows) + 1 and "共 " in block and re.search(r"练习 \d+ 个", block)
+    headings: dict[str, set[str]] = {}
+    for nb in ZH_DIR.glob("[0-9][0-9]_*.ipynb"):
+        md = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "markdown")
+        headings[nb.name] = {R._anchor(h) for h in re.findall(r"^#+ (.+)$", md, flags=re.MULTILINE)}
+    links = re.findall(r"\]\(notebooks/zh/([^)#]+)#([^)]+)\)", block)
+    assert len(links) >= len(rows), "the coverage map links the sections where each row is taught"
+    for name, anchor in links:
+        assert anchor in headings[name], f"README.zh-CN.md links {name}#{anchor}: no such heading in the Chinese edition"
+    for w in {w for r in rows for w in r.where}:
+        assert w.heading in R.edition_headings(w.notebook, "zh"), f"no Chinese partner for {w.notebook} {w.heading!r}"
 
 
 def test_the_chinese_instructor_guide_has_the_english_timetable():

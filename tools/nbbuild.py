@@ -46,10 +46,12 @@ import jupytext
 import nbformat
 from nbclient import NotebookClient
 
+from labkit.i18n import LANGUAGES
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tools" / "nbsrc"
 OUT = ROOT / "notebooks"
-LANGS = ("en", "zh")
+LANGS = LANGUAGES  # the editions: English first
 
 
 def edition_dir(lang: str) -> Path:

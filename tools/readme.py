@@ -1,6 +1,6 @@
-"""Regenerate README.md's generated blocks: the notebook map and the seed-coverage map.
+"""Regenerate README.md's generated blocks: the notebook map and the seed-coverage map (and README.zh-CN.md's).
 
-    python tools/readme.py              # rewrite the blocks of README.md and docs/student/README.md in place
+    python tools/readme.py              # rewrite the blocks of README.md, docs/student/README.md, README.zh-CN.md
     python tools/readme.py --check      # exit 1 (and change nothing) if either is stale
     python tools/readme.py OTHER.md     # another file with the same markers
 
@@ -16,6 +16,7 @@ it reads docs/ next to this file, so it is not part of the installed labkit pack
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from collections.abc import Sequence
@@ -23,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from labkit import i18n
 from labkit.catalog import NOTEBOOKS, markdown_table
 
-__all__ = ["COVERAGE_FILE", "DEPTHS", "EVIDENCE", "EXERCISE_ID", "GPU_NEEDED", "PROOF_ASSERT", "README", "ROOT",
-           "STUDENT_README", "Correction", "Row", "Where",
-           "coverage_summary", "coverage_table", "load_coverage", "load_seeds", "main", "render", "update_readme"]
+__all__ = ["COVERAGE_CONTEXT", "COVERAGE_FILE", "DEPTHS", "EVIDENCE", "EXERCISE_ID", "GPU_NEEDED", "PROOF_ASSERT",
+           "README", "README_ZH", "ROOT", "STUDENT_README", "Correction", "Row", "Where", "coverage_messages",
+           "coverage_summary", "coverage_table", "edition_headings", "lang_of", "load_coverage", "load_seeds", "main",
+           "render", "update_readme"]
 
 #: The repository root (this file is tools/readme.py).
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +40,10 @@ COVERAGE_FILE = ROOT / "docs" / "seed_coverage.toml"
 README = ROOT / "README.md"
 #: The student tree's README (labkit.student.TREE_README): its notebook map is generated too.
 STUDENT_README = ROOT / "docs" / "student" / "README.md"
+#: The Chinese README: the same blocks, in Chinese (the catalog's translations), linking the Chinese notebooks.
+README_ZH = ROOT / "README.zh-CN.md"
+#: The gettext context of the coverage table's words (a depth, a GPU answer), apart from the same words elsewhere.
+COVERAGE_CONTEXT = "seed coverage"
 
 _START, _END = "<!-- notebook-map:start -->", "<!-- notebook-map:end -->"
 _COV_START, _COV_END = "<!-- seed-coverage:start -->", "<!-- seed-coverage:end -->"
@@ -236,67 +243,135 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _link(notebook: str, heading: str) -> str:
+def edition_headings(notebook: str, lang: str) -> dict[str, str]:
+    """``{English heading: its heading in the edition lang}`` for one notebook: the sources pair each English prose
+    cell with its translation, and the n-th heading of a cell with the n-th heading of its partner. Raises
+    ``ValueError`` where a pair's headings differ in number or level."""
+    return dict(_edition_headings(notebook, lang))
+
+
+@functools.cache
+def _edition_headings(notebook: str, lang: str) -> tuple[tuple[str, str], ...]:
+    try:
+        import nbbuild  # run as tools/readme.py, or imported with tools/ on the path
+    except ModuleNotFoundError:
+        from tools import nbbuild
+
     stems = {n.number: n for n in NOTEBOOKS}
-    text = _cell(heading)
     if notebook not in stems:
-        return f"{notebook} {text}"
-    return f"{notebook} [{text}](notebooks/{stems[notebook].filename}#{_anchor(heading)})"
+        raise ValueError(f"no notebook {notebook!r}")
+    src = ROOT / "tools" / "nbsrc" / f"{stems[notebook].stem}.py"
+    text = src.read_text(encoding="utf-8")
+    pairs = zip(nbbuild.parse(text, "en"), nbbuild.parse(text, lang))
+    found: dict[str, str] = {}
+    for en, tr in pairs:
+        if en.cell_type != "markdown":
+            continue
+        heads = [re.findall(r"^(#+) (.+)$", c.source, flags=re.MULTILINE) for c in (en, tr)]
+        if [h for h, _ in heads[0]] != [h for h, _ in heads[1]]:
+            raise ValueError(f"{src.name}: the headings of a cell and its {lang} partner differ: {heads}")
+        found.update({a.strip(): b.strip() for (_, a), (_, b) in zip(*heads)})
+    return tuple(found.items())
 
 
-def coverage_summary(rows: list[Row] | None = None) -> str:
+def _link(notebook: str, heading: str, lang: str = "en") -> str:
+    stems = {n.number: n for n in NOTEBOOKS}
+    if notebook not in stems:
+        return f"{notebook} {_cell(heading)}"
+    folder = "notebooks" if lang == "en" else f"notebooks/{lang}"
+    shown = heading if lang == "en" else edition_headings(notebook, lang).get(heading.strip(), heading)
+    return f"{notebook} [{_cell(shown)}]({folder}/{stems[notebook].filename}#{_anchor(shown)})"
+
+
+def coverage_messages(rows: list[Row] | None = None) -> list[tuple[str, str | None]]:
+    """Every text the coverage table shows that a translation translates: (message, gettext context). The
+    message catalogs hold them (tools/i18n.py)."""
+    rows = load_coverage() if rows is None else rows
+    out: list[tuple[str, str | None]] = [(w, COVERAGE_CONTEXT) for w in (*DEPTHS, *GPU_NEEDED)]
+    out += [(m, None) for m in _COVERAGE_FORMS]
+    for r in rows:
+        out += [(t, None) for t in (r.title, r.note) if t]
+        out += [(t, None) for c in r.corrections for t in (c.claim, c.truth)]
+    return list(dict.fromkeys(out))
+
+
+_COVERAGE_FORMS = (
+    "{sections} sections: {counts}; {corrections} corrections of the articles.",
+    "{count} {depth}",
+    "{first}, {second}",
+    "{place} ({depth})",
+    "| Seed § | Section | Depth | Where it is taught | GPU needed | Where the workbook corrects the article | Notes |",
+)
+
+
+def coverage_summary(rows: list[Row] | None = None, lang: str = "en") -> str:
     """One line: how many sections at each depth, and how many corrections. Introduced in notebook 00."""
     rows = load_coverage() if rows is None else rows
-    counts = ", ".join(f"{sum(r.depth == d for r in rows)} {d}" for d in reversed(DEPTHS))
+    t = functools.partial(i18n.translate, lang=lang)
+    counts = [t("{count} {depth}").format(count=sum(r.depth == d for r in rows),
+                                          depth=t(d, context=COVERAGE_CONTEXT)) for d in reversed(DEPTHS)]
+    joined = functools.reduce(lambda a, b: t("{first}, {second}").format(first=a, second=b), counts)
     n_corr = sum(len(r.corrections) for r in rows)
-    return f"{len(rows)} sections: {counts}; {n_corr} corrections of the articles."
+    return t("{sections} sections: {counts}; {corrections} corrections of the articles.").format(
+        sections=len(rows), counts=joined, corrections=n_corr)
 
 
-def coverage_table(rows: list[Row] | None = None) -> str:
+def coverage_table(rows: list[Row] | None = None, lang: str = "en") -> str:
     """Return the seed-coverage map as Markdown: a summary line, then one table row per seed section.
 
     Columns: seed and section, title, depth, where it is taught (each place with its own depth), whether it needs a
-    GPU, where the workbook corrects the article (the claim, what is true, a link to the box), and notes.
-    Introduced in notebook 00.
+    GPU, where the workbook corrects the article (the claim, what is true, a link to the box), and notes. In a
+    translated edition (``lang``) every text comes from the message catalog and the links go to that edition's
+    notebooks and headings. Introduced in notebook 00.
     """
     rows = load_coverage() if rows is None else rows
-    out = [coverage_summary(rows), "",
-           "| Seed § | Section | Depth | Where it is taught | GPU needed | Where the workbook corrects the article "
-           "| Notes |",
-           "|---|---|---|---|---|---|---|"]
+    t = functools.partial(i18n.translate, lang=lang)
+    word = functools.partial(i18n.translate, lang=lang, context=COVERAGE_CONTEXT)
+    out = [coverage_summary(rows, lang), "", t(_COVERAGE_FORMS[-1]), "|---|---|---|---|---|---|---|"]
     for r in rows:
-        where = "<br>".join(f"{_link(w.notebook, w.heading)} ({w.depth})" for w in r.where) or "—"
-        corr = "<br>".join(f"“{_cell(c.claim)}” {_cell(c.truth)} ({_link(*c.box)})" for c in r.corrections)
-        out.append(f"| {r.key} | {_cell(r.title)} | {r.depth} | {where} | {r.gpu} | {corr or '—'} "
-                   f"| {_cell(r.note)} |")
+        where = "<br>".join(t("{place} ({depth})").format(place=_link(w.notebook, w.heading, lang),
+                                                          depth=word(w.depth)) for w in r.where) or "—"
+        corr = "<br>".join(f"“{_cell(t(c.claim))}” {_cell(t(c.truth))} ({_link(*c.box, lang)})"
+                           for c in r.corrections)
+        note = _cell(t(r.note)) if r.note else ""
+        out.append(f"| {r.key} | {_cell(t(r.title))} | {word(r.depth)} | {where} | {word(r.gpu)} | {corr or '—'} "
+                   f"| {note} |")
     return "\n".join(out)
 
 
-def render(text: str) -> str:
-    """Return ``text`` with its notebook map (and its seed-coverage block, if it has one) regenerated.
+def lang_of(path: str | Path) -> str:
+    """The edition a README is written in: ``README.zh-CN.md`` → ``"zh"``; any other → ``"en"``."""
+    parts = Path(path).name.split(".")
+    return (i18n.normalise(parts[-2]) or "en") if len(parts) >= 3 else "en"
+
+
+def render(text: str, lang: str = "en") -> str:
+    """Return ``text`` with its notebook map (and its seed-coverage block, if it has one) regenerated, in the
+    edition ``lang``.
 
     Raises ``ValueError`` if ``text`` has no notebook-map block. Introduced in notebook 00.
     """
     if _START not in text or _END not in text:
         raise ValueError(f"no {_START} ... {_END} block")
-    nb_map = _START + "\n" + markdown_table() + "\n" + _END
+    nb_map = _START + "\n" + markdown_table(lang=lang) + "\n" + _END
     new = re.sub(re.escape(_START) + ".*?" + re.escape(_END), lambda m: nb_map, text, flags=re.DOTALL)
     if _COV_START in new and _COV_END in new:
-        block = _COV_START + "\n" + coverage_table() + "\n" + _COV_END
+        block = _COV_START + "\n" + coverage_table(lang=lang) + "\n" + _COV_END
         new = re.sub(re.escape(_COV_START) + ".*?" + re.escape(_COV_END), lambda m: block, new,
                      flags=re.DOTALL)
     return new
 
 
 def update_readme(path: str | Path = README) -> bool:
-    """Rewrite the README's notebook map (and its seed-coverage block, if it has one); return True if changed.
+    """Rewrite the README's notebook map (and its seed-coverage block, if it has one), in the README's language
+    (:func:`lang_of`); return True if changed.
 
     Introduced in notebook 00.
     """
     p = Path(path)
     text = p.read_text()
     try:
-        new = render(text)
+        new = render(text, lang_of(p))
     except ValueError as exc:
         raise ValueError(f"{p}: {exc}") from None
     if new != text:
@@ -316,16 +391,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     ap = _Parser(description=__doc__.splitlines()[0])
     ap.add_argument("readme", nargs="?", default=None,
-                    help="the file to update (default: README.md and docs/student/README.md)")
+                    help="the file to update (default: README.md, docs/student/README.md, README.zh-CN.md)")
     ap.add_argument("--check", action="store_true",
                     help="change nothing; exit 1 if the generated blocks are stale")
     a = ap.parse_args(argv)
     status = 0
-    for p in [Path(a.readme)] if a.readme is not None else [README, STUDENT_README]:
+    for p in [Path(a.readme)] if a.readme is not None else [README, STUDENT_README, README_ZH]:
         if a.check:
             text = p.read_text()
             try:
-                stale = render(text) != text
+                stale = render(text, lang_of(p)) != text
             except ValueError as exc:
                 print(f"{p}: {exc}", file=sys.stderr)
                 status = 1

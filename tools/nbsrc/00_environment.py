@@ -26,6 +26,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import importlib.util
 import time
 

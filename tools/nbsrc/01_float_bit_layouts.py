@@ -28,6 +28,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import math
 
 import matplotlib.pyplot as plt

@@ -32,6 +32,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import math
 
 import matplotlib.pyplot as plt

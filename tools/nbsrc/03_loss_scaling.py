@@ -36,6 +36,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import importlib.util
 import inspect
 import io
@@ -634,11 +635,7 @@ assert mine.get_scale() == scaler.get_scale() and mine.state_dict()["_growth_tra
 # **`"loss_scale": 0` 表示动态**；其他任何值都是固定缩放因子。
 
 # %%
-rows = ["| DeepSpeed `fp16` key | GradScaler | DeepSpeed default | GradScaler default | difference |",
-        "|---|---|---|---|---|"]
-rows += [f"| `{r['deepspeed']}` | `{r['gradscaler']}` | {r['ds_default']} | {r['torch_default']} | {r['note']} |"
-         for r in scaling.DEEPSPEED_KNOBS]
-display(Markdown("\n".join(rows)))
+display(Markdown(scaling.deepspeed_knobs_markdown()))  # labkit.scaling.DEEPSPEED_KNOBS as a table
 
 # %% [markdown]
 # `deepspeed_fp16_config` writes the block closest to a given GradScaler, and `scaler_kwargs_from_deepspeed` goes

@@ -28,6 +28,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import dataclasses
 import inspect
 import math

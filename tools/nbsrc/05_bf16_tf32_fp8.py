@@ -36,6 +36,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import math
 
 import matplotlib.pyplot as plt

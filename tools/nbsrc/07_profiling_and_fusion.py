@@ -48,6 +48,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import os
 
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # small machines: compile workers steal the cores

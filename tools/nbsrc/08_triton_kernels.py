@@ -55,6 +55,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 from labkit import device, kernels
 
 MODE = kernels.setup()  # asks the device gate; on a CPU it sets TRITON_INTERPRET=1 *before* triton is imported

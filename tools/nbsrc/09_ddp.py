@@ -34,6 +34,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import inspect
 import math
 import os

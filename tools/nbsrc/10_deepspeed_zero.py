@@ -38,6 +38,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import inspect
 import json
 import os

@@ -63,6 +63,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import inspect
 import math
 

@@ -39,6 +39,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import json
 import os
 import re

@@ -47,6 +47,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import math
 import re
 

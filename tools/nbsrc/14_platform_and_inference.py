@@ -59,6 +59,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import inspect
 import math
 import shutil

@@ -41,6 +41,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import inspect
 import math
 import random

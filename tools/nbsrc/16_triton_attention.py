@@ -55,6 +55,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 from labkit import kernels
 
 MODE = kernels.setup()  # before triton is imported: interpreter on a CPU, compiled on a CUDA GPU

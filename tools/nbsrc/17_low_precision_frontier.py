@@ -53,6 +53,7 @@
 
 # %%
 # %matplotlib inline
+# %load_ext labkit
 import inspect
 
 import matplotlib.pyplot as plt
