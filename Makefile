@@ -36,7 +36,7 @@ DS_BUILD_DEPS := ninja packaging psutil py-cpuinfo pydantic hjson msgpack einops
 # only these (tests/lab_env.py).
 LAB_EXTRAS  := deepspeed,kernels,lowprecision
 
-.PHONY: lab test test-native test-capped test-capped-bf16 lint gpu-check install install-dev notebooks student doctor clean screenshots test-cluster
+.PHONY: book lab test test-native test-capped test-capped-bf16 lint gpu-check install install-dev notebooks student doctor clean screenshots test-cluster
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -52,7 +52,7 @@ $(VENV)/.base: $(BIN)/python pyproject.toml tools/install_torch.py
 
 # The test tools on top (pytest, nbval, playwright, ruff, ...): nothing a notebook imports.
 $(VENV)/.dev: $(VENV)/.base
-	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation -e ".[dev,$(LAB_EXTRAS)]"
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation -e ".[dev,book,$(LAB_EXTRAS)]"
 	touch $@
 
 install: $(VENV)/.base
@@ -126,6 +126,11 @@ notebooks: $(VENV)/.dev
 
 # The students' copy of the workbook, no solutions: dist/student/ (README, notebooks/, slurm/; no labkit/, tools/,
 # tests/). It replaces only an earlier build; STUDENT_ARGS=--force moves any other dist/student aside, deleting nothing.
+# The static book of both editions, from the stored notebooks, offline (tools/book.py; docs/book.md): _build/book/,
+# which any static host serves as it is. BOOK_ARGS="--hub URL --repo URL" fills in the run-it box's class link.
+book: $(VENV)/.dev
+	$(BIN)/python tools/book.py $(BOOK_ARGS)
+
 student: $(VENV)/.base
 	$(BIN)/python -m labkit student-build --tree --out dist/student $(STUDENT_ARGS)
 

@@ -38,6 +38,7 @@ _SUBMODULES = [
     "models",
     "plots",
     "precision",
+    "printed",
     "profiling",
     "recipes",
     "roofline",
@@ -59,11 +60,11 @@ __all__ = [*_SUBMODULES, "load_ipython_extension"]
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext labkit``, in every notebook's imports cell: in an edition other than English (a notebook under
     ``notebooks/zh``, a workspace made with ``LAB_LANG=zh``, or ``LABKIT_LANG``), the lines the notebook's code
-    prints appear in that language (see :func:`labkit.i18n.translate_printed`); in English it does nothing.
-    Introduced in notebook 00."""
-    from labkit import i18n
+    prints appear in that language (see :mod:`labkit.printed`); in English it does nothing. Introduced in
+    notebook 00."""
+    from labkit import printed
 
-    i18n.translate_printed()
+    printed.load(ipython)
 
 
 def __getattr__(name: str) -> Any:

@@ -30,6 +30,8 @@ import torch
 from labkit import device as dev_gate
 from labkit import precision
 from labkit._validate import safe_repr
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = [
     "CUDA_FLOPS_PER_CLOCK_PER_SM",
@@ -199,7 +201,7 @@ def compare(
     dev = dev_gate.resolve(device)
     timer, method = _timer(dev)
     names = list(candidates)
-    for _ in range(warmup):
+    for _warm in range(warmup):
         for n in names:
             candidates[n]()
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -452,7 +454,7 @@ class TheoreticalPeak:
     def describe(self) -> str:
         """Return the peak, the formula and the assumptions as printable lines."""
         lines = [f"{self.dtype}: {self.flops_per_s / 1e9:,.1f} GFLOP/s = {self.formula}"]
-        return "\n".join(lines + [f"  assumes: {a}" for a in self.assumptions])
+        return "\n".join(lines + ["  " + _("assumes: {assumption}").format(assumption=a) for a in self.assumptions])
 
 
 def cpu_flops_per_cycle(dtype: str, isa: Sequence[str], fma_units: int = 2) -> tuple[int, str]:
@@ -466,21 +468,25 @@ def cpu_flops_per_cycle(dtype: str, isa: Sequence[str], fma_units: int = 2) -> t
     if isinstance(fma_units, bool) or not isinstance(fma_units, int) or not 1 <= fma_units <= 16:
         raise ValueError(f"fma_units must be a positive int, at most 16 (FMA units per core: 1 or 2 on today's "
                          f"CPUs), got {safe_repr(fma_units)}")
-    name, _ = _peak_dtype(dtype)
-    have = set(isa)
+    per, unit = _cpu_unit(_peak_dtype(dtype)[0], set(isa), fma_units)
+    return per, unit.format(units=fma_units)
+
+
+def _cpu_unit(name: str, have: set[str], fma_units: int) -> tuple[int, str]:
+    """FLOPs per cycle per core and the unit that gives them, as an English template (``{units}``: FMA units)."""
     if name == "bf16" and "amx_bf16" in have:
-        return 1024, "AMX-BF16 tile unit (1024 FLOP/cycle/core)"
+        return 1024, N_("AMX-BF16 tile unit (1024 FLOP/cycle/core)")
     if name == "fp16" and "amx_fp16" in have:
-        return 1024, "AMX-FP16 tile unit (1024 FLOP/cycle/core)"
+        return 1024, N_("AMX-FP16 tile unit (1024 FLOP/cycle/core)")
     if name == "bf16" and "avx512_bf16" in have:
-        return 16 * 4 * fma_units, f"AVX512-BF16 dot product (16 lanes x 4 FLOP x {fma_units} units)"
+        return 16 * 4 * fma_units, N_("AVX512-BF16 dot product (16 lanes x 4 FLOP x {units} units)")
     if name == "fp16" and "avx512_fp16" in have:
-        return 32 * 2 * fma_units, f"AVX512-FP16 FMA (32 lanes x 2 FLOP x {fma_units} units)"
+        return 32 * 2 * fma_units, N_("AVX512-FP16 FMA (32 lanes x 2 FLOP x {units} units)")
     if "avx512f" in have:
-        return 16 * 2 * fma_units, f"AVX-512 FMA (16 fp32 lanes x 2 FLOP x {fma_units} units)"
+        return 16 * 2 * fma_units, N_("AVX-512 FMA (16 fp32 lanes x 2 FLOP x {units} units)")
     if "avx2" in have and "fma" in have:
-        return 8 * 2 * fma_units, f"AVX2 FMA (8 fp32 lanes x 2 FLOP x {fma_units} units)"
-    return 8, "SSE (4 fp32 lanes x (1 add + 1 mul))"
+        return 8 * 2 * fma_units, N_("AVX2 FMA (8 fp32 lanes x 2 FLOP x {units} units)")
+    return 8, N_("SSE (4 fp32 lanes x (1 add + 1 mul))")
 
 
 def cuda_flops_per_clock_per_sm(capability: tuple[int, int], dtype: str) -> int | None:
@@ -502,22 +508,29 @@ def _cpu_cores_in_use() -> tuple[int, str]:
                 cores.add(fh.read().strip())
         except OSError:
             cores.add(str(c))
-    n = min(len(cores), torch.get_num_threads())
-    return n, (f"{n} physical core{'s' if n != 1 else ''}: {len(cpus)} logical CPUs usable, {len(cores)} physical, "
-               f"torch uses {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''}")
+    threads = torch.get_num_threads()
+    n = min(len(cores), threads)
+    if n != 1:
+        text = _("{n} physical cores: {logical} logical CPUs usable, {physical} physical, torch uses {threads} threads")
+    elif threads != 1:
+        text = _("{n} physical core: {logical} logical CPUs usable, {physical} physical, torch uses {threads} threads")
+    else:
+        text = _("{n} physical core: {logical} logical CPUs usable, {physical} physical, torch uses {threads} thread")
+    return n, text.format(n=n, logical=len(cpus), physical=len(cores), threads=threads)
 
 
 def _cpu_ghz() -> tuple[float, str]:
     try:
         with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as fh:
-            return int(fh.read()) / 1e6, "the maximum (turbo) frequency from cpufreq"
+            return int(fh.read()) / 1e6, _("the maximum (turbo) frequency from cpufreq")
     except (OSError, ValueError):
         pass
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 if line.startswith("cpu MHz"):
-                    return float(line.split(":")[1]) / 1e3, "the clock /proc/cpuinfo reports (a VM shows its nominal clock)"
+                    return float(line.split(":")[1]) / 1e3, _("the clock /proc/cpuinfo reports (a VM shows its "
+                                                              "nominal clock)")
     except (OSError, ValueError):
         pass
     raise ValueError("cannot read the CPU frequency (no cpufreq and no /proc/cpuinfo); pass it in")
@@ -546,14 +559,14 @@ def _default_fma_units(wide: bool) -> tuple[int, str]:
     vendor, family = _cpu_vendor_family()
     if vendor == "AuthenticAMD" and family is not None and family <= 25:
         if wide:
-            return 1, ("1 512-bit FMA unit per core: AMD Zen 4 runs each 512-bit instruction on its two 256-bit "
-                       "FMA units, so AVX-512 doubles no FLOPs over AVX2 there")
-        return 2, "2 256-bit FMA units per core (AMD Zen 2 to Zen 4)"
+            return 1, _("1 512-bit FMA unit per core: AMD Zen 4 runs each 512-bit instruction on its two 256-bit "
+                        "FMA units, so AVX-512 doubles no FLOPs over AVX2 there")
+        return 2, _("2 256-bit FMA units per core (AMD Zen 2 to Zen 4)")
     if vendor == "AuthenticAMD":
-        return 2, "2 FMA units per core (AMD Zen 5 servers have full 512-bit units; some client parts split them)"
+        return 2, _("2 FMA units per core (AMD Zen 5 servers have full 512-bit units; some client parts split them)")
     if vendor == "GenuineIntel":
-        return 2, "2 FMA units per core (Xeon Gold/Platinum; some SKUs have 1)"
-    return 2, "2 FMA units per core: an assumption, not read from this CPU (check its documentation)"
+        return 2, _("2 FMA units per core (Xeon Gold/Platinum; some SKUs have 1)")
+    return 2, _("2 FMA units per core: an assumption, not read from this CPU (check its documentation)")
 
 
 def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | str | None = None,
@@ -568,7 +581,7 @@ def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | s
     (:data:`CUDA_FLOPS_PER_CLOCK_PER_SM`). Raises ``ValueError`` for an architecture or dtype the table
     lacks. Introduced in notebook 07.
     """
-    name, _ = _peak_dtype(dtype)
+    name = _peak_dtype(dtype)[0]
     dev = dev_gate.resolve(device, must_exist=False)  # a formula: the GPU may only be described
     if dev_gate.is_cuda(dev):
         props = dev_gate.cuda_properties(dev)
@@ -580,13 +593,15 @@ def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | s
             raise ValueError("this torch build does not report the GPU's SM clock")
         ghz = float(props["clock_khz"]) / 1e6  # type: ignore[arg-type]
         sms = int(props["sm_count"])  # type: ignore[arg-type]
-        unit = "CUDA cores" if name == "fp32" else "tensor cores, dense"
+        unit = (_("CUDA cores; fp32 here is without TF32") if name == "fp32"
+                else _("tensor cores, dense; fp32 here is without TF32"))
         return TheoreticalPeak(name, sms * ghz * 1e9 * per_sm,
                                f"{sms} SMs x {ghz:.2f} GHz x {per_sm} FLOP/clock/SM",
-                               (f"{props['name']}, compute capability {props['capability']}",
-                                f"{unit}; fp32 here is without TF32",
-                                "the maximum SM clock the driver reports; sustained clocks under load are lower",
-                                "dense math (no 2:4 sparsity)"))
+                               (_("{name}, compute capability {capability}").format(name=props["name"],
+                                                                                   capability=props["capability"]),
+                                unit,
+                                _("the maximum SM clock the driver reports; sustained clocks under load are lower"),
+                                _("dense math (no 2:4 sparsity)")))
     if dev.type != "cpu":
         raise ValueError(f"theoretical peaks are known for CPU and CUDA devices, not {dev.type}")
     cores, core_note = _cpu_cores_in_use()
@@ -594,11 +609,13 @@ def theoretical_peak(dtype: str | torch.dtype = "fp32", device: torch.device | s
     isa = dev_gate.cpu_isa_in_use()
     units_note = ""
     if fma_units is None:
-        _, probe = cpu_flops_per_cycle(name, isa, 1)
+        probe = cpu_flops_per_cycle(name, isa, 1)[1]
         fma_units, units_note = _default_fma_units(wide=not probe.startswith(("AVX2", "SSE")))
     per, unit = cpu_flops_per_cycle(name, isa, fma_units)  # validates a given fma_units
-    units_note = units_note or f"{fma_units} FMA units per core (as given)"
-    notes = [core_note, f"{ghz:.2f} GHz: {ghz_note}; AVX-512/AMX code may run at a lower clock", unit]
+    units_note = units_note or _("{units} FMA units per core (as given)").format(units=fma_units)
+    notes = [core_note,
+             _("{ghz:.2f} GHz: {source}; AVX-512/AMX code may run at a lower clock").format(ghz=ghz, source=ghz_note),
+             _(_cpu_unit(name, set(isa), fma_units)[1]).format(units=fma_units)]
     if "units" in unit:
         notes.append(units_note)
     return TheoreticalPeak(name, cores * ghz * 1e9 * per, f"{cores} cores x {ghz:.2f} GHz x {per} FLOP/cycle",
@@ -616,9 +633,12 @@ def excess_note(theo: TheoreticalPeak, measured_flops: float) -> str:
         raise TypeError(f"theo must be a TheoreticalPeak, got {type(theo).__name__}")
     if not measured_flops > theo.flops_per_s:
         return ""
-    clock = theo.formula.split(" x ")[1] if theo.formula.count(" x ") >= 2 else "clock"
-    return (f"above the theoretical peak, so an assumption is wrong: the cores ran faster than the {clock} assumed "
-            "(turbo, or a VM that reports its nominal clock), or they have more units than assumed")
+    if theo.formula.count(" x ") < 2:
+        return _("above the theoretical peak, so an assumption is wrong: the cores ran faster than the clock assumed "
+                 "(turbo, or a VM that reports its nominal clock), or they have more units than assumed")
+    return _("above the theoretical peak, so an assumption is wrong: the cores ran faster than the {clock} assumed "
+             "(turbo, or a VM that reports its nominal clock), or they have more units than assumed").format(
+                 clock=theo.formula.split(" x ")[1])
 
 
 def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.device | str | None = None,
@@ -629,33 +649,36 @@ def peak_report(dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), device: torch.
     shape (unless ``shapes`` is given) and labelled emulated. Introduced in notebook 07.
     """
     dev = dev_gate.resolve(device)
-    lines = [f"labkit peak report on {dev} ({dev_gate.capabilities(dev).device_name})", ""]
+    lines = [_("labkit peak report on {device} ({name})").format(device=dev,
+                                                                 name=dev_gate.capabilities(dev).device_name), ""]
     for name in dtypes:
-        _, dt = _peak_dtype(name)
+        dt = _peak_dtype(name)[1]
         if dt != torch.float32 and not dev_gate.computes(dt, dev):
-            lines.append(f"{name}: skipped ({dev} does not compute in {name})")
+            lines.append(_("{dtype}: skipped ({device} does not compute in {dtype})").format(dtype=name, device=dev))
             continue
         meas = peak_matmul_flops(name, dev, shapes)
         if meas.emulated:
-            lines.append(f"{name}: not native here (no {name} units, or capped by ONEDNN_MAX_CPU_ISA/"
-                         f"ATEN_CPU_CAPABILITY), so measured on {len(meas.per_shape)} shape(s) only: a floor, "
-                         "not a ceiling")
+            lines.append(_("{dtype}: not native here (no {dtype} units, or capped by ONEDNN_MAX_CPU_ISA/"
+                           "ATEN_CPU_CAPABILITY), so measured on {shapes} shape(s) only: a floor, not a ceiling").format(
+                               dtype=name, shapes=len(meas.per_shape)))
         try:
             theo: TheoreticalPeak | None = theoretical_peak(name, dev)
         except ValueError as exc:
             theo, why = None, str(exc)
         shape = "x".join(map(str, meas.shape))
-        lines.append(f"{name}: measured {meas.flops_per_s / 1e9:,.1f} GFLOP/s (best shape {shape})")
+        lines.append(_("{dtype}: measured {gflops:,.1f} GFLOP/s (best shape {shape})").format(
+            dtype=name, gflops=meas.flops_per_s / 1e9, shape=shape))
         if theo is None:
-            lines.append(f"  theoretical: unknown ({why})")
+            lines.append("  " + _("theoretical: unknown ({why})").format(why=why))
         else:
-            lines.append(f"  theoretical {theo.flops_per_s / 1e9:,.1f} GFLOP/s = {theo.formula}"
-                         f"  -> measured is {meas.flops_per_s / theo.flops_per_s:.0%} of it")
-            lines += [f"    assumes: {a}" for a in theo.assumptions]
+            lines.append("  " + _("theoretical {gflops:,.1f} GFLOP/s = {formula}  -> measured is {share:.0%} of it").format(
+                gflops=theo.flops_per_s / 1e9, formula=theo.formula, share=meas.flops_per_s / theo.flops_per_s))
+            lines += ["    " + _("assumes: {assumption}").format(assumption=a) for a in theo.assumptions]
             if excess_note(theo, meas.flops_per_s):
                 lines.append("    " + excess_note(theo, meas.flops_per_s))
     bw = memory_bandwidth(bandwidth_bytes, dev)
-    lines += ["", f"memory: {bw.bytes_per_s / 1e9:,.1f} GB/s (copy of {bw.nbytes / 2**20:.0f} MiB, read + write counted)"]
+    lines += ["", _("memory: {gbps:,.1f} GB/s (copy of {mib:.0f} MiB, read + write counted)").format(
+        gbps=bw.bytes_per_s / 1e9, mib=bw.nbytes / 2**20)]
     return "\n".join(lines)
 
 
@@ -724,8 +747,9 @@ def main(argv: list[str] | None = None) -> int:
     res = amp_benchmark(dev, dtypes, args.size, args.warmup, args.repeats,
                         train_kwargs={"batch_size": args.batch_size})
     mm, ts = res["matmul"], res["train_step"]
-    print(f"device: {caps.device} ({caps.device_name}); threads {torch.get_num_threads()}; "
-          f"timer: {mm.method}; warm-up {args.warmup}, median of {args.repeats}, interleaved")
+    print(_("device: {device} ({name}); threads {threads}; timer: {timer}; warm-up {warmup}, median of {repeats}, "
+            "interleaved").format(device=caps.device, name=caps.device_name, threads=torch.get_num_threads(),
+                                  timer=mm.method, warmup=args.warmup, repeats=args.repeats))
     if caps.cpu_isa and dev.type == "cpu":
         print(f"cpu isa: {' '.join(caps.cpu_isa)}")
     print(mm.table(f"matmul {mm.extra['n']}x{mm.extra['n']}"))
@@ -734,11 +758,13 @@ def main(argv: list[str] | None = None) -> int:
     print(ts.table(f"tiny-GPT train step (AdamW, batch {args.batch_size})"))
     for name in mm.timings:
         if name != "fp32":
-            print(f"{name}/fp32 time ratio: matmul {mm.ratio(name):.2f} (speed-up {mm.speedup(name):.2f}x), "
-                  f"train step {ts.ratio(name):.2f} (speed-up {ts.speedup(name):.2f}x)")
+            print(_("{dtype}/fp32 time ratio: matmul {mm_ratio:.2f} (speed-up {mm_speedup:.2f}x), train step "
+                    "{step_ratio:.2f} (speed-up {step_speedup:.2f}x)").format(
+                        dtype=name, mm_ratio=mm.ratio(name), mm_speedup=mm.speedup(name), step_ratio=ts.ratio(name),
+                        step_speedup=ts.speedup(name)))
     missing = [d for d in dtypes if d not in mm.timings]
     if missing:
-        print(f"skipped (not supported on {dev}): {', '.join(missing)}")
+        print(_("skipped (not supported on {device}): {dtypes}").format(device=dev, dtypes=", ".join(missing)))
     return 0
 
 

@@ -139,9 +139,10 @@ def missing(folder: str | os.PathLike = ".") -> list[str]:
     return [n.filename for n in available() if not any((p / n.filename).exists() for p in places)]
 
 
-def markdown_table(notebooks: list[Notebook] | None = None, lang: str | None = None) -> str:
+def markdown_table(notebooks: list[Notebook] | None = None, lang: str | None = None, folder: str | None = None) -> str:
     """Return the notebook map as a Markdown table (number, title, teaches, CPU, GPU), in the edition ``lang``
-    (default: the notebook's language); a translated edition links its own notebooks (``notebooks/zh/``).
+    (default: the notebook's language). Its links are relative to the checkout (``notebooks/``, or a translated
+    edition's ``notebooks/zh/``), or to ``folder`` (``""``: the notebooks' own folder, for a notebook's map).
 
     Introduced in notebook 00.
     """
@@ -156,7 +157,12 @@ def markdown_table(notebooks: list[Notebook] | None = None, lang: str | None = N
     if edition is None:
         raise ValueError(f"no edition in {lang!r}: choose one of {', '.join(i18n.LANGUAGES)}")
     t = functools.partial(i18n.translate, lang=edition)
-    folder = "notebooks/" if edition == "en" else f"notebooks/{edition}/"
+    if folder is not None and not isinstance(folder, str):
+        raise TypeError(f"folder must be a str or None, got {type(folder).__name__}")
+    if folder is None:
+        folder = "notebooks/" if edition == "en" else f"notebooks/{edition}/"
+    elif folder and not folder.endswith("/"):
+        folder += "/"
     rows = [i18n.translate("| # | Notebook | What it teaches | On CPU | On a GPU |", edition), "|---|---|---|---|---|"]
     for n in chosen:
         rows.append(f"| {n.number} | [{t(n.title)}]({folder}{n.filename}) | {t(n.teaches)} | {t(n.cpu)} "

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from labkit.i18n import gettext as _
+
 __all__ = ["BackwardAnomaly", "NonFinite", "backward_anomaly", "first_nonfinite", "nonfinite_count"]
 
 
@@ -81,9 +83,13 @@ class NonFinite:
 
     def describe(self) -> str:
         """Say in one line where the first non-finite value appeared. Introduced in notebook 03."""
-        origin = "its inputs were finite: it produced them" if self.inputs_finite else (
-            "its inputs were already non-finite: look at the code that runs before it")
-        return f"first non-finite output: {self.module} ({self.kind}), {self.bad} of {self.numel} elements; {origin}"
+        if self.inputs_finite:
+            text = _("first non-finite output: {module} ({kind}), {bad} of {numel} elements; its inputs were finite: "
+                     "it produced them")
+        else:
+            text = _("first non-finite output: {module} ({kind}), {bad} of {numel} elements; its inputs were already "
+                     "non-finite: look at the code that runs before it")
+        return text.format(module=self.module, kind=self.kind, bad=self.bad, numel=self.numel)
 
 
 def _numel(value: Any) -> int:

@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from labkit import device as dev_gate
 from labkit import precision
 from labkit._validate import as_float, check_dense, safe_repr
+from labkit.i18n import gettext as _
+from labkit.i18n import tidy
 
 __all__ = [
     "FlashAttention",
@@ -103,9 +105,11 @@ class Mode:
 
     def __str__(self) -> str:
         if self.interpreted:
-            return (f"Triton mode: interpreter (TRITON_INTERPRET=1), because {self.reason}. Every program of a "
-                    "kernel runs one after another as NumPy code on the CPU: right answers, meaningless timings.")
-        return f"Triton mode: compiled, because {self.reason}. Kernels are compiled to GPU code on first launch."
+            return _("Triton mode: interpreter (TRITON_INTERPRET=1), because {reason}. Every program of a kernel "
+                     "runs one after another as NumPy code on the CPU: right answers, meaningless timings.").format(
+                         reason=self.reason)
+        return _("Triton mode: compiled, because {reason}. Kernels are compiled to GPU code on first launch.").format(
+            reason=self.reason)
 
 
 def triton_available() -> bool:
@@ -118,10 +122,12 @@ def install_hint() -> str:
 
     Introduced in notebook 08.
     """
-    return ("Triton is not installed. `make lab` installs it; in this workbook's environment run  "
-            "pip install -e '.[kernels]'  (or  pip install triton==3.7.1 , the version torch 2.13.0's CUDA build "
-            "requires; triton has no dependencies, so the torch build you have stays). "
-            "Triton ships wheels for Linux only; on macOS or Windows use a Linux machine, WSL or a container.")
+    return tidy(" ".join((
+        _("Triton is not installed."),
+        _("`make lab` installs it; in this workbook's environment run  pip install -e '.[kernels]'  (or  pip install "
+          "triton==3.7.1 , the version torch 2.13.0's CUDA build requires; triton has no dependencies, so the torch "
+          "build you have stays)."),
+        _("Triton ships wheels for Linux only; on macOS or Windows use a Linux machine, WSL or a container."))))
 
 
 def _env_forces_interpreter() -> bool:
@@ -142,11 +148,13 @@ def setup(device: torch.device | str | None = None) -> Mode:
     global _MODE
     dev = dev_gate.resolve(device)
     if dev.type == "cuda" and not _env_forces_interpreter():
-        want = Mode("compiled", dev, f"the device gate picked {dev} ({_cuda_name(dev)})")
+        want = Mode("compiled", dev, _("the device gate picked {device} ({gpu})").format(device=dev,
+                                                                                       gpu=_cuda_name(dev)))
     elif dev.type == "cuda":
-        want = Mode("interpreter", torch.device("cpu"), "TRITON_INTERPRET=1 was set by hand (a GPU is present)")
+        want = Mode("interpreter", torch.device("cpu"), _("TRITON_INTERPRET=1 was set by hand (a GPU is present)"))
     else:
-        want = Mode("interpreter", torch.device("cpu"), f"the device gate picked {dev}: no CUDA GPU for Triton")
+        want = Mode("interpreter", torch.device("cpu"),
+                    _("the device gate picked {device}: no CUDA GPU for Triton").format(device=dev))
     if _MODE is not None:
         if _MODE.name != want.name:
             raise ValueError(f"Triton already runs {_MODE.name} in this process ({_MODE.reason}); a {want.name} "

@@ -51,6 +51,7 @@ from labkit.activations import (
     measure_saved_tensors,
     mlp_activation_bytes,
 )
+from labkit.i18n import gettext as _
 from labkit.precision import POLICIES, Policy, get_policy
 
 __all__ = [
@@ -193,7 +194,7 @@ def conventions_table(optimizer: str = "adam") -> str:
     for pol in POLICIES.values():
         states = opt.n_states * _state_width(pol, opt)
         rows.append(f"{pol.name:<23} {pol.param_bytes:>6} {pol.grad_bytes:>5} {pol.fp32_grad_bytes:>6} "
-                    f"{pol.master_bytes:>6} {states:>6} {bytes_per_param(pol, opt):>5}  {pol.description}")
+                    f"{pol.master_bytes:>6} {states:>6} {bytes_per_param(pol, opt):>5}  {_(pol.description)}")
     return "\n".join(rows)
 
 

@@ -39,6 +39,7 @@ import torch
 
 from labkit import formats
 from labkit._validate import as_float, check_dense, safe_repr
+from labkit.i18n import N_
 
 __all__ = [
     "POLICIES",
@@ -101,6 +102,8 @@ class Policy:
     stored in. ``master``: the optimizer updates an fp32 master copy of 16-bit weights. ``grads``: the dtype of
     the gradients the working weights keep (``None``: freed once copied). ``fp32_grads``: an fp32 gradient copy
     persists too. ``optim_state``: the dtype of the optimizer's moments. ``scaler``: a dynamic loss scaler.
+    ``description``: whose convention it is, in English (marked for translation: show it as
+    ``labkit.i18n.gettext(policy.description)``; compare the name, never the description).
     The byte properties are what :mod:`labkit.memory` counts. Introduced in notebook 04.
     """
 
@@ -165,23 +168,23 @@ class Policy:
 POLICIES: dict[str, Policy] = {
     p.name: p
     for p in (
-        Policy("fp32", None, "fp32", False, "fp32", False, "fp32", False, "fp32 everywhere: the reference"),
+        Policy("fp32", None, "fp32", False, "fp32", False, "fp32", False, N_("fp32 everywhere: the reference")),
         Policy("fp16", "fp16", "fp32", False, "fp32", False, "fp32", True,
-               "fp16 autocast + GradScaler, fp32 weights (torch.amp)"),
+               N_("fp16 autocast + GradScaler, fp32 weights (torch.amp)")),
         Policy("fp16-noscale", "fp16", "fp32", False, "fp32", False, "fp32", False,
-               "fp16 autocast without loss scaling"),
+               N_("fp16 autocast without loss scaling")),
         Policy("bf16", "bf16", "fp32", False, "fp32", False, "fp32", False,
-               "bf16 autocast, fp32 weights, no scaler (torch.amp)"),
+               N_("bf16 autocast, fp32 weights, no scaler (torch.amp)")),
         Policy("fp16-pure", None, "fp16", False, "fp16", False, "fp16", False,
-               "model and optimizer state in fp16, no master copy"),
+               N_("model and optimizer state in fp16, no master copy")),
         Policy("bf16-pure", None, "bf16", False, "bf16", False, "bf16", False,
-               "model and optimizer state in bf16, no master copy"),
+               N_("model and optimizer state in bf16, no master copy")),
         Policy("bf16-master", None, "bf16", True, "bf16", False, "fp32", False,
-               "ZeRO paper (2+2+K)Ψ: bf16 params and grads, fp32 master + states (K)"),
+               N_("ZeRO paper (2+2+K)Ψ: bf16 params and grads, fp32 master + states (K)")),
         Policy("bf16-master-fp32-grads", None, "bf16", True, None, True, "fp32", False,
-               "HF 'model memory anatomy': bf16 params, fp32 grads, fp32 master + states"),
+               N_("HF 'model memory anatomy': bf16 params, fp32 grads, fp32 master + states")),
         Policy("bf16-master-fp32-accum", None, "bf16", True, "bf16", True, "fp32", False,
-               "DeepSpeed's estimators: bf16 params and grads, plus fp32 grads, master + states"),
+               N_("DeepSpeed's estimators: bf16 params and grads, plus fp32 grads, master + states")),
     )
 }
 

@@ -47,6 +47,7 @@ from torch import nn
 
 from labkit import formats, microscaling
 from labkit._validate import safe_repr
+from labkit.i18n import gettext as _
 
 __all__ = [
     "RECIPES",
@@ -266,22 +267,26 @@ def native_formats(caps: object) -> str:
     block scales in the instruction. Introduced in notebook 17.
     """
     cc = getattr(caps, "cuda_capability", None)
-    name = getattr(caps, "device_name", "this device")
+    name = getattr(caps, "device_name", _("this device"))
     if not hasattr(caps, "tier"):
         raise TypeError(f"caps must be labkit.device.capabilities(), got {type(caps).__name__}")
     if cc is not None and getattr(torch.version, "hip", None):
-        return (f"{name}: a ROCm GPU (gfx capability {cc[0]}.{cc[1]}); this table reads NVIDIA compute capabilities, "
-                "so check AMD's documentation (MI300: FP8; MI350: MXFP8/MXFP6/MXFP4).")
+        return _("{name}: a ROCm GPU (gfx capability {major}.{minor}); this table reads NVIDIA compute capabilities, "
+                 "so check AMD's documentation (MI300: FP8; MI350: MXFP8/MXFP6/MXFP4).").format(
+                     name=name, major=cc[0], minor=cc[1])
     if cc is None:
-        return (f"{name}: no CUDA GPU. Every format in this notebook is emulated here: exact values, "
-                "no speed-up to measure.")
+        return _("{name}: no CUDA GPU. Every format in this notebook is emulated here: exact values, "
+                 "no speed-up to measure.").format(name=name)
     if cc >= (10, 0):
-        native = "FP8 (E4M3/E5M2), MXFP8, MXFP6, MXFP4 and NVFP4, block scales in the tensor cores"
+        text = _("{name} (compute capability {major}.{minor}): FP8 (E4M3/E5M2), MXFP8, MXFP6, MXFP4 and NVFP4, "
+                 "block scales in the tensor cores.")
     elif cc >= (8, 9):
-        native = "FP8 (E4M3/E5M2) with per-tensor or rowwise scales; MX and NVFP4 only emulated"
+        text = _("{name} (compute capability {major}.{minor}): FP8 (E4M3/E5M2) with per-tensor or rowwise scales; "
+                 "MX and NVFP4 only emulated.")
     else:
-        native = "no FP8 tensor cores: bf16/fp16 are the narrowest; FP8, MX and NVFP4 only emulated"
-    return f"{name} (compute capability {cc[0]}.{cc[1]}): {native}."
+        text = _("{name} (compute capability {major}.{minor}): no FP8 tensor cores: bf16/fp16 are the narrowest; "
+                 "FP8, MX and NVFP4 only emulated.")
+    return text.format(name=name, major=cc[0], minor=cc[1])
 
 
 def float8_speedup(dim: int = 4096, tokens: int = 8192, recipe: str = "tensorwise", repeats: int = 10,
@@ -298,17 +303,17 @@ def float8_speedup(dim: int = 4096, tokens: int = 8192, recipe: str = "tensorwis
     from labkit import device as dev_gate
 
     caps = dev_gate.capabilities() if caps is None else caps
-    cc, name = getattr(caps, "cuda_capability", None), getattr(caps, "device_name", "this GPU")
+    cc, name = getattr(caps, "cuda_capability", None), getattr(caps, "device_name", _("this GPU"))
     if getattr(caps, "device_type", None) != "cuda" or cc is None:
-        return "float8 training needs a CUDA GPU: not run here."
+        return _("float8 training needs a CUDA GPU: not run here.")
     if getattr(torch.version, "hip", None):
-        return "a ROCm GPU: torchao's float8 training is timed here on NVIDIA GPUs only."
+        return _("a ROCm GPU: torchao's float8 training is timed here on NVIDIA GPUs only.")
     if cc < (8, 9):
-        return f"{name} has no FP8 tensor cores: float8 training not run."
+        return _("{name} has no FP8 tensor cores: float8 training not run.").format(name=name)
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
-        return "torchao is not installed (pip install 'labkit[lowprecision]'): float8 training not run."
+        return _("torchao is not installed (pip install 'labkit[lowprecision]'): float8 training not run.")
     dev = torch.device("cuda")
     x = torch.randn(tokens, dim, device=dev, dtype=torch.bfloat16)
 
@@ -324,8 +329,10 @@ def float8_speedup(dim: int = 4096, tokens: int = 8192, recipe: str = "tensorwis
         steps = {n: (lambda m=m: m(x).float().pow(2).mean().backward()) for n, m in models.items()}
         cmp = bench.compare(steps, warmup=3, repeats=repeats, device=dev)
     except Exception as e:  # a compile or kernel failure is a result to report, not a crash of the notebook
-        return f"float8 training did not run on {name}: {type(e).__name__}: {e}"
+        return _("float8 training did not run on {name}: {error}: {message}").format(
+            name=name, error=type(e).__name__, message=e)
     t_bf16, t_fp8 = (cmp.timings[n].median for n in steps)
-    return (f"{name}: a training step of 4 linear layers {dim} x {dim}, {tokens} tokens: "
-            f"bf16 {t_bf16 * 1e3:.2f} ms, float8 {recipe} {t_fp8 * 1e3:.2f} ms (medians of {repeats}, CUDA events): "
-            f"{t_bf16 / t_fp8:.2f}x")
+    return _("{name}: a training step of 4 linear layers {dim} x {dim}, {tokens} tokens: bf16 {bf16_ms:.2f} ms, "
+             "float8 {recipe} {fp8_ms:.2f} ms (medians of {repeats}, CUDA events): {speedup:.2f}x").format(
+                 name=name, dim=dim, tokens=tokens, bf16_ms=t_bf16 * 1e3, recipe=recipe, fp8_ms=t_fp8 * 1e3,
+                 repeats=repeats, speedup=t_bf16 / t_fp8)

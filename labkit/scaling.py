@@ -656,8 +656,9 @@ def deepspeed_scale_sequence(
         if overflow:
             if hysteresis == 1 or cur_hyst == 1:
                 if scale == min_loss_scale:
-                    raise LossScaleAtMinimumError(f"step {it}: overflow with the loss scale already at min_loss_scale="
-                                       f"{min_loss_scale}; DeepSpeed stops here")
+                    raise LossScaleAtMinimumError(
+                        _("step {step}: overflow with the loss scale already at min_loss_scale={min_loss_scale}; "
+                          "DeepSpeed stops here").format(step=it, min_loss_scale=min_loss_scale))
                 scale = max(scale / 2.0, min_loss_scale)
             else:
                 cur_hyst -= 1

@@ -59,6 +59,8 @@ from typing import Any
 from labkit import handpar, memory
 from labkit._validate import as_float, safe_repr
 from labkit.activations import ActivationEstimate, check_count
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 from labkit.memory import GB, ModelState
 
 __all__ = [
@@ -142,17 +144,19 @@ class TransformerShape:
 
     def describe(self) -> str:
         """One line: the name, the shape and the parameter count."""
-        return (f"{self.name} (L={self.layers}, h={self.hidden}, a={self.heads}, s={self.seq_len}, "
-                f"V={self.vocab}): {self.n_params / 1e9:.2f}e9 params by 12·L·h² + V·h")
+        return _("{name} (L={layers}, h={hidden}, a={heads}, s={seq_len}, V={vocab}): {n:.2f}e9 params by "
+                 "12·L·h² + V·h").format(name=_(self.name), layers=self.layers,
+                                         hidden=self.hidden, heads=self.heads, seq_len=self.seq_len,
+                                         vocab=self.vocab, n=self.n_params / 1e9)
 
 
 #: Llama-2-like shapes for the keys of :data:`labkit.memory.MODEL_PRESETS` that have one. The presets there are
 #: bare parameter counts (70e9 for "70B"); the activations need a shape, and the GPT formula on these shapes
 #: gives 6.57e9, 12.75e9 and 64.69e9 parameters.
 SHAPES: dict[str, TransformerShape] = {
-    "7B": TransformerShape(32, 4096, 32, 4096, 32000, "GPT with Llama-2-7B's shape"),
-    "13B": TransformerShape(40, 5120, 40, 4096, 32000, "GPT with Llama-2-13B's shape"),
-    "70B": TransformerShape(80, 8192, 64, 4096, 32000, "GPT with Llama-2-70B's shape"),
+    "7B": TransformerShape(32, 4096, 32, 4096, 32000, N_("GPT with Llama-2-7B's shape")),
+    "13B": TransformerShape(40, 5120, 40, 4096, 32000, N_("GPT with Llama-2-13B's shape")),
+    "70B": TransformerShape(80, 8192, 64, 4096, 32000, N_("GPT with Llama-2-70B's shape")),
 }
 
 
@@ -368,34 +372,44 @@ class ParallelPlan:
         """The breakdown, one item a line, bytes in GB (10**9)."""
         gb = memory.fmt_bytes
         s = self.shape
-        node = "inside a node" if self.tp_within_node else f"ACROSS nodes of {self.gpus_per_node}"
-        sp = ", sequence parallel" if self.sequence_parallel else ""
+        node = (_("inside a node") if self.tp_within_node
+                else _("ACROSS nodes of {per_node}").format(per_node=self.gpus_per_node))
+        live = (_("{live} live micro-batch") if self.live_micro_batches == 1
+                else _("{live} live micro-batches")).format(live=self.live_micro_batches)
+        recompute = (_("recompute {mode}, sequence parallel") if self.sequence_parallel
+                     else _("recompute {mode}")).format(mode=self.recompute)
         out = [
             f"{s.describe()}",
-            f"layout        tp={self.tp} x pp={self.pp} x dp={self.dp} = {self.n_gpus} GPUs of {gb(self.gpu_bytes)}",
-            f"groups        TP of {self.tp} ({node}), PP of {self.pp}, DP of {self.dp}",
-            f"batch         B={self.global_batch} = b={self.micro_batch} x dp={self.dp} x m={self.micro_batches} "
-            f"micro-batches",
-            f"params/GPU    {self.params_per_gpu / 1e9:.3f}e9 (P/(tp·pp))",
-            f"model states  {gb(self.model_state_bytes):>10} (ZeRO-{self.zero} over dp={self.dp}; {self.policy} + "
-            f"{self.optimizer}, {memory.bytes_per_param(self.policy, self.optimizer)} B/param unsharded)",
-            f"activations   {gb(self.activation_bytes):>10} ({self.layers_per_stage} layers x "
-            f"{gb(self.act_per_layer)} x {self.live_micro_batches} live micro-batch"
-            f"{'' if self.live_micro_batches == 1 else 'es'}, {self.schedule.upper()}; "
-            f"recompute {self.recompute}{sp})",
+            _("layout        tp={tp} x pp={pp} x dp={dp} = {n} GPUs of {gpu}").format(
+                tp=self.tp, pp=self.pp, dp=self.dp, n=self.n_gpus, gpu=gb(self.gpu_bytes)),
+            _("groups        TP of {tp} ({node}), PP of {pp}, DP of {dp}").format(
+                tp=self.tp, node=node, pp=self.pp, dp=self.dp),
+            _("batch         B={B} = b={b} x dp={dp} x m={m} micro-batches").format(
+                B=self.global_batch, b=self.micro_batch, dp=self.dp, m=self.micro_batches),
+            _("params/GPU    {params:.3f}e9 (P/(tp·pp))").format(params=self.params_per_gpu / 1e9),
+            _("model states  {states:>10} (ZeRO-{zero} over dp={dp}; {policy} + {optimizer}, {bpp} B/param "
+              "unsharded)").format(states=gb(self.model_state_bytes), zero=self.zero, dp=self.dp,
+                                   policy=self.policy, optimizer=self.optimizer,
+                                   bpp=memory.bytes_per_param(self.policy, self.optimizer)),
+            _("activations   {acts:>10} ({layers} layers x {per_layer} x {live}, {schedule}; {recompute})").format(
+                acts=gb(self.activation_bytes), layers=self.layers_per_stage, per_layer=gb(self.act_per_layer),
+                live=live, schedule=self.schedule.upper(), recompute=recompute),
         ]
         if self.recompute != "none":
-            out.append(f"recompute     {gb(self.recompute_bytes):>10} (one layer's recomputed activations in backward)")
+            out.append(_("recompute     {recomputed:>10} (one layer's recomputed activations in backward)").format(
+                recomputed=gb(self.recompute_bytes)))
         if self.reserve_bytes:
-            out.append(f"reserve       {gb(self.reserve_bytes):>10}")
+            out.append(_("reserve       {reserve:>10}").format(reserve=gb(self.reserve_bytes)))
         free = self.gpu_bytes - self.total_bytes
-        verdict = f"fits, {gb(free)} free" if self.fits else f"does NOT fit, {gb(-free)} over"
-        out.append(f"total         {gb(self.total_bytes):>10} of {gb(self.gpu_bytes)}: {verdict}")
-        out.append(f"bubble        {100 * self.bubble:.1f}% ((pp-1)/(m+pp-1) = {self.pp - 1}/"
-                   f"{self.micro_batches + self.pp - 1})")
+        verdict = (_("fits, {free} free").format(free=gb(free)) if self.fits
+                   else _("does NOT fit, {over} over").format(over=gb(-free)))
+        out.append(_("total         {total:>10} of {gpu}: {verdict}").format(
+            total=gb(self.total_bytes), gpu=gb(self.gpu_bytes), verdict=verdict))
+        out.append(_("bubble        {bubble:.1f}% ((pp-1)/(m+pp-1) = {num}/{den})").format(
+            bubble=100 * self.bubble, num=self.pp - 1, den=self.micro_batches + self.pp - 1))
         if self.pp > 1:
-            out.append(f"embedding     first/last stage +{gb(self.embedding_extra_bytes)} of model states "
-                       f"(V·h/tp·(1-1/pp) more params; not in the total)")
+            out.append(_("embedding     first/last stage +{extra} of model states (V·h/tp·(1-1/pp) more params; "
+                         "not in the total)").format(extra=gb(self.embedding_extra_bytes)))
         return out
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 from labkit import formats as F
 from labkit import memory as M
 from labkit._validate import MAX_PREDICTED_PARAMS, MAX_WORLD_SIZE, safe_repr
+from labkit.i18n import gettext as _
 
 __all__ = ["FIELD_COLORS", "BitExplorer", "bit_explorer", "memory_calculator", "memory_calculator_report"]
 
@@ -72,25 +73,31 @@ def _encode_note(value: float, f: F.FloatFormat) -> tuple[int | None, str]:
     and nothing below 2^-127; FP6 and FP4 have no NaN (None: no pattern) and saturate past their max.
     """
     if not f.has_nan and isinstance(value, (float, np.floating)) and math.isnan(value):
-        return None, (f"{f.name} has no NaN: every one of its {1 << f.total_bits} patterns is a number, "
-                      f"so NaN cannot be stored (ml_dtypes' cast writes -0, labkit refuses)")
+        return None, _("{name} has no NaN: every one of its {count} patterns is a number, so NaN cannot be stored "
+                       "(ml_dtypes' cast writes -0, labkit refuses)").format(name=f.name, count=1 << f.total_bits)
     bits = F.encode(value, f)  # TypeError for anything but a real number
     x = _as_shown(value)
     if not f.signed and not math.isnan(x):
         if x == 0:
-            return bits, (f"{f.name} has no zero (no sign, no mantissa: every pattern is 2^(E-{f.bias})): "
-                          f"0 has no pattern and becomes NaN, {f.nan_bits:#x}, as in ml_dtypes")
+            return bits, _("{name} has no zero (no sign, no mantissa: every pattern is 2^(E-{bias})): 0 has no "
+                           "pattern and becomes NaN, {nan:#x}, as in ml_dtypes").format(
+                name=f.name, bias=f.bias, nan=f.nan_bits)
         if x < 0:
-            return bits, (f"{f.name} has no sign bit, so no negative numbers: {x!r} becomes NaN, "
-                          f"{f.nan_bits:#x}, as in ml_dtypes")
+            return bits, _("{name} has no sign bit, so no negative numbers: {value!r} becomes NaN, {nan:#x}, as in "
+                           "ml_dtypes").format(name=f.name, value=x, nan=f.nan_bits)
         if x < f.smallest_normal:
-            return bits, f"{f.name} has nothing below 2^{f.emin} (and no zero): {x!r} rounds up to 2^{f.emin}"
+            return bits, _("{name} has nothing below 2^{emin} (and no zero): {value!r} rounds up to 2^{emin}").format(
+                name=f.name, emin=f.emin, value=x)
     if (math.isfinite(x) and abs(_round_unbounded(value, f)) > f.max) or (math.isinf(x) and not f.has_inf):
         sign = "-" if x < 0 else ""
-        outcome = {"inf": f"{sign}inf", "nan": "NaN",
-                   "saturate": f"{sign}{F._fmt_exact(f.max)} (it saturates: {f.name} has no inf)"}[f.overflow]
+        if f.overflow == "saturate":
+            outcome = _("{value} (it saturates: {name} has no inf)").format(value=f"{sign}{F._fmt_exact(f.max)}",
+                                                                         name=f.name)
+        else:
+            outcome = {"inf": f"{sign}inf", "nan": "NaN"}[f.overflow]
         top = f"2^{f.emax}" if not f.man_bits else F._fmt_exact(f.max)
-        return bits, f"beyond {f.name}'s largest value {top}: {x!r} becomes {outcome}"
+        return bits, _("beyond {name}'s largest value {top}: {value!r} becomes {outcome}").format(
+            name=f.name, top=top, value=x, outcome=outcome)
     return bits, ""
 
 
@@ -122,7 +129,7 @@ class BitExplorer:
             raise ValueError(f"the explorer shows {', '.join(EXPLORER_FORMATS)}; got {self.fmt.name}")
         bits, self.note = _encode_note(value, self.fmt)
         if bits is None:  # NaN in FP6/FP4, which have none: start at 0, and say so
-            bits, self.note = 0, self.note + "; showing 0 instead"
+            bits, self.note = 0, _("{note}; showing 0 instead").format(note=self.note)
         self.bits = bits
         self._busy = False
         self.format_picker = W.Dropdown(options=list(EXPLORER_FORMATS), value=self.fmt.name, description="format")
@@ -177,7 +184,7 @@ class BitExplorer:
         self.fmt = fmt
         bits, self.note = _encode_note(value, self.fmt)
         if bits is None:
-            bits, self.note = 0, self.note + "; showing 0 instead"
+            bits, self.note = 0, _("{note}; showing 0 instead").format(note=self.note)
         self.bits = bits
         self._build_buttons()
         self._refresh(update_number=True)
@@ -223,7 +230,8 @@ class BitExplorer:
         try:
             self.set_value(_parse_number(change["new"]))
         except (ValueError, OverflowError, ZeroDivisionError):
-            self.details.value = f"<b>Could not read {html.escape(change['new'])!s} as a number.</b>"
+            self.details.value = "<b>{}</b>".format(html.escape(_("Could not read {text} as a number.").format(
+                text=change["new"])))
 
     def _refresh(self, update_number: bool = False) -> None:
         f, fl = self.fmt, F.fields_from_bits(self.bits, self.fmt)
@@ -246,13 +254,18 @@ class BitExplorer:
                           f'title="{k}">{html.escape(v)}</span>'
                           for k, v in zip(_field_names(f), fl.bitstring.split("|"), strict=True))
         rows = [f"<b>{html.escape(self.note)}</b>"] if self.note else []
-        rows += [f"<b>{f.name}</b>: {html.escape(f.description)}", f"specials: {html.escape(f.specials)}",
-                 f"bits {colored} &nbsp; kind: <b>{fl.kind}</b>", f"value: {html.escape(fl.meaning)}"]
+        rows += [f"<b>{f.name}</b>: {html.escape(f.description)}",
+                 html.escape(_("specials: {specials}").format(specials=f.specials)),
+                 _("bits {bits}").format(bits=colored) + " &nbsp; "
+                 + _("kind: {kind}").format(kind=f"<b>{fl.kind}</b>"),
+                 html.escape(_("value: {meaning}").format(meaning=fl.meaning))]
         if fl.kind not in ("nan",):
             below, v, above = F.neighbours(fl.value, f)
-            rows.append(f"neighbours: {below!r} &lt; {v!r} &lt; {above!r}")
+            rows.append(html.escape(_("neighbours: {below!r} < {value!r} < {above!r}").format(
+                below=below, value=v, above=above)))
             if math.isfinite(v):
-                rows.append(f"ulp here: {F.ulp(v, f)!r} (relative {F.ulp(v, f) / abs(v) if v else math.inf:.3g})")
+                rows.append(_("ulp here: {ulp!r} (relative {relative:.3g})").format(
+                    ulp=F.ulp(v, f), relative=F.ulp(v, f) / abs(v) if v else math.inf))
         return "<br>".join(rows)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from labkit._validate import MAX_WORLD_SIZE, as_float, check_int, safe_repr
+from labkit.i18n import N_
+from labkit.i18n import gettext as _
 
 __all__ = [
     "CATEGORIES",
@@ -273,48 +275,48 @@ def validate(cfg: dict[str, Any], world_size: int | None = None) -> dict[str, An
 
 
 _EXPLAIN: dict[str, str] = {
-    "train_batch_size": "global batch per optimizer step = micro batch x grad accumulation x ranks",
-    "train_micro_batch_size_per_gpu": "samples per rank per forward/backward (what sets activation memory)",
-    "gradient_accumulation_steps": "micro batches summed into the gradients before one optimizer step",
-    "gradient_clipping": "clip the global gradient norm to this value (0 = off), after unscaling",
-    "steps_per_print": "how often DeepSpeed logs progress (huge = quiet)",
-    "wall_clock_breakdown": "time forward/backward/step separately (adds synchronisation)",
-    "optimizer": "the optimizer DeepSpeed builds for you (so it can shard and offload it)",
-    "optimizer.type": "AdamW: Adam with decoupled weight decay; two fp32 states per parameter (8 bytes)",
-    "optimizer.params": "keyword arguments of the optimizer",
-    "optimizer.params.lr": "learning rate",
-    "optimizer.params.betas": "Adam's decay rates for the first and second moments",
-    "optimizer.params.eps": "added to sqrt(second moment) to avoid dividing by zero",
-    "optimizer.params.weight_decay": "decoupled weight decay",
-    "optimizer.params.torch_adam": "use torch.optim.AdamW, not DeepSpeed's compiled kernels (no C++ compile)",
-    "fp16": "fp16 mixed precision: fp16 params/grads, fp32 master weights, loss scaling",
-    "fp16.enabled": "train in fp16 (the model is cast to fp16; fp32 master copies stay in the optimizer)",
-    "fp16.loss_scale": "0 = dynamic loss scaling; a positive number = that static scale",
-    "fp16.initial_scale_power": "dynamic scaling starts at 2**this",
-    "fp16.loss_scale_window": "clean steps before the scale doubles (like GradScaler's growth_interval)",
-    "fp16.hysteresis": "halve the scale only at this many overflows (1 = at once, like GradScaler); "
-                       "every overflowing step is skipped either way",
-    "fp16.min_loss_scale": "the scale never drops below this",
-    "bf16": "bf16 mixed precision: bf16 params/grads, fp32 master weights, no loss scaling needed",
-    "bf16.enabled": "train in bf16 (fp32's exponent range, so gradients do not underflow: no scaler)",
-    "zero_optimization": "ZeRO: shard model states across data-parallel ranks instead of replicating them",
-    "zero_optimization.stage": "0 = replicate all; 1 = shard optimizer states + master weights; "
-                               "2 = + gradients; 3 = + parameters",
-    "zero_optimization.overlap_comm": "reduce gradient buckets while backward still runs (hides "
-                                      "communication, costs extra bucket memory)",
-    "zero_optimization.contiguous_gradients": "copy gradients into one contiguous buffer as they are "
-                                              "produced (less fragmentation, cheaper reduce)",
-    "zero_optimization.reduce_bucket_size": "elements per gradient reduce bucket (bigger = fewer, larger "
-                                            "messages, more buffer memory)",
-    "zero_optimization.offload_optimizer": "move the optimizer (fp32 master + Adam states and the step) "
-                                           "off the accelerator",
-    "zero_optimization.offload_optimizer.device": "where the optimizer lives: cpu (host RAM) or nvme",
-    "zero_optimization.offload_optimizer.pin_memory": "page-locked host buffers for faster GPU<->CPU "
-                                                      "copies (uses locked RAM)",
-    "zero_optimization.stage3_param_persistence_threshold": "stage 3 keeps parameters smaller than this "
-                                                            "(elements) whole on every rank",
-    "zero_optimization.stage3_prefetch_bucket_size": "stage 3: elements of parameters gathered ahead of "
-                                                     "use",
+    "train_batch_size": N_("global batch per optimizer step = micro batch x grad accumulation x ranks"),
+    "train_micro_batch_size_per_gpu": N_("samples per rank per forward/backward (what sets activation memory)"),
+    "gradient_accumulation_steps": N_("micro batches summed into the gradients before one optimizer step"),
+    "gradient_clipping": N_("clip the global gradient norm to this value (0 = off), after unscaling"),
+    "steps_per_print": N_("how often DeepSpeed logs progress (huge = quiet)"),
+    "wall_clock_breakdown": N_("time forward/backward/step separately (adds synchronisation)"),
+    "optimizer": N_("the optimizer DeepSpeed builds for you (so it can shard and offload it)"),
+    "optimizer.type": N_("AdamW: Adam with decoupled weight decay; two fp32 states per parameter (8 bytes)"),
+    "optimizer.params": N_("keyword arguments of the optimizer"),
+    "optimizer.params.lr": N_("learning rate"),
+    "optimizer.params.betas": N_("Adam's decay rates for the first and second moments"),
+    "optimizer.params.eps": N_("added to sqrt(second moment) to avoid dividing by zero"),
+    "optimizer.params.weight_decay": N_("decoupled weight decay"),
+    "optimizer.params.torch_adam": N_("use torch.optim.AdamW, not DeepSpeed's compiled kernels (no C++ compile)"),
+    "fp16": N_("fp16 mixed precision: fp16 params/grads, fp32 master weights, loss scaling"),
+    "fp16.enabled": N_("train in fp16 (the model is cast to fp16; fp32 master copies stay in the optimizer)"),
+    "fp16.loss_scale": N_("0 = dynamic loss scaling; a positive number = that static scale"),
+    "fp16.initial_scale_power": N_("dynamic scaling starts at 2**this"),
+    "fp16.loss_scale_window": N_("clean steps before the scale doubles (like GradScaler's growth_interval)"),
+    "fp16.hysteresis": N_("halve the scale only at this many overflows (1 = at once, like GradScaler); "
+                          "every overflowing step is skipped either way"),
+    "fp16.min_loss_scale": N_("the scale never drops below this"),
+    "bf16": N_("bf16 mixed precision: bf16 params/grads, fp32 master weights, no loss scaling needed"),
+    "bf16.enabled": N_("train in bf16 (fp32's exponent range, so gradients do not underflow: no scaler)"),
+    "zero_optimization": N_("ZeRO: shard model states across data-parallel ranks instead of replicating them"),
+    "zero_optimization.stage": N_("0 = replicate all; 1 = shard optimizer states + master weights; "
+                                  "2 = + gradients; 3 = + parameters"),
+    "zero_optimization.overlap_comm": N_("reduce gradient buckets while backward still runs (hides "
+                                         "communication, costs extra bucket memory)"),
+    "zero_optimization.contiguous_gradients": N_("copy gradients into one contiguous buffer as they are "
+                                                 "produced (less fragmentation, cheaper reduce)"),
+    "zero_optimization.reduce_bucket_size": N_("elements per gradient reduce bucket (bigger = fewer, larger "
+                                               "messages, more buffer memory)"),
+    "zero_optimization.offload_optimizer": N_("move the optimizer (fp32 master + Adam states and the step) "
+                                              "off the accelerator"),
+    "zero_optimization.offload_optimizer.device": N_("where the optimizer lives: cpu (host RAM) or nvme"),
+    "zero_optimization.offload_optimizer.pin_memory": N_("page-locked host buffers for faster GPU<->CPU "
+                                                         "copies (uses locked RAM)"),
+    "zero_optimization.stage3_param_persistence_threshold": N_("stage 3 keeps parameters smaller than this "
+                                                               "(elements) whole on every rank"),
+    "zero_optimization.stage3_prefetch_bucket_size": N_("stage 3: elements of parameters gathered ahead of "
+                                                        "use"),
 }
 
 
@@ -352,7 +354,8 @@ def explain(cfg: dict[str, Any]) -> str:
     lines = []
     for path, value, is_section in _flatten(cfg):
         depth = path.count(".")
-        text = _EXPLAIN.get(path, "(a key labkit.zero does not explain; see the DeepSpeed config docs)")
+        known = _EXPLAIN.get(path)
+        text = _(known) if known else _("(a key labkit.zero does not explain; see the DeepSpeed config docs)")
         shown = "" if is_section else f" = {safe_repr(value)}"
         lines.append(f"{'  ' * depth}{path.split('.')[-1]}{shown}: {text}")
     return "\n".join(lines)

@@ -14,6 +14,11 @@ def test_markdown_table_rows():
     table = catalog.markdown_table()
     assert table.count("\n") == 1 + len(catalog.available())
     assert "| 00 | [Environment check](notebooks/00_environment.ipynb)" in table
+    # notebook 00's map links the notebooks next to it; the Chinese map links the Chinese edition, in Chinese
+    assert "| 00 | [Environment check](00_environment.ipynb)" in catalog.markdown_table(folder="", lang="en")
+    zh = catalog.markdown_table(lang="zh")
+    assert "](notebooks/zh/00_environment.ipynb)" in zh and "| 内容 |" in zh.splitlines()[0]
+    assert "](x/00_environment.ipynb)" in catalog.markdown_table(folder="x", lang="en")
 
 
 def test_plots_draw_what_they_say():

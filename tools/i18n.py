@@ -12,7 +12,7 @@ The messages are (1) every string literal labkit passes to ``_``/``N_``/``gettex
 (2) the exercises' texts (prompt, hint, method, worked solution, the typical mistake's answer, the success line),
 read from the exercise registry, which labkit.check translates where it shows them, and (3) the lines the notebooks'
 code cells print (context ``printed``): each ``print(...)`` call in a code cell of ``tools/nbsrc/``, as a template
-with one ``{field}`` per value it formats, written as the code writes it (``labkit.i18n.translate_line`` finds the
+with one ``{field}`` per value it formats, written as the code writes it (``labkit.printed.translate_line`` finds the
 template of each line a Chinese notebook prints and prints its translation with the same values). A line with no
 English word (three letters or more) is no sentence and is left out. tests/test_i18n.py runs
 ``check``. Repository tooling, not learner code.
@@ -21,7 +21,6 @@ English word (three letters or more) is no sentence and is left out. tests/test_
 from __future__ import annotations
 
 import argparse
-import ast
 import io
 import re
 import sys
@@ -36,7 +35,7 @@ from babel.messages.pofile import read_po, write_po
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from labkit import i18n  # noqa: E402
+from labkit import i18n, printed  # noqa: E402
 from tools import nbbuild  # noqa: E402
 
 __all__ = ["EXERCISE_FIELDS", "KEYWORDS", "compile_catalogs", "extract", "fields", "merge", "po_path", "printed_lines",
@@ -49,148 +48,14 @@ EXERCISE_FIELDS = ("prompt", "hint", "method", "solution", "wrong_why", "success
 _FIELD = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)(?:[!:][^{}]*)?\}(?!\})")
 
 
-_WORD = re.compile(r"[A-Za-z]{3,}")
-_Piece = str | tuple[str]
-
-
-def _is_choice(node: ast.expr) -> bool:
-    """``"a" if c else "b" if d else "c"``: a choice between literal texts only."""
-    if isinstance(node, ast.IfExp):
-        return _is_choice(node.body) and _is_choice(node.orelse)
-    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
-
-
-def _choices(tree: ast.AST) -> dict[str, ast.expr]:
-    """The names a cell assigns once, to a choice between literal texts (``verdict = "faster" if ... else ...``):
-    printing one prints one of those texts."""
-    seen: dict[str, list[ast.expr]] = {}
-    for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.NamedExpr)) else []
-        for t in targets:
-            for name in ast.walk(t):
-                if isinstance(name, ast.Name):
-                    seen.setdefault(name.id, []).append(node.value if isinstance(node, ast.Assign) else None)
-    return {k: v[0] for k, v in seen.items() if len(v) == 1 and v[0] is not None and _is_choice(v[0])}
-
-
-def _pieces(node: ast.expr, known: dict[str, ast.expr] | None = None) -> list[list[_Piece]]:
-    """The text an argument of print() makes: the alternatives (an ``a if c else b`` of strings makes two, and so
-    does a name the cell set to such a choice, in ``known``), each a list of literal text (str) and fields (a 1-tuple
-    of the field's text, as the code writes it)."""
-    known = known or {}
-    if isinstance(node, ast.Name) and node.id in known:
-        return _pieces(known[node.id], known)
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [[node.value]]
-    if isinstance(node, ast.JoinedStr):
-        alts: list[list[_Piece]] = [[]]
-        for v in node.values:
-            if isinstance(v, ast.Constant):
-                alts = [a + [str(v.value)] for a in alts]
-                continue
-            assert isinstance(v, ast.FormattedValue)
-            if v.conversion == -1 and v.format_spec is None and (isinstance(v.value, ast.IfExp) or (
-                    isinstance(v.value, ast.Name) and v.value.id in known)):
-                both = _pieces(v.value, known)  # f"{'fits' if ok else 'does not fit'}": two sentences
-                if len(both) > 1:
-                    alts = [a + b for a in alts for b in both]
-                    continue
-            if v.conversion == -1 and v.format_spec is None and isinstance(v.value, ast.BoolOp) and isinstance(
-                    v.value.op, ast.Or) and isinstance(v.value.values[-1], ast.Constant) and isinstance(
-                    v.value.values[-1].value, str) and len(v.value.values) == 2:
-                fallback = str(v.value.values[-1].value)  # f"{found or 'none detected'}": the value, or the text
-                alts = [a + b for a in alts for b in ([(ast.unparse(v.value.values[0]),)], [fallback])]
-                continue
-            text = ast.unparse(v.value)
-            if text.startswith("{") or text.endswith("}"):
-                text = f" {text} "  # a dict or set display: "{{" would read as a literal brace
-            text += ("" if v.conversion == -1 else "!" + chr(v.conversion))
-            if v.format_spec is not None:
-                spec = v.format_spec.values if isinstance(v.format_spec, ast.JoinedStr) else [v.format_spec]
-                text += ":" + "".join(str(c.value) if isinstance(c, ast.Constant)
-                                      else "{" + ast.unparse(getattr(c, "value", c)) + "}" for c in spec)
-            alts = [a + [(text,)] for a in alts]
-        return alts
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _pieces(node.left, known), _pieces(node.right, known)
-        if any(isinstance(p, str) for a in left + right for p in a):
-            return [a + b for a in left for b in right]
-    if isinstance(node, ast.IfExp):
-        body, orelse = _pieces(node.body, known), _pieces(node.orelse, known)
-        if any(isinstance(p, str) for a in body + orelse for p in a):
-            return body + orelse
-    text = ast.unparse(node)
-    return [[(f" {text} " if text.startswith("{") or text.endswith("}") else text,)]]
-
-
-def _template(line: list[_Piece]) -> str:
-    return "".join(p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else "{" + p[0] + "}" for p in line)
-
-
-def _print_lines(call: ast.Call, known: dict[str, ast.expr] | None = None) -> list[str]:
-    """The line templates one ``print(...)`` call can print (none where its text cannot be known: ``*args``, a
-    ``sep`` that is not a literal, a ``file=``)."""
-    if any(isinstance(a, ast.Starred) for a in call.args):
-        return []
-    kw = {k.arg: k.value for k in call.keywords}
-    if "file" in kw or None in kw:
-        return []
-    sep = kw.get("sep")
-    if sep is not None and not (isinstance(sep, ast.Constant) and isinstance(sep.value, str)):
-        return []
-    glue = " " if sep is None else sep.value
-    alts: list[list[_Piece]] = [[]]
-    for i, arg in enumerate(call.args):
-        alts = [a + ([glue] if i and glue else []) + b for a in alts for b in _pieces(arg, known)]
-    out = []
-    for alt in alts:
-        lines: list[list[_Piece]] = [[]]
-        for p in alt:
-            if isinstance(p, tuple):
-                lines[-1].append(p)
-                continue
-            for j, seg in enumerate(p.split("\n")):
-                if j:
-                    lines.append([])
-                if seg:
-                    lines[-1].append(seg)
-        for line in lines:
-            literal = "".join(p for p in line if isinstance(p, str))
-            if _WORD.search(literal):
-                template = _template(line)
-                if "".join(x if isinstance(x, str) else "{" + x[0] + "}" for x in i18n.template_parts(template)) \
-                        == "".join(p if isinstance(p, str) else "{" + p[0] + "}" for p in line):  # it reads back
-                    out.append(template)
-    return out
-
-
-def _python_of(cell_source: str) -> str | None:
-    """A code cell's Python: IPython's line magics and shell escapes become ``pass``; a ``%%writefile`` cell is the
-    file it writes; another cell magic has none (None)."""
-    lines = cell_source.splitlines()
-    if lines and lines[0].startswith("%%"):
-        if not lines[0].startswith("%%writefile"):
-            return None
-        lines = lines[1:]
-    return "\n".join(re.sub(r"^(\s*)[%!].*$", r"\1pass", ln) for ln in lines)
-
-
 def printed_lines() -> list[tuple[str, str, int, str]]:
-    """Every line template the notebooks' code cells print: (template, notebook file, cell number, the print call's
-    source), in notebook order."""
+    """Every line template the notebooks' code cells print (``labkit.printed.templates_of`` of each code cell):
+    (template, notebook file, cell number, the cell's first line), in notebook order."""
     found = []
     for src in sorted((ROOT / "tools" / "nbsrc").glob("[0-9][0-9]_*.py")):
         for n, cell in enumerate(nbbuild.parse(src.read_text(encoding="utf-8"))):
-            code = _python_of(cell.source) if cell.cell_type == "code" else None
-            if code is None:
-                continue
-            tree = ast.parse(code)
-            known = _choices(tree)
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
-                    call = ast.get_source_segment(code, node) or ""
-                    found += [(t, src.name, n, call) for t in _print_lines(node, known)]
+            if cell.cell_type == "code":
+                found += [(t, src.name, n, cell.source) for t in printed.templates_of(cell.source)]
     return found
 
 
@@ -234,15 +99,14 @@ def extract() -> Catalog:
                     cat[text].locations.append((f"exercise {ex.id}", 0))
                 else:
                     cat.add(text, locations=[(f"exercise {ex.id}", 0)], auto_comments=[f"{ex.id} {name}"])
-    for template, name, cell, call in printed_lines():
+    for template, name, cell, _source in printed_lines():
         where = (f"tools/nbsrc/{name} cell", cell)
-        have = cat.get(template, context=i18n.PRINTED)
+        have = cat.get(template, context=printed.CONTEXT)
         if have is not None:
             have.locations.append(where)
         else:
-            cat.add(template, locations=[where], context=i18n.PRINTED,
-                    auto_comments=["a printed line: keep each {field} as it is (the value printed there)",
-                                   call if len(call) < 400 else call[:400] + "..."])
+            cat.add(template, locations=[where], context=printed.CONTEXT,
+                    auto_comments=["a printed line: keep each {field} as it is (the value printed there)"])
     for msg in cat:  # "80 % of" is no %-format: labkit formats with str.format only
         msg.flags.discard("python-format")
     return cat
@@ -295,7 +159,7 @@ def fields(text: str) -> set[str]:
 def printed_fields(text: str) -> Counter[str] | None:
     """The fields of a printed-line template, with how often each occurs (None: the braces do not balance)."""
     try:
-        return Counter(p[0] for p in i18n.template_parts(text) if isinstance(p, tuple))
+        return Counter(p[0] for p in printed.template_parts(text) if isinstance(p, tuple))
     except ValueError:
         return None
 
@@ -315,7 +179,7 @@ def problems(lang: str) -> list[str]:
             out.append(f"untranslated ({where}): {short!r}")
         elif have.fuzzy:
             out.append(f"fuzzy, to check ({where}): {short!r}")
-        elif msg.context == i18n.PRINTED:
+        elif msg.context == printed.CONTEXT:
             mine, theirs = printed_fields(msg.id), printed_fields(have.string)
             if theirs is None or (mine is not None and set(theirs) != set(mine)):
                 out.append(f"fields differ ({where}): {short!r} vs {have.string[:70]!r}")

@@ -279,7 +279,12 @@ def _link(notebook: str, heading: str, lang: str = "en") -> str:
     if notebook not in stems:
         return f"{notebook} {_cell(heading)}"
     folder = "notebooks" if lang == "en" else f"notebooks/{lang}"
-    shown = heading if lang == "en" else edition_headings(notebook, lang).get(heading.strip(), heading)
+    shown = heading
+    if lang != "en":
+        pairs = edition_headings(notebook, lang)
+        if heading.strip() not in pairs:
+            raise ValueError(f"notebook {notebook} has no {lang} partner for the heading {heading!r}")
+        shown = pairs[heading.strip()]
     return f"{notebook} [{_cell(shown)}]({folder}/{stems[notebook].filename}#{_anchor(shown)})"
 
 
@@ -300,6 +305,7 @@ _COVERAGE_FORMS = (
     "{count} {depth}",
     "{first}, {second}",
     "{place} ({depth})",
+    "“{claim}” {truth} ({box})",
     "| Seed § | Section | Depth | Where it is taught | GPU needed | Where the workbook corrects the article | Notes |",
 )
 
@@ -331,8 +337,8 @@ def coverage_table(rows: list[Row] | None = None, lang: str = "en") -> str:
     for r in rows:
         where = "<br>".join(t("{place} ({depth})").format(place=_link(w.notebook, w.heading, lang),
                                                           depth=word(w.depth)) for w in r.where) or "—"
-        corr = "<br>".join(f"“{_cell(t(c.claim))}” {_cell(t(c.truth))} ({_link(*c.box, lang)})"
-                           for c in r.corrections)
+        corr = "<br>".join(t("“{claim}” {truth} ({box})").format(claim=_cell(t(c.claim)), truth=_cell(t(c.truth)),
+                                                                   box=_link(*c.box, lang)) for c in r.corrections)
         note = _cell(t(r.note)) if r.note else ""
         out.append(f"| {r.key} | {_cell(t(r.title))} | {word(r.depth)} | {where} | {word(r.gpu)} | {corr or '—'} "
                    f"| {note} |")

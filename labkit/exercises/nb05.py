@@ -4,26 +4,30 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 
 import torch
 
 from labkit import fp8
 from labkit.exercises._core import Exercise, FormatSlip, whole
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
+from labkit.exercises.nb12 import Described
 from labkit.i18n import N_
 from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES", "FORMAT_CHOICES", "WORKLOADS", "exercise_tensor"]
 
+
 #: Exercise 05.choose-format: workload -> the format to choose (the learner sees only the keys and texts).
-WORKLOADS: dict[str, str] = {
-    "a100-mixed": "Mixed-precision training of a transformer on an A100; you want no loss-scaling code.",
-    "a100-fp32-code": "An fp32 model whose code you may not change, on an A100; let its matmuls use tensor cores.",
-    "v100-mixed": "Mixed-precision training on a V100 (tensor cores for fp16 only, no bf16).",
-    "fp8-forward": "Activations and weights fed to the matmuls of an FP8 forward pass on an H100.",
-    "fp8-backward": "The gradients fed to the matmuls of an FP8 backward pass.",
-    "master-weights": "The master copy of the weights and the Adam moments that the optimizer updates.",
-}
+WORKLOADS: Mapping[str, str] = Described({
+    "a100-mixed": N_("Mixed-precision training of a transformer on an A100; you want no loss-scaling code."),
+    "a100-fp32-code": N_("An fp32 model whose code you may not change, on an A100; let its matmuls use tensor "
+                         "cores."),
+    "v100-mixed": N_("Mixed-precision training on a V100 (tensor cores for fp16 only, no bf16)."),
+    "fp8-forward": N_("Activations and weights fed to the matmuls of an FP8 forward pass on an H100."),
+    "fp8-backward": N_("The gradients fed to the matmuls of an FP8 backward pass."),
+    "master-weights": N_("The master copy of the weights and the Adam moments that the optimizer updates."),
+})
 _ANSWERS: dict[str, str] = {"a100-mixed": "bf16", "a100-fp32-code": "tf32", "v100-mixed": "fp16",
                             "fp8-forward": "e4m3fn", "fp8-backward": "e5m2", "master-weights": "fp32"}
 #: The names the learner may use.

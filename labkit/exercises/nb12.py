@@ -8,6 +8,7 @@ Introduced in notebook 12.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from labkit.exercises._core import Exercise, FormatSlip
@@ -26,6 +27,34 @@ __all__ = [
     "STORAGE_TIERS",
     "TRANSCRIPT",
 ]
+
+
+class Described(Mapping[str, str]):
+    """A read-only table ``{key: description}`` whose descriptions read in the notebook's language.
+
+    The keys are what a learner types and a grader compares: they stay as they are. Each description is an
+    English message (marked with ``N_``), looked up with gettext whenever it is read (``table[key]``, ``.items()``,
+    ``.values()``, ``dict(table)``), so a notebook's ``for k, text in TABLE.items(): print(...)`` prints it in the
+    edition's language. It lives here, in a module that loads no torch, so that every exercise module can
+    import it. Not in ``__all__``: the exercise modules' own helper. Introduced in notebook 05.
+    """
+
+    __slots__ = ("_texts",)
+
+    def __init__(self, texts: Mapping[str, str]) -> None:
+        self._texts = dict(texts)
+
+    def __getitem__(self, key: str) -> str:
+        return _(self._texts[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
 
 
 # ---- 12.sbatch-header ------------------------------------------------------------------------------
@@ -101,13 +130,13 @@ def _grade_header(answer: object) -> tuple[bool, str]:
 # ---- 12.storage ------------------------------------------------------------------------------------
 #: The storage tiers of section 3, and what the learner places on them.
 STORAGE_TIERS: tuple[str, ...] = ("home", "project", "scratch", "node-local")
-STORAGE_ITEMS: dict[str, str] = {
-    "code": "your code, job scripts and configs",
-    "train-data": "a 2 TB training data set, read again and again during a week-long run",
-    "small-files": "a data set of 2 million small files, unpacked for one job",
-    "ipython": "IPython's history (an SQLite file) and JupyterLab's runtime files during a notebook job",
-    "final-checkpoint": "the final checkpoint of a project, to keep and to share with your group",
-}
+STORAGE_ITEMS: Mapping[str, str] = Described({
+    "code": N_("your code, job scripts and configs"),
+    "train-data": N_("a 2 TB training data set, read again and again during a week-long run"),
+    "small-files": N_("a data set of 2 million small files, unpacked for one job"),
+    "ipython": N_("IPython's history (an SQLite file) and JupyterLab's runtime files during a notebook job"),
+    "final-checkpoint": N_("the final checkpoint of a project, to keep and to share with your group"),
+})
 _TIER_OF = {"code": "home", "train-data": "scratch", "small-files": "node-local", "ipython": "node-local",
             "final-checkpoint": "project"}
 _TIER_WHY = {
@@ -299,14 +328,14 @@ jupyter lab --no-browser --ip="$(hostname)" --port=8888
 [alice@login1 ~]$ sbatch lab.sbatch"""
 
 #: The choices: label -> what it claims.
-PROBLEMS = {
-    "login-node": "work runs on the login node",
-    "missing-gpus": "the job asks for no GPU, so it gets none, even on the gpu partition",
-    "fixed-port": "a fixed port collides when two jobs share a node",
-    "hostname-bind": "JupyterLab should listen on 0.0.0.0 instead of the node's hostname",
-    "time-too-long": "two hours is more than a JupyterLab job may ask for",
-    "venv-in-home": "a virtual environment must not live in $HOME",
-}
+PROBLEMS: Mapping[str, str] = Described({
+    "login-node": N_("work runs on the login node"),
+    "missing-gpus": N_("the job asks for no GPU, so it gets none, even on the gpu partition"),
+    "fixed-port": N_("a fixed port collides when two jobs share a node"),
+    "hostname-bind": N_("JupyterLab should listen on 0.0.0.0 instead of the node's hostname"),
+    "time-too-long": N_("two hours is more than a JupyterLab job may ask for"),
+    "venv-in-home": N_("a virtual environment must not live in $HOME"),
+})
 _WRONG = {"login-node", "missing-gpus", "fixed-port"}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -10,21 +11,22 @@ import torch
 from labkit import microscaling
 from labkit.exercises._core import Exercise, FormatSlip, whole
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
+from labkit.exercises.nb12 import Described
 from labkit.i18n import N_
 from labkit.i18n import gettext as _
 
 __all__ = ["EXERCISES", "RECIPE_CHOICES", "SITUATIONS", "exercise_blocks", "round_to"]
 
 #: Exercise 17.recipe: situation -> description (the learner sees these and picks from RECIPE_CHOICES).
-SITUATIONS: dict[str, str] = {
-    "a100": "Pretraining a transformer on A100s (Ampere).",
-    "l40s": "Fine-tuning on L40S GPUs (Ada), whose matmuls are large enough for FP8 to pay.",
-    "h100-simple": "Fine-tuning on H100s; the activations have no outliers and you want the simplest FP8 recipe.",
-    "h100-outliers": "Pretraining on H100s; outlier channels in the activations make one scale per tensor or per "
-                     "row too coarse.",
-    "b200-fp8": "Pretraining on B200s in 8 bits, with block scales that the tensor cores apply themselves.",
-    "b200-fp4": "Pretraining on B200s where the highest matmul throughput matters most.",
-}
+SITUATIONS: Mapping[str, str] = Described({
+    "a100": N_("Pretraining a transformer on A100s (Ampere)."),
+    "l40s": N_("Fine-tuning on L40S GPUs (Ada), whose matmuls are large enough for FP8 to pay."),
+    "h100-simple": N_("Fine-tuning on H100s; the activations have no outliers and you want the simplest FP8 recipe."),
+    "h100-outliers": N_("Pretraining on H100s; outlier channels in the activations make one scale per tensor or per "
+                        "row too coarse."),
+    "b200-fp8": N_("Pretraining on B200s in 8 bits, with block scales that the tensor cores apply themselves."),
+    "b200-fp4": N_("Pretraining on B200s where the highest matmul throughput matters most."),
+})
 _ANSWERS: dict[str, str] = {"a100": "bf16", "l40s": "fp8-tensor", "h100-simple": "fp8-tensor",
                             "h100-outliers": "fp8-blockwise", "b200-fp8": "mxfp8", "b200-fp4": "nvfp4"}
 #: The names the learner may use.

@@ -68,3 +68,33 @@ def test_screenshot(lab: Lab, number: str, filename: str, prepare: Callable[[Not
     root.screenshot(path=str(path), animations="disabled")  # type: ignore[attr-defined]
     assert path.stat().st_size > 2000, f"{path} looks empty"
     print(f"wrote {path.relative_to(REPO)} ({path.stat().st_size // 1024} KiB)")
+
+
+BOOK_SHOTS = [("en/03_loss_scaling.html", "book_en.png", {"width": 1280, "height": 800}),
+              ("zh/03_loss_scaling.html", "book_zh.png", {"width": 1280, "height": 800}),
+              ("zh/01_float_bit_layouts.html", "book_phone.png", {"width": 390, "height": 844})]
+
+
+@pytest.mark.parametrize(("page_path", "filename", "viewport"), BOOK_SHOTS, ids=[s[1] for s in BOOK_SHOTS])
+def test_book_screenshot(browser: object, tmp_path_factory: pytest.TempPathFactory, page_path: str, filename: str,
+                         viewport: dict[str, int]) -> None:
+    """The book (make book) in each edition, and at phone width: a page's first screen."""
+    import subprocess
+    import sys
+
+    site = REPO / "_build" / "book"
+    if not (site / page_path).is_file():
+        done = subprocess.run([sys.executable, str(REPO / "tools" / "book.py")], cwd=REPO, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+    ctx = browser.new_context(viewport=viewport, device_scale_factor=1)  # type: ignore[attr-defined]
+    try:
+        page = ctx.new_page()
+        page.goto((site / page_path).as_uri(), wait_until="networkidle")
+        IMG.mkdir(parents=True, exist_ok=True)
+        path = IMG / filename
+        page.screenshot(path=str(path), animations="disabled")
+        assert path.stat().st_size > 2000, f"{path} looks empty"
+        print(f"wrote {path.relative_to(REPO)} ({path.stat().st_size // 1024} KiB)")
+    finally:
+        ctx.close()

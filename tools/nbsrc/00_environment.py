@@ -194,7 +194,7 @@ print("device gate consistent; distributed backend:", "nccl on CUDA, gloo elsewh
 # ## 4. 各 notebook 在 CPU 上与在 GPU 上
 
 # %%
-display(Markdown(catalog.markdown_table()))
+display(Markdown(catalog.markdown_table(folder="")))  # links to the notebooks next to this one
 missing = catalog.missing(".")  # the listed notebooks not found next to this one
 assert not missing, f"notebooks listed but not found next to this one: {missing}"
 

@@ -146,7 +146,7 @@ check("13.clip-fix", fix)
 # autocast, with SGD. The last layer starts at zero, as output layers often do.
 
 # %% [markdown] lang="zh" en="231dd499951f"
-# ### 病例 2 · 从第一步起就冻结的损失
+# ### 病例 2 · 从第一步起就停滞不动的损失
 #
 # 一个小型 MLP 要预测一段 256 个样本的信号，信号值约为 1e-4（数据用错了单位），在 fp16 autocast 下用 SGD
 # 训练。最后一层初始化为零，输出层常常这样初始化。
@@ -293,7 +293,7 @@ check("13.graph-fix", fix)
 # 真正能说明原因的，是精确统计一个张量让多少内存无法释放。在 GPU 上，`torch.cuda.memory_allocated()`
 # 给出的就是精确数字；真实模型的激活值要大得多，同样的泄漏最终会以显存不足（out of memory）错误告终。
 #
-# ### 病例 6 · 每步比模型所需的更慢
+# ### 病例 6 · 每步耗时超出模型本身所需
 #
 # 每条记录都从缓慢的共享存储中读取（约 1 ms，几乎全花在等待文件系统上）。性能分析器（notebook 07）
 # 会显示每一步的时间花在了哪里。数据加载器如下：
