@@ -164,16 +164,21 @@ class BitExplorer:
         self.set_bits(self.bits ^ (1 << position))
 
     def set_value(self, value: float) -> None:
-        """Round ``value`` to the current format and show it, as typing it does.
+        """Round ``value`` to the current format and show it, as typing it does; the number box then shows the
+        value held (typing keeps the learner's text).
 
         A value the format cannot hold is not an error: E8M0 turns 0 and negative numbers into its NaN
         (as ml_dtypes), FP6/FP4 keep the current bits for NaN, which they lack; ``note`` (shown in the
         panel) says what happened.
         """
+        self._set(value, typed=False)
+
+    def _set(self, value: float, typed: bool) -> None:
+        """Set from code: the number box shows the value held; typed: it keeps what the learner typed."""
         bits, self.note = _encode_note(value, self.fmt)
         if bits is not None:
             self.bits = bits
-        self._refresh(update_number=False)
+        self._refresh(update_number=not typed)
 
     def set_format(self, name: str) -> None:
         """Switch format, keeping the value (rounded to the new format; NaN becomes 0 where there is none)."""
@@ -228,7 +233,7 @@ class BitExplorer:
         if self._busy:
             return
         try:
-            self.set_value(_parse_number(change["new"]))
+            self._set(_parse_number(change["new"]), typed=True)
         except (ValueError, OverflowError, ZeroDivisionError):
             self.details.value = "<b>{}</b>".format(html.escape(_("Could not read {text} as a number.").format(
                 text=change["new"])))

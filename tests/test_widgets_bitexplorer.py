@@ -187,3 +187,11 @@ def test_a_format_switch_closes_the_old_buttons():
     assert all(b.comm is not None for b in ex.buttons) and ex.bit_box.children == tuple(ex.buttons)
     ex.buttons[0].value = True  # the new buttons work: 0x7F (1.0) with its top bit set is 0xFF, NaN
     assert ex.bits == 0xFF and math.isnan(ex.value)
+
+
+def test_set_value_from_code_shows_the_value_held_in_the_number_box():
+    ex = BitExplorer("fp16", 1.0)
+    ex.set_value(65520)                     # rounds to inf in fp16: the box must not keep 1.0 (or show nan)
+    assert ex.number.value == "inf" and ex.value_label.value.endswith("= inf")
+    ex.number.value = "0.1"                 # typed: the learner's text stays
+    assert ex.number.value == "0.1" and ex.bits == 0x2E66

@@ -11,8 +11,11 @@ static view that says the live one needs JupyterLab; each page has the run-it bo
 from __future__ import annotations
 
 import functools
+import html
 import html.parser
 import http.server
+import json
+import math
 import os
 import re
 import shutil
@@ -22,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
@@ -38,8 +41,10 @@ PHONE = {"width": 390, "height": 844}
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The book, built as `make book` builds it; offline (in a network namespace of its own, with no interface up)
     where this process may make one (root, as in CI)."""
-    out = tmp_path_factory.mktemp("book") / "site"
-    cmd = [sys.executable, str(ROOT / "tools" / "book.py"), "--out", str(out)]
+    base = tmp_path_factory.mktemp("book")
+    out = base / "site"
+    cmd = [sys.executable, str(ROOT / "tools" / "book.py"), "--out", str(out), "--stage", str(base / "src"),
+           "--hub", "https://hub.example.edu", "--repo", "https://git.example.edu/me/labkit/", "--branch", "class"]
     if os.geteuid() == 0 and shutil.which("unshare"):
         cmd = ["unshare", "--net", *cmd]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -103,7 +108,10 @@ def test_both_editions_have_every_notebook_and_a_landing_page(site: Path) -> Non
         assert built == set(stems), f"{lang}: {sorted(set(stems) ^ built)}"
         landing = (site / lang / "index.html").read_text(encoding="utf-8")
         assert all(f'href="{s}.html"' in landing for s in stems), f"{lang}: the landing page maps every notebook"
-    assert 'url=en/index.html' in (site / "index.html").read_text(encoding="utf-8")
+        words = re.sub(r"<[^>]+>", "", landing)  # the commands are highlighted word by word
+        assert ("make lab LAB_LANG=zh" if lang == "zh" else "make lab") in words and "make test" in words
+    root = (site / "index.html").read_text(encoding="utf-8")
+    assert 'href="en/index.html"' in root and 'href="zh/index.html"' in root and "navigator.language" in root
 
 
 def test_every_internal_link_anchor_and_image_resolves(site: Path) -> None:
@@ -134,16 +142,47 @@ def test_every_page_links_no_other_site_for_what_it_loads(site: Path) -> None:
     assert not outside, outside[:5]
 
 
-def test_widgets_have_a_static_view_and_every_page_a_run_it_box(site: Path) -> None:
-    bits = (site / "en" / "01_float_bit_layouts.html").read_text(encoding="utf-8")
-    assert "labkit-static-widget" in bits and "needs JupyterLab" in bits and "<button" in bits
-    calc = (site / "zh" / "06_memory.html").read_text(encoding="utf-8")
-    assert "labkit-static-widget" in calc and "JupyterLab" in calc and "<select disabled>" in calc
+def _widget(page: Path) -> str:
+    text = page.read_text(encoding="utf-8")
+    start = text.index('<div class="labkit-static-widget">')
+    return text[start:text.index('<p class="labkit-widget-note">', start)]
+
+
+def test_widgets_have_a_static_view_of_their_stored_state(site: Path) -> None:
+    bits = _widget(site / "en" / "01_float_bit_layouts.html")
+    assert bits.count('class="labkit-static-togglebutton"') >= 16       # one button per bit of the format
+    number = float(re.search(r'<input disabled value="([^"]+)"', bits).group(1))
+    label = re.search(r"(fp16|bf16|fp32|e4m3fn|e5m2)\s+0x[0-9a-f]+ = ([-0-9.e+]+|inf|-inf|nan)", bits)
+    assert label and (float(label.group(2)) == number or math.isnan(number) and label.group(2) == "nan"), \
+        "the number box and the value shown agree"
+    calc = _widget(site / "zh" / "06_memory.html")
+    assert '<input disabled value="13.0"' in calc and "<option>bf16-master</option>" in calc
+    note = (site / "zh" / "06_memory.html").read_text(encoding="utf-8")
+    assert "要使用可交互的控件，需要 JupyterLab" in note
+    bars = (site / "en" / "04_amp_training.html").read_text(encoding="utf-8")
+    assert "<progress" in bars and "labkit-widget-note" not in bars     # progress bars: no "live widget" note
+
+
+def test_every_notebook_page_has_a_run_it_box_with_the_class_link(site: Path) -> None:
     for page in _pages(site):
-        if page.stem[:2].isdigit():
-            text = page.read_text(encoding="utf-8")
-            words = re.sub(r"<[^>]+>", "", text)  # Sphinx wraps each word of inline code in its own span
-            assert "labkit-run" in text and "git-pull?repo=" in words and "make lab" in words, page.name
+        if not page.stem[:2].isdigit():
+            continue
+        text = page.read_text(encoding="utf-8")
+        words = html.unescape(re.sub(r"<[^>]+>", "", text))  # Sphinx wraps each word of inline code in a span
+        lang = page.parent.name
+        folder, workspace = ("notebooks", "work") if lang == "en" else (f"notebooks/{lang}", f"work-{lang}")
+        link = re.search(r"https://hub\.example\.edu/hub/user-redirect/git-pull\?\S+", words)
+        assert "labkit-run" in text and link and f"{workspace}/{page.stem}.ipynb" in words, page.name
+        query = parse_qs(urlsplit(link.group(0)).query)
+        assert query == {"repo": ["https://git.example.edu/me/labkit"], "branch": ["class"], "targetpath": ["labkit"],
+                         "urlpath": [f"lab/tree/labkit/{folder}/{page.stem}.ipynb"]}, (page.name, query)
+
+
+def test_the_search_index_of_the_chinese_edition_holds_the_glossary_terms(site: Path) -> None:
+    index = (site / "zh" / "searchindex.js").read_text(encoding="utf-8")
+    terms = json.loads(index[index.index("(") + 1:index.rindex(")")])["terms"]
+    for term in ("损失缩放", "主权重", "次正规数"):  # jieba alone cuts 主权重 into 主权 + 重
+        assert term in terms, term
 
 
 def _open(browser: Any, url: str, **context: Any) -> tuple[Any, Any, list[str]]:
@@ -200,14 +239,18 @@ def test_the_language_switch_goes_to_the_same_notebook(served: str, browser: Any
     assert not problems, problems
 
 
-@pytest.mark.parametrize("lang,query", [("en", "loss scaling"), ("zh", "损失缩放")])
-def test_search_finds_a_term_in_each_language(served: str, browser: Any, lang: str, query: str) -> None:
+@pytest.mark.parametrize("lang,query,page_stem", [("en", "loss scaling", "03_loss_scaling"),
+                                                  ("zh", "损失缩放", "03_loss_scaling"),
+                                                  ("en", "hysteresis", "10_deepspeed_zero"),   # body text only
+                                                  ("zh", "主权重", "02_underflow_overflow_rounding")])
+def test_search_finds_a_term_in_each_language(served: str, browser: Any, lang: str, query: str,
+                                              page_stem: str) -> None:
     ctx, page, problems = _open(browser, f"{served}{lang}/search.html?q={query}")
     try:
         results = page.locator("#search-results ul.search li a")
         results.first.wait_for(timeout=30_000)
         hrefs = [results.nth(i).get_attribute("href") or "" for i in range(results.count())]
-        assert any("03_loss_scaling" in h for h in hrefs), hrefs
+        assert any(page_stem in h for h in hrefs), hrefs
     finally:
         ctx.close()
     assert not problems, problems
@@ -223,6 +266,10 @@ def test_a_page_is_readable_at_phone_width(served: str, browser: Any, lang: str)
             text: Math.max(...[...document.querySelectorAll('article p')].map(p => p.getBoundingClientRect().right))})""")
         assert widths["page"] <= widths["view"], widths       # the page itself does not scroll sideways
         assert widths["text"] <= widths["view"], widths       # and no paragraph runs past the screen
+        switch = page.locator("a.labkit-lang").first.bounding_box()
+        header = page.locator("header").first.bounding_box()
+        assert switch and header and switch["y"] >= header["y"] + header["height"] - 1 and \
+            switch["x"] >= 0 and switch["x"] + switch["width"] <= widths["view"], (switch, header)
     finally:
         ctx.close()
     assert not problems, problems

@@ -615,7 +615,7 @@ assert spike[2].saturated > 0.1 and spike[3].saturated == 0
 
 # %% [markdown] lang="zh" en="23d9b682605a"
 # 延迟缩放把这次尖峰钳制在旧的上限上；下一步的缩放因子已经把它计入了（并会保留 `history_len` 步）。这就是该方案所做的
-# 取舍：不用额外读一遍内存，代价是滞后一步。较新的方案（当前缩放，即 current scaling；Blackwell 上 MXFP8 的逐块缩放因子）
+# 取舍：不用额外读一遍内存，代价是滞后一步。较新的方案（即时缩放，即 current scaling；Blackwell 上 MXFP8 的逐块缩放因子）
 # 则要么付出额外读一遍的代价，要么改用更细粒度的缩放因子。
 #
 # ### 一次 FP8 矩阵乘法：`torch._scaled_mm`
