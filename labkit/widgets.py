@@ -322,11 +322,12 @@ def memory_calculator_report(
                             offload_optimizer=offload != "none", offload_params=offload == "optimizer+params")
     per_gpu = est.device_total
     cap = gpu_gb * M.GB
-    verdict = (f"fits, {M.fmt_bytes(cap - per_gpu)} left for activations" if per_gpu <= cap
-               else f"does NOT fit ({M.fmt_bytes(per_gpu - cap)} over)")
-    line = f"per GPU: {M.fmt_bytes(per_gpu)} of model states on a {gpu_gb:g} GB GPU: {verdict}"
+    verdict = (_("fits, {left} left for activations").format(left=M.fmt_bytes(cap - per_gpu)) if per_gpu <= cap
+               else _("does NOT fit ({over} over)").format(over=M.fmt_bytes(per_gpu - cap)))
+    line = _("per GPU: {states} of model states on a {gpu_gb:g} GB GPU: {verdict}").format(
+        states=M.fmt_bytes(per_gpu), gpu_gb=gpu_gb, verdict=verdict)
     if est.host:
-        line += f"; CPU per node: {M.fmt_bytes(est.host_per_node(gpn))}"
+        line += _("; CPU per node: {host}").format(host=M.fmt_bytes(est.host_per_node(gpn)))
     return line
 
 
@@ -372,18 +373,18 @@ def memory_calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes
             return "MemoryCalculator()"
 
     c = {
-        "preset": widgets.Dropdown(options=[*M.MODEL_PRESETS, "custom"], value=preset, description="model"),
+        "preset": widgets.Dropdown(options=[*M.MODEL_PRESETS, "custom"], value=preset, description=_("model")),
         "billions": widgets.BoundedFloatText(value=billions, min=0.001, max=10000, step=0.5,
-                                             description="params (B)"),
-        "gpus_per_node": widgets.BoundedIntText(value=gpus_per_node, min=1, max=64, description="GPUs/node"),
-        "nodes": widgets.BoundedIntText(value=nodes, min=1, max=4096, description="nodes"),
-        "stage": widgets.Dropdown(options=[0, 1, 2, 3], value=stage, description="ZeRO stage"),
+                                             description=_("params (B)")),
+        "gpus_per_node": widgets.BoundedIntText(value=gpus_per_node, min=1, max=64, description=_("GPUs/node")),
+        "nodes": widgets.BoundedIntText(value=nodes, min=1, max=4096, description=_("nodes")),
+        "stage": widgets.Dropdown(options=[0, 1, 2, 3], value=stage, description=_("ZeRO stage")),
         "offload": widgets.Dropdown(options=["none", "optimizer", "optimizer+params"], value=offload,
-                                    description="offload"),
-        "policy": widgets.Dropdown(options=list(M.POLICIES), value=M.get_policy(policy).name, description="precision"),
+                                    description=_("offload")),
+        "policy": widgets.Dropdown(options=list(M.POLICIES), value=M.get_policy(policy).name, description=_("precision")),
         "optimizer": widgets.Dropdown(options=list(M.OPTIMIZERS), value=M.get_optimizer(optimizer).name,
-                                      description="optimizer"),
-        "gpu_gb": widgets.BoundedFloatText(value=gpu_gb, min=1, max=1000, description="GPU GB"),
+                                      description=_("optimizer")),
+        "gpu_gb": widgets.BoundedFloatText(value=gpu_gb, min=1, max=1000, description=_("GPU GB")),
     }
     result = widgets.Label(value="")
     result.add_class("lk-mem-result")
@@ -401,14 +402,14 @@ def memory_calculator(n_params: int | str = "13B", gpus_per_node: int = 8, nodes
             c["preset"].value = "custom"
         update()
 
-    def update(*_: Any) -> None:
+    def update(*_change: Any) -> None:
         try:
             result.value = memory_calculator_report(
                 round(c["billions"].value * 1e9), c["gpus_per_node"].value, c["nodes"].value,
                 c["stage"].value, c["offload"].value, c["policy"].value, c["optimizer"].value,
                 c["gpu_gb"].value)
         except (ValueError, TypeError) as exc:
-            result.value = f"invalid setup: {exc}"
+            result.value = _("invalid setup: {error}").format(error=exc)
 
     c["preset"].observe(on_preset, names="value")
     c["billions"].observe(on_billions, names="value")

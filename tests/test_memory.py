@@ -576,6 +576,18 @@ def test_calculator_report_seed_example():
     assert "does NOT fit" in no_off and "208.00 GB" in no_off
 
 
+def test_calculator_speaks_the_notebooks_language():
+    from labkit import i18n
+    try:
+        i18n.set_language("zh")
+        line = W.memory_calculator_report(13 * 10**9, 8, 1, stage=2, offload="optimizer", gpu_gb=80)
+        over = W.memory_calculator_report(13 * 10**9, 8, 1, stage=0, offload="none", gpu_gb=80)
+    finally:
+        i18n.set_language(None)
+    assert re.search("[\u4e00-\u9fff]", line) and "per GPU" not in line and "does NOT fit" not in over
+    assert all(n in line for n in ("26.00 GB", "54.00 GB", "208.00 GB")) and "放不下" in over
+
+
 def test_calculator_widget_updates_with_stage():
     pytest.importorskip("ipywidgets")
     w = W.memory_calculator("7B", gpus_per_node=8, nodes=1, stage=0, offload="none", gpu_gb=80)
