@@ -60,7 +60,7 @@ _MODEL_STATES = ("params", "grads", "master", "optimizer")
 #: stored notebook 10 at commit 6d68e78 (DeepSpeed 0.19.8, torch 2.13.0+cpu). ``loss_scales`` is the scale after
 #: each step. Notebook 10 replays DeepSpeed's rule on ``overflow`` and asserts it gives these scales.
 RECORDED_FP16_RUN: dict[str, Any] = {
-    "recorded_on": "an AMX Xeon (AVX512-FP16; AMX-BF16, no AMX-FP16), DeepSpeed 0.19.8, torch 2.13.0+cpu",
+    "recorded_on": N_("an AMX Xeon (AVX512-FP16; AMX-BF16, no AMX-FP16), DeepSpeed 0.19.8, torch 2.13.0+cpu"),
     "stage": 2, "dtype": "fp16", "initial_scale_power": 21, "loss_scale_window": 2, "hysteresis": 1,
     "overflow": [True, True, True, False, False, False, True, False],
     "loss_scales": [2.0**20, 2.0**19, 2.0**18, 2.0**18, 2.0**18, 2.0**19, 2.0**18, 2.0**18],

@@ -563,7 +563,7 @@ else:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-source = "this machine" if fp is not None else "stored example, " + zero.RECORDED_FP16_RUN["recorded_on"]
+source = "this machine" if fp is not None else f"stored example, {zero.RECORDED_FP16_RUN['recorded_on']}"
 fp = fp if fp is not None else zero.RECORDED_FP16_RUN  # DeepSpeed refused fp16 here: the recorded run
 knobs = {k: fp[k] for k in ("initial_scale_power", "loss_scale_window", "hysteresis")}  # the run's own settings
 replay = scaling.deepspeed_scale_sequence(fp["overflow"], **knobs)
