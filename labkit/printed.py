@@ -358,10 +358,25 @@ class PrintedLines:
         return getattr(self.stream, name)
 
 
+def _running_cell(ipython: Any) -> str:
+    """The code of the cell being run: the kernel's execute request (nbval runs cells without history), else the
+    last input in the history."""
+    try:
+        code = ipython.kernel.get_parent()["content"]["code"]
+        if isinstance(code, str):
+            return code
+    except (AttributeError, KeyError, TypeError):
+        pass
+    history = getattr(ipython, "user_ns", {}).get("_ih") or [""]
+    return history[-1] if isinstance(history[-1], str) else ""
+
+
 def load(ipython: Any = None, lang: str | None = None) -> PrintedLines | None:
     """What ``%load_ext labkit`` does: in an edition other than English, wrap ``sys.stdout`` in
     :class:`PrintedLines` (once) and, with an IPython shell, add each cell's templates to the ones it tries as the
     cell starts; return the wrapper, or None in English. Introduced in notebook 00."""
+    if ipython is not None and not callable(getattr(getattr(ipython, "events", None), "register", None)):
+        raise TypeError(f"ipython must be an IPython shell (with .events) or None, got {type(ipython).__name__}")
     found = i18n.language() if lang is None else i18n.normalise(lang)
     if found is None:
         raise ValueError(f"no edition in {lang!r}: choose one of {', '.join(i18n.LANGUAGES)}")
@@ -378,6 +393,5 @@ def load(ipython: Any = None, lang: str | None = None) -> PrintedLines | None:
 
         events.register("pre_run_cell", cell_starts)
         wrapped._watching = True
-        running = getattr(ipython, "user_ns", {}).get("_ih") or [""]  # the cell running %load_ext: its own prints
-        wrapped.among.update(templates_of(running[-1] if isinstance(running[-1], str) else ""))
+        wrapped.among.update(templates_of(_running_cell(ipython)))  # the cell running %load_ext: its own prints
     return wrapped

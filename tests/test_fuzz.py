@@ -96,7 +96,6 @@ SKIP: dict[str, str] = {
     "labkit.tf32.time_tf32": "a benchmark: timing loops over 4096x4096 matmuls by default",
     "labkit.profiling.launch_overhead": "a benchmark: timing loops",
     "labkit.profiling.compile_timed": "torch.compile: seconds per call and compile worker processes",
-    "labkit.printed.load": "replaces sys.stdout of the process (tests/test_i18n.py)",
     "labkit.student.build_student": "writes a whole student build of the notebooks to a folder",
 }
 

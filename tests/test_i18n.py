@@ -428,6 +428,10 @@ def test_load_ext_wraps_stdout_once_in_the_chinese_edition_and_learns_each_cell(
     monkeypatch.delenv(i18n.LANG_ENV, raising=False)
     monkeypatch.chdir(ROOT / "notebooks")
     shell = type("Shell", (), {"events": _Events(), "user_ns": {"_ih": ["", 'print("This machine ran:", x)']}})()
+    # nbval runs cells without history: the kernel's execute request names the cell running %load_ext
+    kernel = type("Kernel", (), {"get_parent": lambda self: {"content": {"code": 'print("This machine ran:", x)'}}})
+    shell.kernel = kernel()
+    shell.user_ns = {"_ih": [""]}
     labkit.load_ipython_extension(shell)
     assert sys.stdout is plain and not shell.events.hooks
     monkeypatch.chdir(ROOT / "notebooks" / "zh")
@@ -445,6 +449,8 @@ def test_load_ext_wraps_stdout_once_in_the_chinese_edition_and_learns_each_cell(
         "This machine: box", P.translate_line("This machine: box", "zh")]
     with pytest.raises(ValueError):
         P.load(shell, lang="xx")
+    with pytest.raises(TypeError):
+        P.load(object(), lang="zh")
 
 
 def _stream_lines(path: Path) -> list[str]:

@@ -191,7 +191,8 @@ def _open(browser: Any, url: str, **context: Any) -> tuple[Any, Any, list[str]]:
     problems: list[str] = []
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"failed: {r.url}"))
+    page.on("requestfailed", lambda r: problems.append(f"failed: {r.url}") if "ERR_ABORTED" not in (
+        r.failure or "") else None)  # a load cut short by the next navigation (a click) is no failure
     origin = urlsplit(url).netloc
     page.on("request", lambda r: problems.append(f"outside: {r.url}") if urlsplit(r.url).netloc not in (
         origin, "") and not r.url.startswith("data:") else None)
