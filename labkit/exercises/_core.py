@@ -10,7 +10,7 @@ Introduced in notebook 01.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,3 +120,30 @@ def number_grader(want: float, what: str = N_("the value"), rel: float = 0.0,
         return False, ""
 
     return grade
+
+
+class Described(Mapping[str, str]):
+    """A read-only table ``{key: description}`` whose descriptions read in the notebook's language.
+
+    The keys are what a learner types and a grader compares: they stay as they are. Each description is an
+    English message (marked with ``N_``), looked up with gettext whenever it is read (``table[key]``, ``.items()``,
+    ``.values()``, ``dict(table)``), so a notebook's ``for k, text in TABLE.items(): print(...)`` prints it in the
+    edition's language. The exercise modules' own helper (not in ``__all__``). Introduced in notebook 05.
+    """
+
+    __slots__ = ("_texts",)
+
+    def __init__(self, texts: Mapping[str, str]) -> None:
+        self._texts = dict(texts)
+
+    def __getitem__(self, key: str) -> str:
+        return _(self._texts[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))

@@ -9,9 +9,8 @@ from collections.abc import Mapping
 import torch
 
 from labkit import fp8
-from labkit.exercises._core import Exercise, FormatSlip, whole
+from labkit.exercises._core import Described, Exercise, FormatSlip, whole
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
-from labkit.exercises.nb12 import Described
 from labkit.i18n import N_
 from labkit.i18n import gettext as _
 

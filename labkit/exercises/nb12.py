@@ -8,10 +8,10 @@ Introduced in notebook 12.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from labkit.exercises._core import Exercise, FormatSlip
+from labkit.exercises._core import Described, Exercise, FormatSlip
 from labkit.exercises._graders import NOT_A_PAIR, as_number, pair
 from labkit.i18n import N_
 from labkit.i18n import gettext as _
@@ -27,34 +27,6 @@ __all__ = [
     "STORAGE_TIERS",
     "TRANSCRIPT",
 ]
-
-
-class Described(Mapping[str, str]):
-    """A read-only table ``{key: description}`` whose descriptions read in the notebook's language.
-
-    The keys are what a learner types and a grader compares: they stay as they are. Each description is an
-    English message (marked with ``N_``), looked up with gettext whenever it is read (``table[key]``, ``.items()``,
-    ``.values()``, ``dict(table)``), so a notebook's ``for k, text in TABLE.items(): print(...)`` prints it in the
-    edition's language. It lives here, in a module that loads no torch, so that every exercise module can
-    import it. Not in ``__all__``: the exercise modules' own helper. Introduced in notebook 05.
-    """
-
-    __slots__ = ("_texts",)
-
-    def __init__(self, texts: Mapping[str, str]) -> None:
-        self._texts = dict(texts)
-
-    def __getitem__(self, key: str) -> str:
-        return _(self._texts[key])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._texts)
-
-    def __len__(self) -> int:
-        return len(self._texts)
-
-    def __repr__(self) -> str:
-        return repr(dict(self.items()))
 
 
 # ---- 12.sbatch-header ------------------------------------------------------------------------------
